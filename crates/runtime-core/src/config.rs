@@ -1,0 +1,252 @@
+//! Runtime configuration: device count, memory per device and device profile, from `init`
+//! arguments with environment variables as defaults.
+//!
+//! | setting | `init` keyword | environment variable | default |
+//! |---|---|---|---|
+//! | number of devices | `device_count` | `RUNTIME_DEVICE_COUNT` | 8 |
+//! | memory per device | `memory` | `RUNTIME_DEVICE_MEMORY` | the profile's HBM size |
+//! | device profile | `profile` | `RUNTIME_DEVICE_PROFILE` | `ascend910` |
+//!
+//! Explicit arguments win over the environment. Sizes accept plain byte counts or a number
+//! with a unit: `B`, `KB`/`MB`/`GB`/`TB` (powers of 1000) and `KiB`/`MiB`/`GiB`/`TiB`
+//! (powers of 1024), case-insensitive, e.g. `"16GiB"` or `"1.5GB"`.
+
+use crate::device::profile::Profile;
+use crate::error::ConfigError;
+
+/// Environment variable for the number of devices.
+pub const ENV_DEVICE_COUNT: &str = "RUNTIME_DEVICE_COUNT";
+/// Environment variable for the memory per device.
+pub const ENV_DEVICE_MEMORY: &str = "RUNTIME_DEVICE_MEMORY";
+/// Environment variable for the device profile.
+pub const ENV_DEVICE_PROFILE: &str = "RUNTIME_DEVICE_PROFILE";
+
+/// Most devices one runtime may have.
+pub const MAX_DEVICES: u64 = 64;
+/// Smallest memory per device: 1 MiB.
+pub const MIN_DEVICE_MEMORY: u64 = 1 << 20;
+/// Largest memory per device: 4 TiB of address space.
+pub const MAX_DEVICE_MEMORY: u64 = 4 << 40;
+
+/// A complete configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Number of virtual devices.
+    pub device_count: usize,
+    /// Capacity of each device in bytes.
+    pub memory_per_device: u64,
+    /// The device model.
+    pub profile: Profile,
+}
+
+/// Settings as given, each optional; [`ConfigBuilder::build`] fills the gaps.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfigBuilder {
+    /// Number of devices.
+    pub device_count: Option<u64>,
+    /// Memory per device, as a size string (`"16GiB"`) or plain bytes.
+    pub memory: Option<String>,
+    /// Profile name.
+    pub profile: Option<String>,
+}
+
+impl ConfigBuilder {
+    /// Fill unset fields from the process environment, then build.
+    pub fn build(&self) -> Result<Config, ConfigError> {
+        self.build_with_env(|k| std::env::var(k).ok())
+    }
+
+    /// Fill unset fields from `env`, then build (testable without touching the process
+    /// environment).
+    pub fn build_with_env(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let count = match self.device_count {
+            Some(n) => n,
+            None => match env(ENV_DEVICE_COUNT) {
+                Some(s) => s
+                    .trim()
+                    .parse::<u64>()
+                    .map_err(|_| ConfigError::BadInteger {
+                        name: ENV_DEVICE_COUNT.into(),
+                        value: s.clone(),
+                    })?,
+                None => 8,
+            },
+        };
+        check_range("device_count", count, 1, MAX_DEVICES)?;
+
+        let profile_name = self
+            .profile
+            .clone()
+            .or_else(|| env(ENV_DEVICE_PROFILE))
+            .unwrap_or_else(|| "ascend910".to_string());
+        let profile = Profile::by_name(profile_name.trim())?;
+
+        let memory = match (&self.memory, env(ENV_DEVICE_MEMORY)) {
+            (Some(s), _) => parse_size("memory", s)?,
+            (None, Some(s)) => parse_size(ENV_DEVICE_MEMORY, &s)?,
+            (None, None) => profile.memory,
+        };
+        check_range("memory", memory, MIN_DEVICE_MEMORY, MAX_DEVICE_MEMORY)?;
+        Ok(Config {
+            device_count: count as usize,
+            memory_per_device: memory,
+            profile,
+        })
+    }
+}
+
+fn check_range(name: &str, value: u64, min: u64, max: u64) -> Result<(), ConfigError> {
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(ConfigError::OutOfRange {
+            name: name.into(),
+            value,
+            min,
+            max,
+        })
+    }
+}
+
+/// Parse a byte size: `"1073741824"`, `"512MiB"`, `"16 GiB"`, `"1.5GB"`, `"64k"`.
+///
+/// A bare `K`/`M`/`G`/`T` is read as the binary unit (as `free -h` and most tools do).
+pub fn parse_size(name: &str, text: &str) -> Result<u64, ConfigError> {
+    let bad = || ConfigError::BadSize {
+        name: name.into(),
+        value: text.into(),
+    };
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    if num.is_empty() {
+        return Err(bad());
+    }
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        _ => return Err(bad()),
+    };
+    if let Ok(n) = num.parse::<u64>() {
+        return n.checked_mul(mult).ok_or_else(bad);
+    }
+    let f: f64 = num.parse().map_err(|_| bad())?;
+    let bytes = f * mult as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(bad());
+    }
+    Ok(bytes.round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("m", "1024").unwrap(), 1024);
+        assert_eq!(parse_size("m", "16GiB").unwrap(), 16 << 30);
+        assert_eq!(parse_size("m", "16 gib").unwrap(), 16 << 30);
+        assert_eq!(parse_size("m", "512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("m", "1.5GB").unwrap(), 1_500_000_000);
+        assert_eq!(parse_size("m", "64k").unwrap(), 64 << 10);
+        assert_eq!(parse_size("m", "2TB").unwrap(), 2_000_000_000_000);
+        assert_eq!(parse_size("m", "7b").unwrap(), 7);
+    }
+
+    #[test]
+    fn bad_sizes_are_refused_with_the_name() {
+        for bad in [
+            "",
+            "GiB",
+            "12 parsecs",
+            "-5",
+            "1.2.3GB",
+            "99999999999999999999TiB",
+        ] {
+            let e = parse_size("memory", bad).unwrap_err();
+            assert!(e.to_string().starts_with("memory:"), "{e}");
+        }
+    }
+
+    #[test]
+    fn defaults_give_eight_ascend_devices() {
+        let c = ConfigBuilder::default().build_with_env(no_env).unwrap();
+        assert_eq!(c.device_count, 8);
+        assert_eq!(c.profile.name, "ascend910");
+        assert_eq!(c.memory_per_device, c.profile.memory);
+    }
+
+    #[test]
+    fn environment_fills_gaps_and_arguments_win() {
+        let env = |k: &str| match k {
+            ENV_DEVICE_COUNT => Some("3".to_string()),
+            ENV_DEVICE_MEMORY => Some("2GiB".to_string()),
+            ENV_DEVICE_PROFILE => Some("host".to_string()),
+            _ => None,
+        };
+        let c = ConfigBuilder::default().build_with_env(env).unwrap();
+        assert_eq!((c.device_count, c.memory_per_device), (3, 2 << 30));
+        assert_eq!(c.profile.name, "host");
+        let b = ConfigBuilder {
+            device_count: Some(5),
+            memory: Some("1GiB".into()),
+            profile: Some("ascend910".into()),
+        };
+        let c = b.build_with_env(env).unwrap();
+        assert_eq!((c.device_count, c.memory_per_device), (5, 1 << 30));
+        assert_eq!(c.profile.name, "ascend910");
+    }
+
+    #[test]
+    fn out_of_range_values_name_the_setting() {
+        let b = ConfigBuilder {
+            device_count: Some(0),
+            ..Default::default()
+        };
+        assert!(b
+            .build_with_env(no_env)
+            .unwrap_err()
+            .to_string()
+            .contains("device_count"));
+        let b = ConfigBuilder {
+            device_count: Some(65),
+            ..Default::default()
+        };
+        assert!(b.build_with_env(no_env).is_err());
+        let b = ConfigBuilder {
+            memory: Some("1KiB".into()),
+            ..Default::default()
+        };
+        assert!(b
+            .build_with_env(no_env)
+            .unwrap_err()
+            .to_string()
+            .contains("memory"));
+        let env = |k: &str| (k == ENV_DEVICE_COUNT).then(|| "eight".to_string());
+        let e = ConfigBuilder::default().build_with_env(env).unwrap_err();
+        assert!(e.to_string().contains(ENV_DEVICE_COUNT));
+        let b = ConfigBuilder {
+            profile: Some("tpu".into()),
+            ..Default::default()
+        };
+        let e = b.build_with_env(no_env).unwrap_err().to_string();
+        assert!(e.contains("ascend910") && e.contains("host"), "{e}");
+    }
+}

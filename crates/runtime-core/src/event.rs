@@ -1,0 +1,244 @@
+//! Events: markers recorded into streams, for cross-stream ordering and timing.
+//!
+//! An event counts its records. `record` takes the next number and queues a marker; the
+//! executor completes that number when the stream reaches it, reading the shared monotonic
+//! clock ([`now_ns`]) at that moment. All devices share the clock, so events on different
+//! devices can be timed against each other (CUDA refuses this).
+//!
+//! Semantics, as in CUDA: `query` on a never-recorded event is true; a stream's `wait_event`
+//! on a never-recorded event is a no-op; waits refer to the latest record at the time they
+//! are queued. `elapsed_time` needs both events recorded with timing enabled and completed:
+//! it raises `NotReady` when either is still pending (call `synchronize` first) instead of
+//! blocking.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::{DeviceError, Result, StreamError};
+use crate::stream::{unblock, StreamInner};
+
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+static NEXT_EVENT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Nanoseconds on the runtime's monotonic clock (shared by all devices).
+pub fn now_ns() -> u64 {
+    EPOCH.elapsed().as_nanos() as u64
+}
+
+struct EventState {
+    completed: u64,
+    timestamp_ns: Option<u64>,
+    waiting: Vec<(u64, Arc<StreamInner>)>,
+}
+
+pub(crate) struct EventInner {
+    pub(crate) id: u64,
+    timing: bool,
+    blocking: bool,
+    recorded: AtomicU64,
+    completed: AtomicU64,
+    state: Mutex<EventState>,
+    cv: Condvar,
+    destroyed: AtomicBool,
+}
+
+impl EventInner {
+    /// Latest record number handed out (0: never recorded).
+    pub(crate) fn recorded(&self) -> u64 {
+        self.recorded.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn next_record(&self) -> u64 {
+        self.recorded.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Complete record `id` now (stream order reached it).
+    pub(crate) fn complete(&self, id: u64) {
+        let ts = self.timing.then(now_ns);
+        let waiting = {
+            let mut st = self.state.lock();
+            if id > st.completed {
+                st.completed = id;
+                st.timestamp_ns = ts;
+                self.completed.store(id, Ordering::SeqCst);
+            }
+            let done = st.completed;
+            let (ready, still): (Vec<_>, Vec<_>) = std::mem::take(&mut st.waiting)
+                .into_iter()
+                .partition(|(w, _)| done >= *w);
+            st.waiting = still;
+            self.cv.notify_all();
+            ready
+        };
+        for (_, s) in waiting {
+            unblock(&s);
+        }
+    }
+
+    /// If record `id` is complete return true; otherwise run `on_block` and register `s` to be
+    /// unblocked when it completes (atomically with respect to completion), and return false.
+    pub(crate) fn park_unless_complete(
+        &self,
+        id: u64,
+        s: &Arc<StreamInner>,
+        on_block: impl FnOnce(),
+    ) -> bool {
+        let mut st = self.state.lock();
+        if st.completed >= id {
+            return true;
+        }
+        on_block();
+        st.waiting.push((id, s.clone()));
+        false
+    }
+}
+
+/// An event handle. Cheap to clone.
+#[derive(Clone)]
+pub struct Event(pub(crate) Arc<EventInner>);
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Event#{}", self.0.id)
+    }
+}
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Event {
+    /// A new event. `timing` enables timestamps; `blocking` makes `synchronize` sleep rather
+    /// than spin first.
+    pub fn new(timing: bool, blocking: bool) -> Event {
+        Event(Arc::new(EventInner {
+            id: NEXT_EVENT_ID.fetch_add(1, Ordering::Relaxed),
+            timing,
+            blocking,
+            recorded: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+            state: Mutex::new(EventState {
+                completed: 0,
+                timestamp_ns: None,
+                waiting: Vec::new(),
+            }),
+            cv: Condvar::new(),
+            destroyed: AtomicBool::new(false),
+        }))
+    }
+
+    /// Event id.
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    /// Whether timing is enabled.
+    pub fn timing(&self) -> bool {
+        self.0.timing
+    }
+
+    /// Whether `synchronize` blocks without spinning.
+    pub fn blocking(&self) -> bool {
+        self.0.blocking
+    }
+
+    /// Fails if destroyed.
+    pub fn check(&self) -> Result<()> {
+        if self.0.destroyed.load(Ordering::Acquire) {
+            Err(DeviceError::InvalidHandle {
+                what: format!("Event#{}", self.0.id),
+                why: "it was destroyed".into(),
+            }
+            .into())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether the latest record has completed (true if never recorded).
+    pub fn query(&self) -> Result<bool> {
+        self.check()?;
+        Ok(self.0.completed.load(Ordering::SeqCst) >= self.0.recorded())
+    }
+
+    /// Whether the event was ever recorded.
+    pub fn is_recorded(&self) -> bool {
+        self.0.recorded() > 0
+    }
+
+    /// Wait for the latest record; false on timeout.
+    pub fn synchronize(&self, timeout: Option<Duration>) -> Result<bool> {
+        self.check()?;
+        let target = self.0.recorded();
+        if self.0.completed.load(Ordering::SeqCst) >= target {
+            return Ok(true);
+        }
+        if !self.0.blocking {
+            let until = Instant::now() + Duration::from_micros(50);
+            while Instant::now() < until {
+                if self.0.completed.load(Ordering::SeqCst) >= target {
+                    return Ok(true);
+                }
+                std::hint::spin_loop();
+            }
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut st = self.0.state.lock();
+        while st.completed < target {
+            match deadline {
+                None => self.0.cv.wait(&mut st),
+                Some(d) => {
+                    if self.0.cv.wait_until(&mut st, d).timed_out() && st.completed < target {
+                        return Ok(false);
+                    }
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Timestamp of the latest completed record, in ns of [`now_ns`].
+    pub fn timestamp_ns(&self) -> Result<u64> {
+        self.check()?;
+        let what = || format!("Event#{}", self.0.id);
+        if !self.0.timing {
+            return Err(StreamError::Invalid(format!(
+                "{} was created with enable_timing=False; it has no timestamp",
+                what()
+            ))
+            .into());
+        }
+        let recorded = self.0.recorded();
+        if recorded == 0 {
+            return Err(StreamError::Invalid(format!(
+                "{} was never recorded; record it on a stream first",
+                what()
+            ))
+            .into());
+        }
+        let st = self.0.state.lock();
+        match st.timestamp_ns {
+            Some(t) if st.completed >= recorded => Ok(t),
+            _ => Err(StreamError::NotReady { what: what() }.into()),
+        }
+    }
+
+    /// Milliseconds from this event to `end` (negative if `end` came first).
+    pub fn elapsed_time(&self, end: &Event) -> Result<f64> {
+        let a = self.timestamp_ns()?;
+        let b = end.timestamp_ns()?;
+        Ok((b as f64 - a as f64) / 1e6)
+    }
+
+    /// Make the handle invalid. Pending records still complete, so nothing waiting hangs.
+    pub fn destroy(&self) -> Result<()> {
+        self.check()?;
+        self.0.destroyed.store(true, Ordering::Release);
+        Ok(())
+    }
+}

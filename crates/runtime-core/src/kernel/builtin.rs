@@ -1,0 +1,525 @@
+//! Built-in native kernels. Arguments are output first, like `memcpy(dst, src)`:
+//!
+//! | kernel | arguments | effect |
+//! |---|---|---|
+//! | `noop` | none | nothing (measures launch overhead) |
+//! | `fill` | `x, value` | `x[:] = value` |
+//! | `copy` | `dst, src` | `dst[:] = src` |
+//! | `scale` | `out, x, alpha` | `out = alpha * x` |
+//! | `axpy` | `y, x, alpha` | `y = alpha * x + y` |
+//! | `add` | `out, a, b` | `out = a + b` |
+//! | `mul` | `out, a, b` | `out = a * b` |
+//! | `sum` | `out, x` | `out[0] = x.sum()` (floats accumulate in float64) |
+//! | `matmul` | `c, a, b` | `c = a @ b` for 2-D `a (m,k)`, `b (k,n)`, `c (m,n)` |
+//!
+//! Element-wise kernels need equal element counts and one dtype (float32, float64, int32,
+//! int64); integers wrap on overflow as in numpy. An output may be exactly one of its inputs
+//! (in place) but must not partly overlap one. Float matrix products use the
+//! `matrixmultiply` crate (blocked, SIMD); integer ones a plain i-k-j loop.
+//!
+//! Memory access: kernels read and write device memory through raw views
+//! ([`Buffer::slice`](crate::memory::Buffer::slice)); `check` has verified bounds, alignment
+//! and overlap, which is what those views require. Concurrent access by another stream to the
+//! same bytes is a race in the device memory model, as on real hardware.
+
+use std::sync::Arc;
+
+use crate::error::{ArgError, KernelFailure};
+use crate::kernel::{DType, Kernel, KernelArg, Tensor};
+
+/// All built-in kernels.
+pub fn all() -> Vec<Arc<dyn Kernel>> {
+    use Builtin::*;
+    [Noop, Fill, Copy, Scale, Axpy, Add, Mul, Sum, Matmul]
+        .into_iter()
+        .map(|b| Arc::new(b) as Arc<dyn Kernel>)
+        .collect()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Builtin {
+    Noop,
+    Fill,
+    Copy,
+    Scale,
+    Axpy,
+    Add,
+    Mul,
+    Sum,
+    Matmul,
+}
+
+/// Element types the arithmetic kernels support.
+trait Elem: std::marker::Copy + Send + Sync + 'static {
+    fn from_f64(v: f64) -> Self;
+    fn from_i64(v: i64) -> Self;
+    fn add(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn zero() -> Self;
+    fn sum(xs: &[Self]) -> Self;
+    /// `c (m x n) = a (m x k) @ b (k x n)`, row-major, `c` disjoint from `a` and `b`.
+    fn gemm(m: usize, k: usize, n: usize, a: &[Self], b: &[Self], c: &mut [Self]) {
+        gemm_loop(m, k, n, a, b, c);
+    }
+}
+
+macro_rules! float_elem {
+    ($t:ty, $gemm:path) => {
+        impl Elem for $t {
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+            fn from_i64(v: i64) -> Self {
+                v as $t
+            }
+            fn add(self, o: Self) -> Self {
+                self + o
+            }
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+            fn zero() -> Self {
+                0.0
+            }
+            fn sum(xs: &[Self]) -> Self {
+                // Eight f64 lanes: accurate and vectorisable.
+                let mut acc = [0f64; 8];
+                let chunks = xs.chunks_exact(8);
+                let rest = chunks.remainder();
+                for c in chunks {
+                    for i in 0..8 {
+                        acc[i] += c[i] as f64;
+                    }
+                }
+                let tail: f64 = rest.iter().map(|&x| x as f64).sum();
+                (acc.iter().sum::<f64>() + tail) as $t
+            }
+            fn gemm(m: usize, k: usize, n: usize, a: &[Self], b: &[Self], c: &mut [Self]) {
+                debug_assert!(a.len() == m * k && b.len() == k * n && c.len() == m * n);
+                // SAFETY: the slices hold exactly m*k, k*n and m*n elements with row-major
+                // strides, and `c` is disjoint from `a` and `b` (checked at launch).
+                unsafe {
+                    $gemm(
+                        m,
+                        k,
+                        n,
+                        1.0,
+                        a.as_ptr(),
+                        k as isize,
+                        1,
+                        b.as_ptr(),
+                        n as isize,
+                        1,
+                        0.0,
+                        c.as_mut_ptr(),
+                        n as isize,
+                        1,
+                    )
+                };
+            }
+        }
+    };
+}
+float_elem!(f32, matrixmultiply::sgemm);
+float_elem!(f64, matrixmultiply::dgemm);
+
+macro_rules! int_elem {
+    ($t:ty) => {
+        impl Elem for $t {
+            fn from_f64(v: f64) -> Self {
+                v as $t
+            }
+            fn from_i64(v: i64) -> Self {
+                v as $t
+            }
+            fn add(self, o: Self) -> Self {
+                self.wrapping_add(o)
+            }
+            fn mul(self, o: Self) -> Self {
+                self.wrapping_mul(o)
+            }
+            fn zero() -> Self {
+                0
+            }
+            fn sum(xs: &[Self]) -> Self {
+                xs.iter().fold(0, |a: $t, &b| a.wrapping_add(b))
+            }
+        }
+    };
+}
+int_elem!(i32);
+int_elem!(i64);
+
+fn err(arg: &str, msg: impl Into<String>) -> ArgError {
+    ArgError::new(arg, msg)
+}
+
+fn tensor<'a>(
+    args: &'a [KernelArg],
+    i: usize,
+    name: &str,
+    kernel: &str,
+) -> Result<&'a Tensor, ArgError> {
+    match args.get(i) {
+        Some(KernelArg::Tensor(t)) => Ok(t),
+        Some(other) => Err(err(
+            name,
+            format!(
+                "{kernel}: argument {i} ({name}) must be a device buffer or view, got {other:?}"
+            ),
+        )),
+        None => Err(err(
+            name,
+            format!("{kernel}: missing argument {i} ({name})"),
+        )),
+    }
+}
+
+fn scalar(
+    args: &[KernelArg],
+    i: usize,
+    name: &str,
+    kernel: &str,
+    dtype: DType,
+) -> Result<KernelArg, ArgError> {
+    match args.get(i) {
+        Some(KernelArg::Float(f)) if !dtype.is_float() && f.fract() != 0.0 => Err(err(
+            name,
+            format!(
+                "{kernel}: {name}={f} is not an integer, but the tensors are {}",
+                dtype.name()
+            ),
+        )),
+        Some(s @ (KernelArg::Float(_) | KernelArg::Int(_))) => Ok(s.clone()),
+        Some(other) => Err(err(
+            name,
+            format!("{kernel}: argument {i} ({name}) must be a number, got {other:?}"),
+        )),
+        None => Err(err(
+            name,
+            format!("{kernel}: missing argument {i} ({name})"),
+        )),
+    }
+}
+
+fn count(args: &[KernelArg], n: usize, kernel: &str, sig: &str) -> Result<(), ArgError> {
+    if args.len() == n {
+        Ok(())
+    } else {
+        Err(err(
+            "args",
+            format!("{kernel} takes {n} arguments ({sig}), got {}", args.len()),
+        ))
+    }
+}
+
+fn numeric(t: &Tensor, name: &str, kernel: &str) -> Result<(), ArgError> {
+    if t.dtype == DType::U8 {
+        Err(err(name, format!("{kernel}: dtype uint8 is not supported; use float32, float64, int32 or int64 (view the buffer with .view(dtype))")))
+    } else {
+        Ok(())
+    }
+}
+
+fn same(
+    out: &Tensor,
+    x: &Tensor,
+    name: &str,
+    kernel: &str,
+    equal_len: bool,
+) -> Result<(), ArgError> {
+    if out.dtype != x.dtype {
+        return Err(err(
+            name,
+            format!(
+                "{kernel}: dtype {} does not match {}",
+                x.dtype.name(),
+                out.dtype.name()
+            ),
+        ));
+    }
+    if equal_len && out.len() != x.len() {
+        return Err(err(
+            name,
+            format!(
+                "{kernel}: {} elements (shape {:?}) do not match the output's {} (shape {:?})",
+                x.len(),
+                x.shape,
+                out.len(),
+                out.shape
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Inputs may be exactly the output, or disjoint from it; partial overlap is refused.
+fn no_partial_overlap(out: &Tensor, x: &Tensor, name: &str, kernel: &str) -> Result<(), ArgError> {
+    let (a, b) = (out.span(), x.span());
+    let overlap = a.0 < b.1 && b.0 < a.1;
+    if overlap && a != b {
+        Err(err(name, format!("{kernel}: {name} partly overlaps the output; use disjoint buffers or exactly the same view")))
+    } else {
+        Ok(())
+    }
+}
+
+fn disjoint(out: &Tensor, x: &Tensor, name: &str, kernel: &str) -> Result<(), ArgError> {
+    let (a, b) = (out.span(), x.span());
+    if a.0 < b.1 && b.0 < a.1 {
+        Err(err(
+            name,
+            format!("{kernel}: {name} overlaps the output; matmul needs a separate output"),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+impl Kernel for Builtin {
+    fn name(&self) -> &str {
+        match self {
+            Builtin::Noop => "noop",
+            Builtin::Fill => "fill",
+            Builtin::Copy => "copy",
+            Builtin::Scale => "scale",
+            Builtin::Axpy => "axpy",
+            Builtin::Add => "add",
+            Builtin::Mul => "mul",
+            Builtin::Sum => "sum",
+            Builtin::Matmul => "matmul",
+        }
+    }
+
+    fn check(&self, args: &[KernelArg]) -> Result<(), ArgError> {
+        let k = self.name();
+        match self {
+            Builtin::Noop => count(args, 0, k, "no arguments"),
+            Builtin::Fill => {
+                count(args, 2, k, "x, value")?;
+                let x = tensor(args, 0, "x", k)?;
+                numeric(x, "x", k)?;
+                scalar(args, 1, "value", k, x.dtype).map(|_| ())
+            }
+            Builtin::Copy => {
+                count(args, 2, k, "dst, src")?;
+                let (d, s) = (tensor(args, 0, "dst", k)?, tensor(args, 1, "src", k)?);
+                if d.nbytes() != s.nbytes() {
+                    return Err(err(
+                        "src",
+                        format!("copy: src has {} bytes, dst {}", s.nbytes(), d.nbytes()),
+                    ));
+                }
+                no_partial_overlap(d, s, "src", k)
+            }
+            Builtin::Scale | Builtin::Axpy => {
+                let names = if *self == Builtin::Scale {
+                    ("out", "x, alpha")
+                } else {
+                    ("y", "x, alpha")
+                };
+                count(args, 3, k, &format!("{}, {}", names.0, names.1))?;
+                let (o, x) = (tensor(args, 0, names.0, k)?, tensor(args, 1, "x", k)?);
+                numeric(o, names.0, k)?;
+                same(o, x, "x", k, true)?;
+                no_partial_overlap(o, x, "x", k)?;
+                scalar(args, 2, "alpha", k, o.dtype).map(|_| ())
+            }
+            Builtin::Add | Builtin::Mul => {
+                count(args, 3, k, "out, a, b")?;
+                let o = tensor(args, 0, "out", k)?;
+                numeric(o, "out", k)?;
+                for (i, n) in [(1, "a"), (2, "b")] {
+                    let x = tensor(args, i, n, k)?;
+                    same(o, x, n, k, true)?;
+                    no_partial_overlap(o, x, n, k)?;
+                }
+                Ok(())
+            }
+            Builtin::Sum => {
+                count(args, 2, k, "out, x")?;
+                let (o, x) = (tensor(args, 0, "out", k)?, tensor(args, 1, "x", k)?);
+                numeric(o, "out", k)?;
+                same(o, x, "x", k, false)?;
+                if o.len() != 1 {
+                    return Err(err(
+                        "out",
+                        format!("sum: out must hold exactly 1 element, has {}", o.len()),
+                    ));
+                }
+                disjoint(o, x, "x", k)
+            }
+            Builtin::Matmul => {
+                count(args, 3, k, "c, a, b")?;
+                let (c, a, b) = (
+                    tensor(args, 0, "c", k)?,
+                    tensor(args, 1, "a", k)?,
+                    tensor(args, 2, "b", k)?,
+                );
+                numeric(c, "c", k)?;
+                same(c, a, "a", k, false)?;
+                same(c, b, "b", k, false)?;
+                for (t, n) in [(c, "c"), (a, "a"), (b, "b")] {
+                    if t.shape.len() != 2 {
+                        return Err(err(
+                            n,
+                            format!("matmul: {n} must be 2-D, has shape {:?}", t.shape),
+                        ));
+                    }
+                }
+                let (m, ka, kb, n) = (a.shape[0], a.shape[1], b.shape[0], b.shape[1]);
+                if ka != kb {
+                    return Err(err(
+                        "b",
+                        format!("matmul: a is {m}x{ka} but b is {kb}x{n}; inner dimensions differ"),
+                    ));
+                }
+                if c.shape != [m, n] {
+                    return Err(err(
+                        "c",
+                        format!("matmul: c must be {m}x{n}, has shape {:?}", c.shape),
+                    ));
+                }
+                disjoint(c, a, "a", k)?;
+                disjoint(c, b, "b", k)
+            }
+        }
+    }
+
+    fn run(&self, args: &[KernelArg]) -> Result<(), KernelFailure> {
+        match self {
+            Builtin::Noop => {}
+            Builtin::Copy => {
+                let (d, s) = (t(args, 0), t(args, 1));
+                if d.span() != s.span() {
+                    d.buffer
+                        .copy_from(d.offset, &s.buffer, s.offset, s.nbytes())
+                        .map_err(|e| KernelFailure::new("copy", e.to_string()))?;
+                }
+            }
+            _ => dispatch(*self, args),
+        }
+        Ok(())
+    }
+}
+
+fn t(args: &[KernelArg], i: usize) -> &Tensor {
+    match &args[i] {
+        KernelArg::Tensor(t) => t,
+        _ => unreachable!("checked at launch"),
+    }
+}
+
+fn s<T: Elem>(args: &[KernelArg], i: usize) -> T {
+    match args[i] {
+        KernelArg::Float(f) => T::from_f64(f),
+        KernelArg::Int(n) => T::from_i64(n),
+        KernelArg::Tensor(_) => unreachable!("checked at launch"),
+    }
+}
+
+fn dispatch(k: Builtin, args: &[KernelArg]) {
+    match t(args, 0).dtype {
+        DType::F32 => typed::<f32>(k, args),
+        DType::F64 => typed::<f64>(k, args),
+        DType::I32 => typed::<i32>(k, args),
+        DType::I64 => typed::<i64>(k, args),
+        DType::U8 => unreachable!("checked at launch"),
+    }
+}
+
+/// Read-only view. SAFETY contract of `Buffer::slice`: `check` verified bounds, alignment, and
+/// that the range is either disjoint from every output or exactly an output (in which case
+/// callers use the in-place paths and never hold both views).
+fn view<T: Elem>(x: &Tensor) -> &[T] {
+    // SAFETY: see above.
+    unsafe { x.buffer.slice::<T>(x.offset, x.len()) }
+}
+
+#[allow(clippy::mut_from_ref)] // device memory is shared by design; see the module docs
+fn view_mut<T: Elem>(x: &Tensor) -> &mut [T] {
+    // SAFETY: see `view`; the output is the only mutable view alive in each kernel.
+    unsafe { x.buffer.slice_mut::<T>(x.offset, x.len()) }
+}
+
+fn typed<T: Elem>(k: Builtin, args: &[KernelArg]) {
+    let out = t(args, 0);
+    match k {
+        Builtin::Fill => view_mut::<T>(out).fill(s::<T>(args, 1)),
+        Builtin::Scale => {
+            let (x, alpha) = (t(args, 1), s::<T>(args, 2));
+            if x.span() == out.span() {
+                view_mut::<T>(out)
+                    .iter_mut()
+                    .for_each(|v| *v = alpha.mul(*v));
+            } else {
+                let (o, x) = (view_mut::<T>(out), view::<T>(x));
+                o.iter_mut().zip(x).for_each(|(o, &x)| *o = alpha.mul(x));
+            }
+        }
+        Builtin::Axpy => {
+            let (x, alpha) = (t(args, 1), s::<T>(args, 2));
+            if x.span() == out.span() {
+                view_mut::<T>(out)
+                    .iter_mut()
+                    .for_each(|v| *v = alpha.mul(*v).add(*v));
+            } else {
+                let (y, x) = (view_mut::<T>(out), view::<T>(x));
+                y.iter_mut()
+                    .zip(x)
+                    .for_each(|(y, &x)| *y = alpha.mul(x).add(*y));
+            }
+        }
+        Builtin::Add => binary::<T>(out, t(args, 1), t(args, 2), T::add),
+        Builtin::Mul => binary::<T>(out, t(args, 1), t(args, 2), T::mul),
+        Builtin::Sum => {
+            let total = T::sum(view::<T>(t(args, 1)));
+            view_mut::<T>(out)[0] = total;
+        }
+        Builtin::Matmul => matmul::<T>(out, t(args, 1), t(args, 2)),
+        Builtin::Noop | Builtin::Copy => {}
+    }
+}
+
+fn binary<T: Elem>(out: &Tensor, a: &Tensor, b: &Tensor, f: fn(T, T) -> T) {
+    let (oa, ob) = (out.span() == a.span(), out.span() == b.span());
+    match (oa, ob) {
+        (true, true) => view_mut::<T>(out).iter_mut().for_each(|v| *v = f(*v, *v)),
+        (true, false) => {
+            let (o, b) = (view_mut::<T>(out), view::<T>(b));
+            o.iter_mut().zip(b).for_each(|(o, &b)| *o = f(*o, b));
+        }
+        (false, true) => {
+            let (o, a) = (view_mut::<T>(out), view::<T>(a));
+            o.iter_mut().zip(a).for_each(|(o, &a)| *o = f(a, *o));
+        }
+        (false, false) => {
+            let (o, a, b) = (view_mut::<T>(out), view::<T>(a), view::<T>(b));
+            o.iter_mut()
+                .zip(a.iter().zip(b))
+                .for_each(|(o, (&a, &b))| *o = f(a, b));
+        }
+    }
+}
+
+fn matmul<T: Elem>(c: &Tensor, a: &Tensor, b: &Tensor) {
+    let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
+    T::gemm(m, k, n, view::<T>(a), view::<T>(b), view_mut::<T>(c));
+}
+
+/// Plain i-k-j product for integer types (wrapping, as numpy).
+fn gemm_loop<T: Elem>(m: usize, k: usize, n: usize, a: &[T], b: &[T], c: &mut [T]) {
+    c.fill(T::zero());
+    if n == 0 {
+        return;
+    }
+    for (i, row) in c.chunks_exact_mut(n).enumerate().take(m) {
+        for p in 0..k {
+            let aip = a[i * k + p];
+            let brow = &b[p * n..(p + 1) * n];
+            row.iter_mut()
+                .zip(brow)
+                .for_each(|(c, &b)| *c = c.add(aip.mul(b)));
+        }
+    }
+}

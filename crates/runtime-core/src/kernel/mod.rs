@@ -1,0 +1,238 @@
+//! Kernels: the [`Kernel`] trait, typed tensor arguments, and the process-wide registry that
+//! other crates add to and the Python layer launches from by name.
+//!
+//! * [`builtin`]: `noop`, `fill`, `copy`, `scale`, `axpy`, `add`, `mul`, `sum`, `matmul` for
+//!   float32, float64, int32 and int64.
+//!
+//! A launch checks the arguments on the caller's thread ([`Kernel::check`]: wrong shapes and
+//! dtypes fail there, as `ValueError` in Python) and queues the run on the stream. The
+//! arguments hold their buffers, so memory stays alive until the kernel has run.
+
+pub mod builtin;
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
+
+use parking_lot::RwLock;
+
+use crate::error::{arg_error, ArgError, KernelFailure, Result};
+use crate::memory::Buffer;
+use crate::stream::{Op, OpKind, Stream};
+
+/// Element types kernels understand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// 32-bit float.
+    F32,
+    /// 64-bit float.
+    F64,
+    /// 32-bit signed integer.
+    I32,
+    /// 64-bit signed integer.
+    I64,
+    /// Unsigned byte (raw buffers).
+    U8,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
+            DType::U8 => 1,
+        }
+    }
+
+    /// numpy name (`"float32"`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "float32",
+            DType::F64 => "float64",
+            DType::I32 => "int32",
+            DType::I64 => "int64",
+            DType::U8 => "uint8",
+        }
+    }
+
+    /// Parse a numpy-style name (`"float32"`, `"f4"`, `"int64"`, `"i8"`, `"uint8"`, `"u1"`).
+    pub fn parse(s: &str) -> Option<DType> {
+        Some(match s {
+            "float32" | "f4" | "<f4" | "f" => DType::F32,
+            "float64" | "f8" | "<f8" | "d" | "float" => DType::F64,
+            "int32" | "i4" | "<i4" | "i" => DType::I32,
+            "int64" | "i8" | "<i8" | "q" | "l" | "int" => DType::I64,
+            "uint8" | "u1" | "|u1" | "B" => DType::U8,
+            _ => return None,
+        })
+    }
+
+    /// Whether this is a float type.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F64)
+    }
+}
+
+/// A typed, C-contiguous view of part of a buffer.
+#[derive(Debug, Clone)]
+pub struct Tensor {
+    /// The buffer (kept alive by this argument).
+    pub buffer: Buffer,
+    /// Byte offset into the buffer.
+    pub offset: u64,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape (C order).
+    pub shape: Vec<usize>,
+}
+
+impl Tensor {
+    /// A view; checks alignment and that it fits in the buffer (overflow included).
+    pub fn new(buffer: Buffer, offset: u64, dtype: DType, shape: Vec<usize>) -> Result<Tensor> {
+        let count = shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .and_then(|n| n.checked_mul(dtype.size()))
+            .ok_or_else(|| arg_error("shape", format!("{shape:?} is too large")))?;
+        if !offset.is_multiple_of(dtype.size() as u64) {
+            return Err(arg_error(
+                "offset",
+                format!(
+                    "{offset} is not a multiple of the {} item size {}",
+                    dtype.name(),
+                    dtype.size()
+                ),
+            ));
+        }
+        buffer.check_range("offset", offset, count as u64)?;
+        Ok(Tensor {
+            buffer,
+            offset,
+            dtype,
+            shape,
+        })
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Size in bytes.
+    pub fn nbytes(&self) -> u64 {
+        (self.len() * self.dtype.size()) as u64
+    }
+
+    /// Host address range `[start, end)` (for overlap checks).
+    pub fn span(&self) -> (usize, usize) {
+        let start = self.buffer.as_ptr() as usize + self.offset as usize;
+        (start, start + self.nbytes() as usize)
+    }
+}
+
+/// A kernel argument.
+#[derive(Debug, Clone)]
+pub enum KernelArg {
+    /// Device memory.
+    Tensor(Tensor),
+    /// A float scalar.
+    Float(f64),
+    /// An integer scalar.
+    Int(i64),
+}
+
+/// A kernel that can be launched on a stream by name.
+pub trait Kernel: Send + Sync {
+    /// Registry name.
+    fn name(&self) -> &str;
+    /// Validate the arguments at launch time (on the caller's thread).
+    fn check(&self, args: &[KernelArg]) -> Result<(), ArgError>;
+    /// Run with arguments that passed [`Kernel::check`]. May panic; the executor catches it.
+    fn run(&self, args: &[KernelArg]) -> Result<(), KernelFailure>;
+}
+
+static REGISTRY: LazyLock<RwLock<HashMap<String, Arc<dyn Kernel>>>> = LazyLock::new(|| {
+    let mut m: HashMap<String, Arc<dyn Kernel>> = HashMap::new();
+    for k in builtin::all() {
+        m.insert(k.name().to_string(), k);
+    }
+    RwLock::new(m)
+});
+
+/// Register a kernel under its name, replacing any kernel of that name. Returns the one it
+/// replaced.
+pub fn register(kernel: Arc<dyn Kernel>) -> Option<Arc<dyn Kernel>> {
+    REGISTRY.write().insert(kernel.name().to_string(), kernel)
+}
+
+/// Look a kernel up by name.
+pub fn lookup(name: &str) -> Option<Arc<dyn Kernel>> {
+    REGISTRY.read().get(name).cloned()
+}
+
+/// Registered kernel names, sorted.
+pub fn names() -> Vec<String> {
+    let mut v: Vec<String> = REGISTRY.read().keys().cloned().collect();
+    v.sort();
+    v
+}
+
+/// Look `name` up, or fail naming the registered kernels.
+pub fn find(name: &str) -> Result<Arc<dyn Kernel>> {
+    lookup(name).ok_or_else(|| {
+        arg_error(
+            "kernel",
+            format!(
+                "no kernel named {name:?}; registered: {}",
+                names().join(", ")
+            ),
+        )
+    })
+}
+
+struct KernelOp {
+    kernel: Arc<dyn Kernel>,
+    args: Vec<KernelArg>,
+}
+
+impl Op for KernelOp {
+    fn name(&self) -> &str {
+        self.kernel.name()
+    }
+    fn kind(&self) -> OpKind {
+        OpKind::Compute
+    }
+    fn run(&self) -> Result<(), KernelFailure> {
+        self.kernel.run(&self.args)
+    }
+}
+
+/// Check `args` against `kernel` now, then queue it on `stream`.
+///
+/// # Errors
+/// `ArgError` from the check; stream errors (destroyed stream, shutdown; in synchronous mode
+/// the kernel's own failure).
+pub fn launch(stream: &Stream, kernel: Arc<dyn Kernel>, args: Vec<KernelArg>) -> Result<()> {
+    kernel.check(&args)?;
+    for a in &args {
+        if let KernelArg::Tensor(t) = a {
+            if t.buffer.device() != stream.device().index() {
+                return Err(arg_error(
+                    "args",
+                    format!(
+                        "{:?} lives on device {}, but the stream runs on device {}",
+                        t.buffer,
+                        t.buffer.device(),
+                        stream.device().index()
+                    ),
+                ));
+            }
+        }
+    }
+    stream.launch(Arc::new(KernelOp { kernel, args }))
+}

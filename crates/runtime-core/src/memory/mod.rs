@@ -1,0 +1,616 @@
+//! Device memory: the allocator of one virtual device and the reference-counted buffers it
+//! hands out.
+//!
+//! * [`buddy`]: power-of-two blocks over the device's address space (large allocations, and
+//!   the spans the slab carves up). Offsets only; no `unsafe`.
+//! * [`slab`]: size classes up to [`slab::SLAB_MAX`] carved from buddy spans. No `unsafe`.
+//! * [`host`]: the reserved, lazily committed mapping behind a device; the only `unsafe`.
+//!
+//! Invariants:
+//! * Every byte the allocator hands out reads as zero. Free space in the buddy is zero
+//!   (untouched pages, or pages released with `MADV_DONTNEED`); free slab slots are zeroed when
+//!   freed (they are small); cached large blocks are zeroed by a background scrubber thread
+//!   before they are reused, so zeroing stays off the allocating caller's path.
+//! * A [`Buffer`] holds an `Arc` to its allocation; views, DLPack capsules and queued stream
+//!   operations hold clones. The block returns to the allocator when the last one drops, and
+//!   the mapping itself lives until the last allocation is gone, even after `shutdown`.
+//! * `reserved` is everything taken from the buddy (live blocks, cached blocks, slab spans);
+//!   `allocated` is what live buffers consume; `cached = reserved - allocated`.
+
+pub mod buddy;
+pub mod host;
+pub mod slab;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::{MemoryError, Result};
+use crate::runtime::Options;
+use buddy::Buddy;
+use host::{Arena, PAGE};
+use slab::{Slab, SlabAlloc, SLAB_MAX};
+
+/// Statistics of one device's allocator, in the manner of `torch.cuda.memory_stats`.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct MemoryStats {
+    /// Capacity of the device.
+    pub total: u64,
+    /// Bytes consumed by live allocations (rounded to their slab class or page multiple).
+    pub allocated: u64,
+    /// Bytes requested by live allocations.
+    pub requested: u64,
+    /// Bytes taken from the device's address space: allocated plus cached.
+    pub reserved: u64,
+    /// Bytes held in caches (`reserved - allocated`).
+    pub cached: u64,
+    /// Highest `allocated` since start or the last peak reset.
+    pub peak_allocated: u64,
+    /// Highest `reserved` since start or the last peak reset.
+    pub peak_reserved: u64,
+    /// Live allocations.
+    pub active_allocations: u64,
+    /// Allocations made so far.
+    pub num_allocs: u64,
+    /// Frees so far (blocks that went back to the allocator).
+    pub num_frees: u64,
+    /// Allocations served from a cache.
+    pub cache_hits: u64,
+    /// Times the caches were flushed to satisfy an allocation.
+    pub cache_flushes: u64,
+    /// Allocations refused for lack of memory.
+    pub num_ooms: u64,
+    /// Free blocks in the buddy allocator.
+    pub free_blocks: u64,
+    /// Largest block that can be handed out now.
+    pub largest_free_block: u64,
+    /// Bytes not reserved (`total - reserved`).
+    pub free: u64,
+    /// External fragmentation of the free space: `1 - largest_free_block / free`.
+    pub fragmentation: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Slab,
+    Large,
+}
+
+struct PoolState {
+    buddy: Buddy,
+    slab: Slab,
+    /// Zeroed large blocks ready for reuse, by block size.
+    clean: HashMap<u64, Vec<u64>>,
+    /// Large blocks freed while reuse is on, waiting for the scrubber.
+    dirty: Vec<(u64, u64)>,
+    /// Bytes in `clean` and `dirty` and being scrubbed.
+    cached_large: u64,
+    large_allocated: u64,
+    requested: u64,
+    active: u64,
+    peak_allocated: u64,
+    peak_reserved: u64,
+    num_allocs: u64,
+    num_frees: u64,
+    cache_hits: u64,
+    cache_flushes: u64,
+    num_ooms: u64,
+}
+
+impl PoolState {
+    fn allocated(&self) -> u64 {
+        self.large_allocated + self.slab.allocated_bytes()
+    }
+
+    fn note_peaks(&mut self) {
+        self.peak_allocated = self.peak_allocated.max(self.allocated());
+        self.peak_reserved = self.peak_reserved.max(self.buddy.used_bytes());
+    }
+}
+
+/// The memory of one virtual device.
+pub struct DeviceMemory {
+    device: usize,
+    arena: Arena,
+    state: Mutex<PoolState>,
+    options: Arc<Options>,
+    scrub: Scrubber,
+    next_id: AtomicU64,
+}
+
+impl std::fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceMemory(device {}, {:?})", self.device, self.arena)
+    }
+}
+
+/// Wakes the background scrubber only when it sleeps; it polls while there is recent work.
+#[derive(Default)]
+struct Scrubber {
+    started: AtomicBool,
+    sleeping: AtomicBool,
+    lock: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl DeviceMemory {
+    /// Reserve the address space of device `device` with `capacity` bytes.
+    pub fn new(
+        device: usize,
+        capacity: u64,
+        options: Arc<Options>,
+    ) -> Result<DeviceMemory, crate::error::ConfigError> {
+        let arena = Arena::reserve(device, capacity)?;
+        Ok(DeviceMemory {
+            device,
+            arena,
+            state: Mutex::new(PoolState {
+                buddy: Buddy::new(capacity, PAGE),
+                slab: Slab::new(),
+                clean: HashMap::new(),
+                dirty: Vec::new(),
+                cached_large: 0,
+                large_allocated: 0,
+                requested: 0,
+                active: 0,
+                peak_allocated: 0,
+                peak_reserved: 0,
+                num_allocs: 0,
+                num_frees: 0,
+                cache_hits: 0,
+                cache_flushes: 0,
+                num_ooms: 0,
+            }),
+            options,
+            scrub: Scrubber::default(),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// Device index.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// Capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.arena.len()
+    }
+
+    fn reuse(&self) -> bool {
+        self.options.memory_reuse.load(Ordering::Relaxed)
+    }
+
+    /// Allocate `size` zeroed bytes.
+    ///
+    /// # Errors
+    /// `OutOfMemory` with requested, free, largest free block, fragmentation and total.
+    pub fn allocate(self: &Arc<Self>, size: u64) -> Result<Buffer> {
+        let (offset, block, kind) = {
+            let mut st = self.state.lock();
+            let r = self.alloc_locked(&mut st, size);
+            let r = match r {
+                Some(r) => Some(r),
+                None => {
+                    self.flush_caches_locked(&mut st);
+                    st.cache_flushes += 1;
+                    self.alloc_locked(&mut st, size)
+                }
+            };
+            let Some(r) = r else {
+                st.num_ooms += 1;
+                let stats = self.stats_locked(&st);
+                return Err(MemoryError::OutOfMemory {
+                    device: self.device,
+                    requested: size,
+                    free: stats.free,
+                    total: stats.total,
+                    largest_free: stats.largest_free_block,
+                    fragmentation: stats.fragmentation,
+                    allocated: stats.allocated,
+                    cached: stats.cached,
+                }
+                .into());
+            };
+            st.requested += size;
+            st.active += 1;
+            st.num_allocs += 1;
+            st.note_peaks();
+            r
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        Ok(Buffer(Arc::new(Allocation {
+            mem: self.clone(),
+            offset,
+            size,
+            block,
+            kind,
+            id,
+        })))
+    }
+
+    fn alloc_locked(&self, st: &mut PoolState, size: u64) -> Option<(u64, u64, Kind)> {
+        if size <= SLAB_MAX {
+            loop {
+                match st.slab.alloc(size) {
+                    SlabAlloc::Ok(off) => {
+                        let class = slab::class_size(slab::class_of(size)?);
+                        return Some((off, class, Kind::Slab));
+                    }
+                    SlabAlloc::NeedSpan { class, span_size } => {
+                        let span = st.buddy.alloc_block(span_size)?;
+                        st.slab.add_span(class, span);
+                    }
+                }
+            }
+        }
+        let block = st.buddy.rounded_size(size);
+        if self.reuse() {
+            if let Some(off) = st.clean.get_mut(&block).and_then(Vec::pop) {
+                st.cached_large -= block;
+                st.cache_hits += 1;
+                st.large_allocated += block;
+                return Some((off, block, Kind::Large));
+            }
+        }
+        let off = st.buddy.alloc(size)?;
+        st.large_allocated += block;
+        Some((off, block, Kind::Large))
+    }
+
+    /// Give every cached block back to the buddy (dirty ones are released, which zeroes
+    /// them; clean ones too, so `reserved` and RSS fall).
+    fn flush_caches_locked(&self, st: &mut PoolState) {
+        let mut blocks: Vec<(u64, u64)> = std::mem::take(&mut st.dirty);
+        for (size, offs) in st.clean.drain() {
+            blocks.extend(offs.into_iter().map(|o| (o, size)));
+        }
+        for (off, size) in blocks {
+            self.arena.release(off, size);
+            st.cached_large -= size;
+            st.buddy
+                .free(off, size)
+                .expect("cached block belongs to the buddy");
+        }
+        for (off, size) in st.slab.take_empty_spans() {
+            self.arena.release(off, size);
+            st.buddy
+                .free_block(off, size)
+                .expect("slab span belongs to the buddy");
+        }
+    }
+
+    /// Release all cached blocks (`empty_cache`).
+    pub fn empty_cache(&self) {
+        let mut st = self.state.lock();
+        self.flush_caches_locked(&mut st);
+    }
+
+    fn free_allocation(self: &Arc<Self>, a: &Allocation) {
+        match a.kind {
+            Kind::Slab => {
+                // Small: zero in place now so the slot is clean when it is handed out again.
+                self.arena.fill(a.offset, a.block, 0);
+                let mut st = self.state.lock();
+                st.slab
+                    .free(a.offset, a.size)
+                    .expect("slab object freed once");
+                st.requested -= a.size;
+                st.active -= 1;
+                st.num_frees += 1;
+                if !self.reuse() {
+                    for (off, size) in st.slab.take_empty_spans() {
+                        self.arena.release(off, size);
+                        st.buddy
+                            .free_block(off, size)
+                            .expect("slab span belongs to the buddy");
+                    }
+                }
+            }
+            Kind::Large => {
+                let reuse = self.reuse();
+                if !reuse {
+                    self.arena.release(a.offset, a.block);
+                }
+                let mut st = self.state.lock();
+                st.large_allocated -= a.block;
+                st.requested -= a.size;
+                st.active -= 1;
+                st.num_frees += 1;
+                if reuse {
+                    st.dirty.push((a.offset, a.block));
+                    st.cached_large += a.block;
+                    drop(st);
+                    self.wake_scrubber();
+                } else {
+                    st.buddy
+                        .free(a.offset, a.size)
+                        .expect("large block freed once");
+                }
+            }
+        }
+    }
+
+    fn wake_scrubber(self: &Arc<Self>) {
+        if !self.scrub.started.swap(true, Ordering::AcqRel) {
+            let weak = Arc::downgrade(self);
+            std::thread::Builder::new()
+                .name(format!("runtime-scrub-{}", self.device))
+                .spawn(move || scrub_loop(weak))
+                .expect("spawn the memory scrubber thread");
+            return;
+        }
+        if self.scrub.sleeping.load(Ordering::Acquire) {
+            let mut pending = self.scrub.lock.lock();
+            *pending = true;
+            self.scrub.cv.notify_one();
+        }
+    }
+
+    /// Zero one dirty block and move it to the clean cache. Returns false when none waits.
+    fn scrub_one(&self) -> bool {
+        let Some((off, size)) = self.state.lock().dirty.pop() else {
+            return false;
+        };
+        self.arena.fill(off, size, 0);
+        let mut st = self.state.lock();
+        if self.reuse() {
+            st.clean.entry(size).or_default().push(off);
+        } else {
+            st.cached_large -= size;
+            st.buddy
+                .free(off, size)
+                .expect("scrubbed block belongs to the buddy");
+        }
+        true
+    }
+
+    /// Current statistics.
+    pub fn stats(&self) -> MemoryStats {
+        let st = self.state.lock();
+        self.stats_locked(&st)
+    }
+
+    fn stats_locked(&self, st: &PoolState) -> MemoryStats {
+        let total = self.arena.len();
+        let reserved = st.buddy.used_bytes();
+        let allocated = st.allocated();
+        let free = st.buddy.free_bytes();
+        let largest = st.buddy.largest_free_block();
+        MemoryStats {
+            total,
+            allocated,
+            requested: st.requested,
+            reserved,
+            cached: reserved - allocated,
+            peak_allocated: st.peak_allocated,
+            peak_reserved: st.peak_reserved,
+            active_allocations: st.active,
+            num_allocs: st.num_allocs,
+            num_frees: st.num_frees,
+            cache_hits: st.cache_hits,
+            cache_flushes: st.cache_flushes,
+            num_ooms: st.num_ooms,
+            free_blocks: st.buddy.free_block_count() as u64,
+            largest_free_block: largest,
+            free,
+            fragmentation: if free == 0 {
+                0.0
+            } else {
+                1.0 - largest as f64 / free as f64
+            },
+        }
+    }
+
+    /// Reset `peak_allocated` and `peak_reserved` to the current values.
+    pub fn reset_peak_stats(&self) {
+        let mut st = self.state.lock();
+        st.peak_allocated = st.allocated();
+        st.peak_reserved = st.buddy.used_bytes();
+    }
+}
+
+fn scrub_loop(mem: std::sync::Weak<DeviceMemory>) {
+    // Poll every millisecond while frees keep coming; after 50 idle polls sleep until woken.
+    let mut idle = 0u32;
+    loop {
+        let Some(m) = mem.upgrade() else { return };
+        let mut did = false;
+        while m.scrub_one() {
+            did = true;
+        }
+        idle = if did { 0 } else { idle + 1 };
+        if idle < 50 {
+            let mut pending = m.scrub.lock.lock();
+            if !*pending {
+                m.scrub.cv.wait_for(&mut pending, Duration::from_millis(1));
+            }
+            *pending = false;
+        } else {
+            m.scrub.sleeping.store(true, Ordering::Release);
+            let mut pending = m.scrub.lock.lock();
+            // Re-check after announcing sleep, so a free that missed the flag is not lost.
+            if !*pending && m.state.lock().dirty.is_empty() {
+                // Bounded so the thread notices when the device memory goes away.
+                m.scrub
+                    .cv
+                    .wait_for(&mut pending, Duration::from_millis(200));
+            }
+            *pending = false;
+            m.scrub.sleeping.store(false, Ordering::Release);
+            idle = 0;
+        }
+    }
+}
+
+/// One allocation; returns its block to the allocator when dropped.
+pub struct Allocation {
+    mem: Arc<DeviceMemory>,
+    offset: u64,
+    size: u64,
+    block: u64,
+    kind: Kind,
+    id: u64,
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        let mem = self.mem.clone();
+        mem.free_allocation(self);
+    }
+}
+
+/// A reference-counted handle to device memory. Clones share the allocation; the memory
+/// returns to the allocator when the last clone is dropped.
+#[derive(Clone)]
+pub struct Buffer(Arc<Allocation>);
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Buffer#{}(device {}, {} bytes)",
+            self.0.id,
+            self.device(),
+            self.0.size
+        )
+    }
+}
+
+impl PartialEq for Buffer {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Buffer {
+    /// Size in bytes as requested.
+    pub fn size(&self) -> u64 {
+        self.0.size
+    }
+
+    /// Unique id (per device).
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    /// Device index.
+    pub fn device(&self) -> usize {
+        self.0.mem.device
+    }
+
+    /// Offset of the allocation in its device's address space.
+    pub fn device_offset(&self) -> u64 {
+        self.0.offset
+    }
+
+    /// The device memory this buffer lives in.
+    pub fn memory(&self) -> &Arc<DeviceMemory> {
+        &self.0.mem
+    }
+
+    /// Host address of byte 0 (the device is host-backed). Valid while this buffer lives.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.0.mem.arena.ptr(self.0.offset)
+    }
+
+    /// Number of live clones of this handle (views, queued operations).
+    pub fn ref_count(&self) -> usize {
+        Arc::strong_count(&self.0)
+    }
+
+    /// Check that `[offset, offset + count)` lies inside the buffer, overflow included.
+    pub fn check_range(&self, arg: &'static str, offset: u64, count: u64) -> Result<()> {
+        match offset.checked_add(count) {
+            Some(end) if end <= self.0.size => Ok(()),
+            _ => Err(MemoryError::OutOfBounds {
+                arg,
+                offset,
+                count,
+                size: self.0.size,
+                what: "device buffer",
+            }
+            .into()),
+        }
+    }
+
+    /// Copy `src` into the buffer at `offset` (synchronous, not stream ordered).
+    pub fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+        self.check_range("offset", offset, src.len() as u64)?;
+        self.0.mem.arena.write(self.0.offset + offset, src);
+        Ok(())
+    }
+
+    /// Copy buffer bytes at `offset` into `dst` (synchronous, not stream ordered).
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        self.check_range("offset", offset, dst.len() as u64)?;
+        self.0.mem.arena.read(self.0.offset + offset, dst);
+        Ok(())
+    }
+
+    /// Copy `count` bytes from `src` at `src_off` to `self` at `dst_off` (any devices).
+    pub fn copy_from(&self, dst_off: u64, src: &Buffer, src_off: u64, count: u64) -> Result<()> {
+        self.check_range("dst_offset", dst_off, count)?;
+        src.check_range("src_offset", src_off, count)?;
+        self.0.mem.arena.copy_from(
+            self.0.offset + dst_off,
+            &src.0.mem.arena,
+            src.0.offset + src_off,
+            count,
+        );
+        Ok(())
+    }
+
+    /// Fill `count` bytes at `offset` with `byte`.
+    pub fn fill(&self, offset: u64, count: u64, byte: u8) -> Result<()> {
+        self.check_range("offset", offset, count)?;
+        self.0.mem.arena.fill(self.0.offset + offset, count, byte);
+        Ok(())
+    }
+
+    /// Copy from raw host memory.
+    ///
+    /// # Safety
+    /// `src` valid for `len` reads and not overlapping this buffer.
+    pub unsafe fn write_raw(&self, offset: u64, src: *const u8, len: usize) -> Result<()> {
+        self.check_range("offset", offset, len as u64)?;
+        // SAFETY: range checked above; the caller vouches for `src`.
+        unsafe { self.0.mem.arena.write_raw(self.0.offset + offset, src, len) };
+        Ok(())
+    }
+
+    /// Copy to raw host memory.
+    ///
+    /// # Safety
+    /// `dst` valid for `len` writes and not overlapping this buffer.
+    pub unsafe fn read_raw(&self, offset: u64, dst: *mut u8, len: usize) -> Result<()> {
+        self.check_range("offset", offset, len as u64)?;
+        // SAFETY: range checked above; the caller vouches for `dst`.
+        unsafe { self.0.mem.arena.read_raw(self.0.offset + offset, dst, len) };
+        Ok(())
+    }
+
+    /// Typed shared view of `count` elements at byte `offset`.
+    ///
+    /// # Safety
+    /// No exclusive reference to the range may exist while the slice lives; `offset` must be
+    /// aligned for `T`; `T` valid for any bit pattern.
+    pub unsafe fn slice<T: Copy>(&self, offset: u64, count: usize) -> &[T] {
+        // SAFETY: forwarded contract; the allocation is alive as long as `self`.
+        unsafe { self.0.mem.arena.slice(self.0.offset + offset, count) }
+    }
+
+    /// Typed exclusive view of `count` elements at byte `offset`.
+    ///
+    /// # Safety
+    /// No other reference to the range may exist while the slice lives; alignment and bit
+    /// validity as for [`Buffer::slice`].
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice_mut<T: Copy>(&self, offset: u64, count: usize) -> &mut [T] {
+        // SAFETY: forwarded contract; the allocation is alive as long as `self`.
+        unsafe { self.0.mem.arena.slice_mut(self.0.offset + offset, count) }
+    }
+}

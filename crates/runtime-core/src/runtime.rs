@@ -1,0 +1,249 @@
+//! The runtime object: owns the virtual devices between `init` and `shutdown`, and the
+//! process-wide options.
+//!
+//! `init` is idempotent; `shutdown` waits for queued work, stops the engines, marks every
+//! device dead (so old handles fail with `InvalidHandle`) and drops the runtime's references
+//! to device memory. Memory still referenced by live views stays mapped until the last view
+//! goes away, so nothing can dangle. `init` works again after `shutdown`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::config::{Config, ConfigBuilder};
+use crate::device::{Device, DeviceProperties};
+use crate::error::{arg_error, DeviceError, Error, Result};
+use crate::memory::DeviceMemory;
+
+/// Process-wide runtime options (`set_option`). They outlive `shutdown`.
+#[derive(Debug)]
+pub struct Options {
+    /// `enableMemoryReuse`: cache freed blocks for reuse.
+    pub memory_reuse: AtomicBool,
+    /// `enablePipelining`: copies run on a per-device copy engine beside compute.
+    pub pipelining: AtomicBool,
+    /// `enableAsync`: launches and copies return before they have run.
+    pub asynchronous: AtomicBool,
+}
+
+/// The option names `set_option` accepts.
+pub const OPTION_NAMES: &[&str] = &["enableMemoryReuse", "enablePipelining", "enableAsync"];
+
+impl Options {
+    fn new() -> Self {
+        let blocking = std::env::var("RUNTIME_LAUNCH_BLOCKING").is_ok_and(|v| v.trim() == "1");
+        Options {
+            memory_reuse: AtomicBool::new(true),
+            pipelining: AtomicBool::new(true),
+            asynchronous: AtomicBool::new(!blocking),
+        }
+    }
+
+    fn flag(&self, name: &str) -> Result<&AtomicBool> {
+        match name {
+            "enableMemoryReuse" => Ok(&self.memory_reuse),
+            "enablePipelining" => Ok(&self.pipelining),
+            "enableAsync" => Ok(&self.asynchronous),
+            _ => Err(arg_error(
+                "name",
+                format!(
+                    "unknown option {name:?}; valid options: {}",
+                    OPTION_NAMES.join(", ")
+                ),
+            )),
+        }
+    }
+
+    /// Whether launches are asynchronous.
+    pub fn is_async(&self) -> bool {
+        self.asynchronous.load(Ordering::Relaxed)
+    }
+}
+
+static OPTIONS: std::sync::LazyLock<Arc<Options>> =
+    std::sync::LazyLock::new(|| Arc::new(Options::new()));
+
+/// The process-wide options.
+pub fn options() -> &'static Arc<Options> {
+    &OPTIONS
+}
+
+/// Set an option by name. Turning `enableMemoryReuse` off also releases the caches.
+pub fn set_option(name: &str, value: bool) -> Result<()> {
+    OPTIONS.flag(name)?.store(value, Ordering::SeqCst);
+    if name == "enableMemoryReuse" && !value {
+        if let Ok(rt) = get() {
+            for d in &rt.devices {
+                d.memory().empty_cache();
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Read an option by name.
+pub fn get_option(name: &str) -> Result<bool> {
+    Ok(OPTIONS.flag(name)?.load(Ordering::SeqCst))
+}
+
+/// An initialised runtime.
+pub struct Runtime {
+    config: Config,
+    devices: Vec<Device>,
+    generation: u64,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("devices", &self.devices.len())
+            .field("generation", &self.generation)
+            .finish()
+    }
+}
+
+static RUNTIME: RwLock<Option<Arc<Runtime>>> = RwLock::new(None);
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// Initialise the runtime; a no-op when it is already initialised with the same settings.
+///
+/// # Errors
+/// `ConfigError` for bad settings; `InvalidArgument` when already initialised with different
+/// explicit settings (call `shutdown` first).
+pub fn init(builder: &ConfigBuilder) -> Result<Arc<Runtime>> {
+    let config = builder.build()?;
+    let mut slot = RUNTIME.write();
+    if let Some(rt) = slot.as_ref() {
+        let explicit = *builder != ConfigBuilder::default();
+        if explicit && rt.config != config {
+            return Err(arg_error(
+                "config",
+                format!(
+                    "the runtime is already initialised with {} devices x {} bytes ({}); call shutdown() before init() with other settings",
+                    rt.config.device_count, rt.config.memory_per_device, rt.config.profile.name
+                ),
+            ));
+        }
+        return Ok(rt.clone());
+    }
+    let generation = GENERATION.fetch_add(1, Ordering::SeqCst) + 1;
+    let opts = options().clone();
+    let compute_engines = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .max(2);
+    let mut devices = Vec::with_capacity(config.device_count);
+    for index in 0..config.device_count {
+        let memory = DeviceMemory::new(index, config.memory_per_device, opts.clone())
+            .map_err(Error::from)?;
+        let p = &config.profile;
+        let props = DeviceProperties {
+            index,
+            name: p.device_name.clone(),
+            total_memory: config.memory_per_device,
+            clock_rate: p.clock_rate_khz,
+            cores: p.cores,
+            fpeak: p.fpeak,
+            memory_bandwidth: p.memory_bandwidth,
+            profile: p.name.to_string(),
+        };
+        devices.push(Device::new(
+            index,
+            props,
+            Arc::new(memory),
+            opts.clone(),
+            compute_engines,
+        ));
+    }
+    let rt = Arc::new(Runtime {
+        config,
+        devices,
+        generation,
+    });
+    *slot = Some(rt.clone());
+    Ok(rt)
+}
+
+/// The current runtime.
+///
+/// # Errors
+/// `NotInitialized` before `init` and after `shutdown`.
+pub fn get() -> Result<Arc<Runtime>> {
+    RUNTIME
+        .read()
+        .clone()
+        .ok_or_else(|| DeviceError::NotInitialized.into())
+}
+
+/// Whether the runtime is initialised.
+pub fn is_initialized() -> bool {
+    RUNTIME.read().is_some()
+}
+
+/// Shut the runtime down: wait for queued work, stop engines, invalidate all handles.
+/// A no-op when not initialised.
+pub fn shutdown() {
+    let Some(rt) = RUNTIME.write().take() else {
+        return;
+    };
+    for d in &rt.devices {
+        // Queued work finishes first; errors it raised are dropped with the runtime.
+        let _ = crate::stream::drain_device(d);
+    }
+    for d in &rt.devices {
+        d.0.alive.store(false, Ordering::Release);
+        d.0.default_stream.lock().take();
+        d.0.engines.stop();
+        d.memory().empty_cache();
+    }
+    crate::stream::forget_streams(rt.generation);
+}
+
+impl Runtime {
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// All devices.
+    pub fn devices(&self) -> &[Device] {
+        &self.devices
+    }
+
+    /// Which `init` this is (1 for the first, 2 after one shutdown, ...).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// A device by index.
+    ///
+    /// # Errors
+    /// `InvalidDevice` naming the valid range.
+    pub fn device(&self, index: i64) -> Result<&Device> {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.devices.get(i))
+            .ok_or_else(|| {
+                DeviceError::InvalidDevice {
+                    index,
+                    count: self.devices.len(),
+                }
+                .into()
+            })
+    }
+}
+
+/// The calling thread's current device.
+pub fn current_device() -> Result<Device> {
+    let rt = get()?;
+    let d = rt.device(crate::device::current_device_index() as i64)?;
+    Ok(d.clone())
+}
+
+/// Make device `index` current for the calling thread.
+pub fn set_device(index: i64) -> Result<()> {
+    let rt = get()?;
+    let d = rt.device(index)?;
+    crate::device::set_current_device_index(d.index());
+    Ok(())
+}

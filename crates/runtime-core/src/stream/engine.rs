@@ -1,0 +1,234 @@
+//! Execution engines: the worker threads that drain streams.
+//!
+//! Each device has compute engines (one worker per host core), one copy engine and one serial
+//! engine. With `enablePipelining` on, a stream's copies run on the copy engine and its
+//! kernels on a compute worker, so copies on one stream overlap compute on another; with it
+//! off, the serial engine runs all of the device's work in submission order.
+//!
+//! Threads are started on first use and reused by every stream; creating a stream spawns
+//! nothing. A worker that runs out of work spins for [`SPIN`] before it parks, at most
+//! [`max_spinners`] at a time in the process, so that a launch right after another one costs
+//! no wake-up (waking a parked thread costs 10-25 us on these VMs). Ready streams wait in one
+//! queue per priority level; workers always take the highest level first.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Select, Sender};
+use parking_lot::Mutex;
+
+use super::command::OpKind;
+use super::{run_stream, Runner, StreamInner, PRIORITY_LEVELS};
+
+/// How long an idle worker spins before parking.
+pub const SPIN: Duration = Duration::from_micros(200);
+
+/// Workers allowed to spin at once, process wide: half the host's cores, at least one.
+pub fn max_spinners() -> usize {
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| (std::thread::available_parallelism().map_or(1, |n| n.get()) / 2).max(1))
+}
+
+static SPINNERS: AtomicUsize = AtomicUsize::new(0);
+
+/// A hook that wraps every worker thread's body (the Python bindings use it to keep one
+/// Python thread state per worker alive).
+pub type ThreadWrapper = Arc<dyn Fn(Box<dyn FnOnce() + Send>) + Send + Sync>;
+
+static THREAD_WRAPPER: OnceLock<ThreadWrapper> = OnceLock::new();
+
+/// Install the worker thread wrapper; only the first call takes effect.
+pub fn set_thread_wrapper(w: ThreadWrapper) {
+    let _ = THREAD_WRAPPER.set(w);
+}
+
+/// Which engine of a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EngineKind {
+    Compute,
+    Copy,
+    Serial,
+}
+
+pub(crate) enum Msg {
+    Run(Arc<StreamInner>),
+    Stop,
+}
+
+pub(crate) struct Engine {
+    kind: EngineKind,
+    device: usize,
+    workers: usize,
+    queues: Vec<(Sender<Msg>, Receiver<Msg>)>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    started: AtomicBool,
+}
+
+impl Engine {
+    fn new(kind: EngineKind, device: usize, workers: usize) -> Arc<Engine> {
+        Arc::new(Engine {
+            kind,
+            device,
+            workers,
+            queues: (0..PRIORITY_LEVELS)
+                .map(|_| crossbeam_channel::unbounded())
+                .collect(),
+            threads: Mutex::new(Vec::new()),
+            started: AtomicBool::new(false),
+        })
+    }
+
+    /// Queue a ready stream at its priority level; starts the workers on first use.
+    pub(crate) fn push(self: &Arc<Self>, s: Arc<StreamInner>) {
+        if !self.started.load(Ordering::Acquire) {
+            self.start();
+        }
+        let level = s.level;
+        let _ = self.queues[level].0.send(Msg::Run(s));
+    }
+
+    fn start(self: &Arc<Self>) {
+        let mut threads = self.threads.lock();
+        if self.started.load(Ordering::Acquire) {
+            return;
+        }
+        for i in 0..self.workers {
+            let me = self.clone();
+            let body: Box<dyn FnOnce() + Send> = Box::new(move || me.work());
+            let wrapper = THREAD_WRAPPER.get().cloned();
+            let name = format!("runtime-d{}-{:?}-{i}", self.device, self.kind).to_lowercase();
+            let h = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || match wrapper {
+                    Some(w) => w(body),
+                    None => body(),
+                })
+                .expect("spawn an engine worker thread");
+            threads.push(h);
+        }
+        self.started.store(true, Ordering::Release);
+    }
+
+    /// Stop the workers and join them. Queued streams must have been drained before.
+    pub(crate) fn stop(&self) {
+        let threads = std::mem::take(&mut *self.threads.lock());
+        for _ in &threads {
+            let _ = self.queues[0].0.send(Msg::Stop);
+        }
+        let me = std::thread::current().id();
+        for h in threads {
+            if h.thread().id() != me {
+                let _ = h.join();
+            }
+        }
+        self.started.store(false, Ordering::Release);
+    }
+
+    fn try_pop(&self) -> Option<Msg> {
+        self.queues.iter().find_map(|(_, rx)| rx.try_recv().ok())
+    }
+
+    /// Whether another stream waits at `level` or above (used to yield a long-running stream).
+    pub(crate) fn has_waiting(&self, level: usize) -> bool {
+        self.queues[..=level].iter().any(|(_, rx)| !rx.is_empty())
+    }
+
+    fn spin_pop(&self) -> Option<Msg> {
+        if SPINNERS.fetch_add(1, Ordering::AcqRel) >= max_spinners() {
+            SPINNERS.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        let start = Instant::now();
+        let mut found = None;
+        let mut round = 0u32;
+        while start.elapsed() < SPIN {
+            if let Some(m) = self.try_pop() {
+                found = Some(m);
+                break;
+            }
+            round += 1;
+            if round.is_multiple_of(16) {
+                std::thread::yield_now();
+            } else {
+                for _ in 0..32 {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        SPINNERS.fetch_sub(1, Ordering::AcqRel);
+        found
+    }
+
+    fn blocking_pop(&self) -> Msg {
+        loop {
+            let mut sel = Select::new();
+            for (_, rx) in &self.queues {
+                sel.recv(rx);
+            }
+            let _ = sel.ready();
+            if let Some(m) = self.try_pop() {
+                return m;
+            }
+        }
+    }
+
+    fn work(self: Arc<Self>) {
+        loop {
+            let msg = match self.try_pop().or_else(|| self.spin_pop()) {
+                Some(m) => m,
+                None => self.blocking_pop(),
+            };
+            match msg {
+                Msg::Stop => return,
+                Msg::Run(s) => run_stream(&s, Runner::Engine(self.kind)),
+            }
+        }
+    }
+}
+
+/// The engines of one device.
+pub(crate) struct Engines {
+    compute: Arc<Engine>,
+    copy: Arc<Engine>,
+    serial: Arc<Engine>,
+}
+
+impl Engines {
+    pub(crate) fn new(device: usize, compute_workers: usize) -> Engines {
+        Engines {
+            compute: Engine::new(EngineKind::Compute, device, compute_workers),
+            copy: Engine::new(EngineKind::Copy, device, 1),
+            serial: Engine::new(EngineKind::Serial, device, 1),
+        }
+    }
+
+    pub(crate) fn compute_workers(&self) -> usize {
+        self.compute.workers
+    }
+
+    pub(crate) fn get(&self, kind: EngineKind) -> &Arc<Engine> {
+        match kind {
+            EngineKind::Compute => &self.compute,
+            EngineKind::Copy => &self.copy,
+            EngineKind::Serial => &self.serial,
+        }
+    }
+
+    /// The engine a command of `kind` should run on under the current pipelining setting.
+    pub(crate) fn target(pipelining: bool, kind: Option<OpKind>) -> Option<EngineKind> {
+        match (pipelining, kind) {
+            (false, _) => Some(EngineKind::Serial),
+            (true, Some(OpKind::Copy)) => Some(EngineKind::Copy),
+            (true, Some(OpKind::Compute)) => Some(EngineKind::Compute),
+            (true, None) => None,
+        }
+    }
+
+    pub(crate) fn stop(&self) {
+        self.compute.stop();
+        self.copy.stop();
+        self.serial.stop();
+    }
+}

@@ -1,0 +1,685 @@
+//! Streams: ordered queues of commands drained by the device's engines.
+//!
+//! * [`command`]: the [`Op`] trait and the commands a stream carries.
+//! * [`engine`]: the worker threads (compute, copy and serial engines per device).
+//! * [`graph`]: capture and replay.
+//!
+//! A stream is a crossbeam channel of commands plus a small state machine
+//! (`IDLE -> QUEUED -> RUNNING -> IDLE`, or `RUNNING -> BLOCKED` while it waits for an event).
+//! Whoever moves a stream to `RUNNING` owns it and runs its commands in order, so work on one
+//! stream is ordered while different streams run on different workers. Completion is two
+//! counters, `submitted` and `completed`: `query()` and `synchronize()` on an idle stream read
+//! two atomics and never talk to an engine. A synchronising caller that finds its stream
+//! queued but not yet picked up runs it itself instead of waiting for a worker to wake.
+//!
+//! Errors: a failing op (error or panic) puts the stream in an error state; the ops queued
+//! behind it are skipped (event records still complete, so no wait hangs) until the error is
+//! reported by the next `synchronize()`, after which the stream runs normally again.
+
+pub mod command;
+pub mod copy;
+pub mod engine;
+pub mod graph;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::{Condvar, Mutex};
+
+use crate::device::Device;
+use crate::error::{DeviceError, KernelFailure, Result, StreamError};
+use crate::event::Event;
+use command::Command;
+pub use command::{FnOp, Op, OpKind};
+use engine::{EngineKind, Engines};
+pub use graph::Graph;
+use graph::Node;
+
+/// Highest (most urgent) stream priority. Lower numbers are more urgent, as in CUDA.
+pub const PRIORITY_HIGHEST: i32 = -3;
+/// Lowest stream priority, and the default.
+pub const PRIORITY_LOWEST: i32 = 0;
+pub(crate) const PRIORITY_LEVELS: usize = (PRIORITY_LOWEST - PRIORITY_HIGHEST + 1) as usize;
+
+const IDLE: u8 = 0;
+const QUEUED: u8 = 1;
+const RUNNING: u8 = 2;
+const BLOCKED: u8 = 3;
+
+/// Commands a runner executes before letting other waiting streams have a turn.
+const SLICE: u32 = 64;
+
+static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Every live stream, for `stream_synchronize` and shutdown.
+static STREAMS: Mutex<Option<HashMap<u64, Weak<StreamInner>>>> = Mutex::new(None);
+
+pub(crate) struct StreamInner {
+    pub(crate) id: u64,
+    pub(crate) device: Device,
+    pub(crate) priority: i32,
+    pub(crate) level: usize,
+    is_default: bool,
+    tx: Sender<Command>,
+    rx: Receiver<Command>,
+    /// A command taken from the channel but not yet run (engine hand-off, event wait).
+    head: Mutex<Option<Command>>,
+    state: AtomicU8,
+    submitted: AtomicU64,
+    completed: AtomicU64,
+    failed: AtomicBool,
+    error: Mutex<Option<KernelFailure>>,
+    waiters: AtomicUsize,
+    wait_lock: Mutex<()>,
+    wait_cv: Condvar,
+    destroyed: AtomicBool,
+    capture: Mutex<Option<Vec<Node>>>,
+}
+
+impl Drop for StreamInner {
+    fn drop(&mut self) {
+        if let Some(map) = STREAMS.lock().as_mut() {
+            map.remove(&self.id);
+        }
+    }
+}
+
+/// Who is running a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Runner {
+    Engine(EngineKind),
+    /// A synchronising caller helping out: runs anything.
+    Caller,
+}
+
+/// A handle to a stream. Cheap to clone; all clones are the same stream.
+#[derive(Clone)]
+pub struct Stream(pub(crate) Arc<StreamInner>);
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Stream#{}(device {}, priority {})",
+            self.0.id,
+            self.0.device.index(),
+            self.0.priority
+        )
+    }
+}
+
+impl PartialEq for Stream {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// Where an outcome of running one command leaves the stream.
+enum Step {
+    Done,
+    Blocked,
+}
+
+impl Stream {
+    /// Create a stream on `device` with `priority` in `PRIORITY_HIGHEST..=PRIORITY_LOWEST`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a priority out of range; `InvalidHandle` after shutdown.
+    pub fn new(device: &Device, priority: i32) -> Result<Stream> {
+        Self::new_internal(device, priority, false)
+    }
+
+    pub(crate) fn new_internal(device: &Device, priority: i32, is_default: bool) -> Result<Stream> {
+        device.check_alive()?;
+        if !(PRIORITY_HIGHEST..=PRIORITY_LOWEST).contains(&priority) {
+            return Err(crate::error::arg_error(
+                "priority",
+                format!(
+                    "must be between {PRIORITY_HIGHEST} (highest) and {PRIORITY_LOWEST} (lowest), got {priority}"
+                ),
+            ));
+        }
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let id = NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed);
+        let inner = Arc::new(StreamInner {
+            id,
+            device: device.clone(),
+            priority,
+            level: (priority - PRIORITY_HIGHEST) as usize,
+            is_default,
+            tx,
+            rx,
+            head: Mutex::new(None),
+            state: AtomicU8::new(IDLE),
+            submitted: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
+            error: Mutex::new(None),
+            waiters: AtomicUsize::new(0),
+            wait_lock: Mutex::new(()),
+            wait_cv: Condvar::new(),
+            destroyed: AtomicBool::new(false),
+            capture: Mutex::new(None),
+        });
+        STREAMS
+            .lock()
+            .get_or_insert_with(HashMap::new)
+            .insert(id, Arc::downgrade(&inner));
+        Ok(Stream(inner))
+    }
+
+    /// Stream id (unique in the process).
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.0.device
+    }
+
+    /// Priority.
+    pub fn priority(&self) -> i32 {
+        self.0.priority
+    }
+
+    /// Whether this is a device's default stream.
+    pub fn is_default(&self) -> bool {
+        self.0.is_default
+    }
+
+    /// Fails if the stream was destroyed or its runtime shut down.
+    pub fn check(&self) -> Result<()> {
+        if self.0.destroyed.load(Ordering::Acquire) {
+            return Err(DeviceError::InvalidHandle {
+                what: format!("Stream#{}", self.0.id),
+                why: "it was destroyed".into(),
+            }
+            .into());
+        }
+        self.0.device.check_alive()
+    }
+
+    /// Queue an operation. In synchronous mode (`enableAsync` off) waits for it and raises
+    /// its error here.
+    pub fn launch(&self, op: Arc<dyn Op>) -> Result<()> {
+        self.check()?;
+        if let Some(nodes) = self.0.capture.lock().as_mut() {
+            nodes.push(Node::Op(op));
+            return Ok(());
+        }
+        self.submit(Command::Op(op));
+        self.after_submit()
+    }
+
+    fn after_submit(&self) -> Result<()> {
+        if self.0.device.0.options.is_async() {
+            Ok(())
+        } else {
+            self.synchronize(None).map(|_| ())
+        }
+    }
+
+    pub(crate) fn submit(&self, cmd: Command) {
+        let s = &self.0;
+        s.submitted.fetch_add(1, Ordering::SeqCst);
+        let kind = cmd.kind();
+        let _ = s.tx.send(cmd);
+        if s.state
+            .compare_exchange(IDLE, QUEUED, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            schedule(&self.0, kind);
+        }
+    }
+
+    /// Whether everything queued so far has run (an idle stream answers from two atomics).
+    pub fn query(&self) -> Result<bool> {
+        self.check()?;
+        Ok(self.0.completed.load(Ordering::SeqCst) >= self.0.submitted.load(Ordering::SeqCst))
+    }
+
+    /// Wait until everything queued so far has run, then report (and clear) the first error
+    /// a command raised since the last synchronisation.
+    ///
+    /// Returns `Ok(false)` if `timeout` passed first. A caller that finds the stream queued
+    /// but not picked up runs it itself.
+    pub fn synchronize(&self, timeout: Option<Duration>) -> Result<bool> {
+        self.check_alive_or_destroyed_ok()?;
+        let target = self.0.submitted.load(Ordering::SeqCst);
+        if !self.wait_for(target, timeout) {
+            return Ok(false);
+        }
+        self.take_error()?;
+        Ok(true)
+    }
+
+    fn check_alive_or_destroyed_ok(&self) -> Result<()> {
+        self.check()
+    }
+
+    /// Raise and clear the pending error, if any.
+    pub(crate) fn take_error(&self) -> Result<()> {
+        if self.0.failed.load(Ordering::SeqCst) {
+            let e = self.0.error.lock().take();
+            self.0.failed.store(false, Ordering::SeqCst);
+            if let Some(e) = e {
+                return Err(StreamError::Kernel(e).into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait until `completed >= target`; false on timeout.
+    pub(crate) fn wait_for(&self, target: u64, timeout: Option<Duration>) -> bool {
+        let s = &self.0;
+        if s.completed.load(Ordering::SeqCst) >= target {
+            return true;
+        }
+        if s.state.load(Ordering::SeqCst) == QUEUED
+            && s.state
+                .compare_exchange(QUEUED, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            run_stream(&self.0, Runner::Caller);
+            if s.completed.load(Ordering::SeqCst) >= target {
+                return true;
+            }
+        }
+        let deadline = timeout.map(|t| Instant::now() + t);
+        // Spin briefly: most waits end within microseconds when a worker is running.
+        let spin_until = Instant::now() + Duration::from_micros(50);
+        let mut n = 0u32;
+        while Instant::now() < spin_until {
+            if s.completed.load(Ordering::SeqCst) >= target {
+                return true;
+            }
+            n += 1;
+            if n.is_multiple_of(8) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        s.waiters.fetch_add(1, Ordering::SeqCst);
+        let mut g = s.wait_lock.lock();
+        let ok = loop {
+            if s.completed.load(Ordering::SeqCst) >= target {
+                break true;
+            }
+            match deadline {
+                None => {
+                    s.wait_cv.wait(&mut g);
+                }
+                Some(d) => {
+                    if Instant::now() >= d {
+                        break false;
+                    }
+                    s.wait_cv.wait_until(&mut g, d);
+                }
+            }
+        };
+        drop(g);
+        s.waiters.fetch_sub(1, Ordering::SeqCst);
+        ok
+    }
+
+    /// Make this stream wait (on the device, without blocking the caller) until `event`'s
+    /// latest record has completed. A never-recorded event is a no-op, as in CUDA.
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        self.check()?;
+        event.check()?;
+        let id = event.0.recorded();
+        if let Some(nodes) = self.0.capture.lock().as_mut() {
+            nodes.push(Node::Wait(event.0.clone()));
+            return Ok(());
+        }
+        if id == 0 {
+            return Ok(());
+        }
+        self.submit(Command::Wait(event.0.clone(), id));
+        Ok(())
+    }
+
+    /// Record `event` on this stream: it completes when the stream reaches this point, with
+    /// the time read then. On an idle stream it completes at once.
+    pub fn record(&self, event: &Event) -> Result<()> {
+        self.check()?;
+        event.check()?;
+        if let Some(nodes) = self.0.capture.lock().as_mut() {
+            nodes.push(Node::Record(event.0.clone()));
+            return Ok(());
+        }
+        let id = event.0.next_record();
+        // Idle fast path: nothing queued before it, so "reaching" the event is now.
+        let s = &self.0;
+        if s.state
+            .compare_exchange(IDLE, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            let idle = s.completed.load(Ordering::SeqCst) >= s.submitted.load(Ordering::SeqCst);
+            if idle {
+                event.0.complete(id);
+            }
+            if release_stream(s) {
+                s.state.store(QUEUED, Ordering::SeqCst);
+                schedule(s, None);
+            }
+            if idle {
+                return Ok(());
+            }
+        }
+        self.submit(Command::Record(event.0.clone(), id));
+        Ok(())
+    }
+
+    /// Start capturing: until [`Stream::end_capture`], launches, records and waits on this
+    /// stream are recorded into a graph instead of running.
+    pub fn begin_capture(&self) -> Result<()> {
+        self.check()?;
+        let mut c = self.0.capture.lock();
+        if c.is_some() {
+            return Err(StreamError::Invalid(format!(
+                "Stream#{} is already capturing; call end_capture() first",
+                self.0.id
+            ))
+            .into());
+        }
+        *c = Some(Vec::new());
+        Ok(())
+    }
+
+    /// Whether the stream is capturing.
+    pub fn is_capturing(&self) -> bool {
+        self.0.capture.lock().is_some()
+    }
+
+    /// Stop capturing and return the graph.
+    pub fn end_capture(&self) -> Result<Graph> {
+        self.check()?;
+        let nodes = self.0.capture.lock().take().ok_or_else(|| {
+            StreamError::Invalid(format!(
+                "Stream#{} is not capturing; call begin_capture() first",
+                self.0.id
+            ))
+        })?;
+        Ok(Graph::new(nodes))
+    }
+
+    /// Replay `graph` on this stream as one command.
+    pub fn launch_graph(&self, graph: &Graph) -> Result<()> {
+        self.check()?;
+        if let Some(nodes) = self.0.capture.lock().as_mut() {
+            nodes.extend(graph.0.nodes.iter().cloned());
+            return Ok(());
+        }
+        self.submit(Command::Graph(graph.0.clone(), 0));
+        self.after_submit()
+    }
+
+    /// Let queued work finish, then make the handle invalid. Reports a pending error.
+    pub fn destroy(&self) -> Result<()> {
+        self.check()?;
+        if self.0.is_default {
+            return Err(
+                StreamError::Invalid("the default stream cannot be destroyed".into()).into(),
+            );
+        }
+        let target = self.0.submitted.load(Ordering::SeqCst);
+        self.wait_for(target, None);
+        self.0.destroyed.store(true, Ordering::Release);
+        self.0.capture.lock().take();
+        self.take_error()
+    }
+
+    /// Whether `destroy` was called.
+    pub fn is_destroyed(&self) -> bool {
+        self.0.destroyed.load(Ordering::Acquire)
+    }
+
+    /// Commands submitted / completed so far (for tests and stats).
+    pub fn counters(&self) -> (u64, u64) {
+        (
+            self.0.submitted.load(Ordering::SeqCst),
+            self.0.completed.load(Ordering::SeqCst),
+        )
+    }
+}
+
+/// Queue a stream that just became ready on the engine its next command wants.
+fn schedule(s: &Arc<StreamInner>, kind: Option<OpKind>) {
+    let pipelining = s.device.0.options.pipelining.load(Ordering::Relaxed);
+    let target = Engines::target(pipelining, kind).unwrap_or(EngineKind::Compute);
+    s.device.0.engines.get(target).push(s.clone());
+}
+
+/// Give up ownership of a stream; re-take it if commands arrived meanwhile.
+/// Returns true when the caller owns it again.
+fn release_stream(s: &Arc<StreamInner>) -> bool {
+    s.state.store(IDLE, Ordering::SeqCst);
+    if (!s.rx.is_empty() || s.head.lock().is_some())
+        && s.state
+            .compare_exchange(IDLE, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    {
+        return true;
+    }
+    false
+}
+
+/// Run a stream that the caller has moved to `RUNNING`, until it is empty, blocked, handed
+/// to another engine, or has used its time slice while others wait.
+pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
+    if let Runner::Engine(_) = runner {
+        if s.state
+            .compare_exchange(QUEUED, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            return; // stale entry: a caller already ran it
+        }
+    }
+    let mut ran = 0u32;
+    loop {
+        let cmd = s.head.lock().take().or_else(|| s.rx.try_recv().ok());
+        let Some(cmd) = cmd else {
+            if release_stream(s) {
+                continue;
+            }
+            return;
+        };
+        if let Runner::Engine(mine) = runner {
+            let pipelining = s.device.0.options.pipelining.load(Ordering::Relaxed);
+            if let Some(want) = Engines::target(pipelining, cmd.kind()) {
+                if want != mine {
+                    *s.head.lock() = Some(cmd);
+                    s.state.store(QUEUED, Ordering::SeqCst);
+                    s.device.0.engines.get(want).push(s.clone());
+                    return;
+                }
+            }
+            ran += 1;
+            if ran >= SLICE && s.device.0.engines.get(mine).has_waiting(s.level) {
+                *s.head.lock() = Some(cmd);
+                s.state.store(QUEUED, Ordering::SeqCst);
+                s.device.0.engines.get(mine).push(s.clone());
+                return;
+            }
+        }
+        match execute(s, cmd) {
+            Step::Done => complete_one(s),
+            Step::Blocked => return,
+        }
+    }
+}
+
+fn complete_one(s: &StreamInner) {
+    s.completed.fetch_add(1, Ordering::SeqCst);
+    if s.waiters.load(Ordering::SeqCst) > 0 {
+        let _g = s.wait_lock.lock();
+        s.wait_cv.notify_all();
+    }
+}
+
+fn run_op(s: &StreamInner, op: &dyn Op) {
+    if s.failed.load(Ordering::SeqCst) {
+        return; // skipped behind an unreported error
+    }
+    let result = catch_unwind(AssertUnwindSafe(|| op.run())).unwrap_or_else(|p| {
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic with a non-string payload".into());
+        Err(KernelFailure::new(op.name(), format!("panicked: {msg}")))
+    });
+    if let Err(mut e) = result {
+        e.stream = s.id;
+        let mut slot = s.error.lock();
+        if slot.is_none() {
+            *slot = Some(e);
+        }
+        s.failed.store(true, Ordering::SeqCst);
+    }
+}
+
+fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
+    match cmd {
+        Command::Op(op) => {
+            run_op(s, op.as_ref());
+            Step::Done
+        }
+        Command::Record(ev, id) => {
+            ev.complete(id);
+            Step::Done
+        }
+        Command::Wait(ev, id) => {
+            if ev.park_unless_complete(id, s, || {
+                *s.head.lock() = Some(Command::Wait(ev.clone(), id));
+                s.state.store(BLOCKED, Ordering::SeqCst);
+            }) {
+                Step::Done
+            } else {
+                Step::Blocked
+            }
+        }
+        Command::Graph(g, start) => {
+            for (i, node) in g.nodes.iter().enumerate().skip(start) {
+                match node {
+                    Node::Op(op) => run_op(s, op.as_ref()),
+                    Node::Record(ev) => {
+                        let id = ev.next_record();
+                        ev.complete(id);
+                    }
+                    Node::Wait(ev) => {
+                        let id = ev.recorded();
+                        if id != 0
+                            && !ev.park_unless_complete(id, s, || {
+                                *s.head.lock() = Some(Command::Graph(g.clone(), i));
+                                s.state.store(BLOCKED, Ordering::SeqCst);
+                            })
+                        {
+                            return Step::Blocked;
+                        }
+                    }
+                }
+            }
+            Step::Done
+        }
+    }
+}
+
+/// Called by an event when a stream blocked on it may continue.
+pub(crate) fn unblock(s: &Arc<StreamInner>) {
+    if s.state
+        .compare_exchange(BLOCKED, QUEUED, Ordering::SeqCst, Ordering::SeqCst)
+        .is_ok()
+    {
+        let kind = s.head.lock().as_ref().and_then(Command::kind);
+        schedule(s, kind);
+    }
+}
+
+fn live_streams(device: Option<usize>) -> Vec<Stream> {
+    let map = STREAMS.lock();
+    map.as_ref()
+        .map(|m| {
+            m.values()
+                .filter_map(Weak::upgrade)
+                .filter(|s| device.is_none_or(|d| s.device.index() == d))
+                .filter(|s| s.device.0.alive.load(Ordering::Acquire))
+                .map(Stream)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Wait for every live stream (of `device`, or of all devices). Reports the first error.
+pub fn synchronize_all(device: Option<usize>, timeout: Option<Duration>) -> Result<bool> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let mut first_err = None;
+    for s in live_streams(device) {
+        if s.is_destroyed() {
+            continue;
+        }
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        match s.synchronize(left) {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    first_err.map_or(Ok(true), Err)
+}
+
+/// Wait for all work of a device (used by shutdown). Errors are returned, not raised.
+pub(crate) fn drain_device(d: &Device) -> Result<bool> {
+    for s in live_streams(Some(d.index())) {
+        let target = s.0.submitted.load(Ordering::SeqCst);
+        s.wait_for(target, None);
+    }
+    Ok(true)
+}
+
+/// Drop the registry's entries of dead devices (after shutdown).
+pub(crate) fn forget_streams(_generation: u64) {
+    if let Some(map) = STREAMS.lock().as_mut() {
+        map.retain(|_, w| {
+            w.upgrade()
+                .is_some_and(|s| s.device.0.alive.load(Ordering::Acquire))
+        });
+    }
+    CURRENT.with(|c| c.borrow_mut().clear());
+}
+
+thread_local! {
+    static CURRENT: RefCell<HashMap<usize, Stream>> = RefCell::new(HashMap::new());
+}
+
+/// The calling thread's current stream on `device`: the one set by [`set_current`], or the
+/// device's default stream.
+pub fn current(device: &Device) -> Result<Stream> {
+    let s = CURRENT.with(|c| c.borrow().get(&device.index()).cloned());
+    match s {
+        Some(s) if s.0.device == *device && !s.is_destroyed() => Ok(s),
+        _ => device.default_stream(),
+    }
+}
+
+/// Make `stream` the calling thread's current stream on its device (`None` restores the
+/// default); returns the previous one.
+pub fn set_current(device: &Device, stream: Option<Stream>) -> Option<Stream> {
+    CURRENT.with(|c| {
+        let mut m = c.borrow_mut();
+        match stream {
+            Some(s) => m.insert(device.index(), s),
+            None => m.remove(&device.index()),
+        }
+    })
+}
