@@ -29,9 +29,33 @@ pub fn now_ns() -> u64 {
 }
 
 struct EventState {
+    /// Highest record number completed (what `query` and the timestamp refer to).
     completed: u64,
+    // Fix: records of one event on different streams can complete out of order, so "the
+    // highest completed number >= id" does not mean record `id` has completed. Stream waits
+    // ask `is_done(id)`, which tracks each record: every number <= `done_through` has
+    // completed, and `done_above` holds the completed numbers past it.
+    done_through: u64,
+    done_above: std::collections::BTreeSet<u64>,
     timestamp_ns: Option<u64>,
     waiting: Vec<(u64, Arc<StreamInner>)>,
+}
+
+impl EventState {
+    /// Whether record number `id` itself has completed.
+    fn is_done(&self, id: u64) -> bool {
+        id <= self.done_through || self.done_above.contains(&id)
+    }
+
+    fn mark_done(&mut self, id: u64) {
+        if id <= self.done_through {
+            return;
+        }
+        self.done_above.insert(id);
+        while self.done_above.remove(&(self.done_through + 1)) {
+            self.done_through += 1;
+        }
+    }
 }
 
 pub(crate) struct EventInner {
@@ -65,10 +89,10 @@ impl EventInner {
                 st.timestamp_ns = ts;
                 self.completed.store(id, Ordering::SeqCst);
             }
-            let done = st.completed;
+            st.mark_done(id);
             let (ready, still): (Vec<_>, Vec<_>) = std::mem::take(&mut st.waiting)
                 .into_iter()
-                .partition(|(w, _)| done >= *w);
+                .partition(|(w, _)| st.is_done(*w));
             st.waiting = still;
             self.cv.notify_all();
             ready
@@ -87,7 +111,7 @@ impl EventInner {
         on_block: impl FnOnce(),
     ) -> bool {
         let mut st = self.state.lock();
-        if st.completed >= id {
+        if st.is_done(id) {
             return true;
         }
         on_block();
@@ -124,6 +148,8 @@ impl Event {
             completed: AtomicU64::new(0),
             state: Mutex::new(EventState {
                 completed: 0,
+                done_through: 0,
+                done_above: std::collections::BTreeSet::new(),
                 timestamp_ns: None,
                 waiting: Vec::new(),
             }),

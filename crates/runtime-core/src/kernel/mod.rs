@@ -218,6 +218,16 @@ impl Op for KernelOp {
 /// `ArgError` from the check; stream errors (destroyed stream, shutdown; in synchronous mode
 /// the kernel's own failure).
 pub fn launch(stream: &Stream, kernel: Arc<dyn Kernel>, args: Vec<KernelArg>) -> Result<()> {
+    stream.launch(prepare(stream, kernel, args)?)
+}
+
+/// Check `args` against `kernel` for a launch on `stream` and build the stream op, without
+/// queueing it.
+pub fn prepare(
+    stream: &Stream,
+    kernel: Arc<dyn Kernel>,
+    args: Vec<KernelArg>,
+) -> Result<Arc<dyn Op>> {
     kernel.check(&args)?;
     for a in &args {
         if let KernelArg::Tensor(t) = a {
@@ -234,5 +244,5 @@ pub fn launch(stream: &Stream, kernel: Arc<dyn Kernel>, args: Vec<KernelArg>) ->
             }
         }
     }
-    stream.launch(Arc::new(KernelOp { kernel, args }))
+    Ok(Arc::new(KernelOp { kernel, args }))
 }

@@ -208,13 +208,66 @@ impl Stream {
     /// Queue an operation. In synchronous mode (`enableAsync` off) waits for it and raises
     /// its error here.
     pub fn launch(&self, op: Arc<dyn Op>) -> Result<()> {
+        if self.enqueue(op)? {
+            self.after_submit()?;
+        }
+        Ok(())
+    }
+
+    /// Queue an operation, always asynchronously (or record it while capturing). Returns
+    /// true when it was queued, false when it was captured. Callers that must release a lock
+    /// (the Python bindings release the GIL) wait themselves in synchronous mode.
+    pub fn enqueue(&self, op: Arc<dyn Op>) -> Result<bool> {
         self.check()?;
         if let Some(nodes) = self.0.capture.lock().as_mut() {
             nodes.push(Node::Op(op));
-            return Ok(());
+            return Ok(false);
         }
         self.submit(Command::Op(op));
-        self.after_submit()
+        Ok(true)
+    }
+
+    /// Run `op` right here if the stream is idle (nothing queued, not capturing), counting it
+    /// as submitted and completed; its error is reported by the next synchronisation as
+    /// usual. Returns false, doing nothing, when the stream is busy: queue it instead.
+    pub fn try_run_inline(&self, op: &Arc<dyn Op>) -> Result<bool> {
+        self.check()?;
+        let s = &self.0;
+        if s.capture.lock().is_some()
+            || s.state
+                .compare_exchange(IDLE, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+        {
+            return Ok(false);
+        }
+        let idle = s.completed.load(Ordering::SeqCst) >= s.submitted.load(Ordering::SeqCst)
+            && s.head.lock().is_none()
+            && s.rx.is_empty();
+        if idle {
+            s.submitted.fetch_add(1, Ordering::SeqCst);
+            run_op(s, op.as_ref());
+            complete_one(s);
+        }
+        if release_stream(s) {
+            s.state.store(QUEUED, Ordering::SeqCst);
+            schedule(s, None);
+        }
+        Ok(idle)
+    }
+
+    /// Whether synchronous mode (`enableAsync` off) is in force for this stream's runtime.
+    pub fn is_sync_mode(&self) -> bool {
+        !self.0.device.0.options.is_async()
+    }
+
+    /// Commands submitted so far: a target for [`Stream::wait_for`].
+    pub fn submitted(&self) -> u64 {
+        self.0.submitted.load(Ordering::SeqCst)
+    }
+
+    /// Whether everything up to `target` has completed.
+    pub fn reached(&self, target: u64) -> bool {
+        self.0.completed.load(Ordering::SeqCst) >= target
     }
 
     fn after_submit(&self) -> Result<()> {
@@ -264,7 +317,7 @@ impl Stream {
     }
 
     /// Raise and clear the pending error, if any.
-    pub(crate) fn take_error(&self) -> Result<()> {
+    pub fn take_error(&self) -> Result<()> {
         if self.0.failed.load(Ordering::SeqCst) {
             let e = self.0.error.lock().take();
             self.0.failed.store(false, Ordering::SeqCst);
@@ -275,8 +328,9 @@ impl Stream {
         Ok(())
     }
 
-    /// Wait until `completed >= target`; false on timeout.
-    pub(crate) fn wait_for(&self, target: u64, timeout: Option<Duration>) -> bool {
+    /// Wait until `completed >= target`; false on timeout. Does not report errors (see
+    /// [`Stream::take_error`]).
+    pub fn wait_for(&self, target: u64, timeout: Option<Duration>) -> bool {
         let s = &self.0;
         if s.completed.load(Ordering::SeqCst) >= target {
             return true;
@@ -413,13 +467,21 @@ impl Stream {
 
     /// Replay `graph` on this stream as one command.
     pub fn launch_graph(&self, graph: &Graph) -> Result<()> {
+        if self.enqueue_graph(graph)? {
+            self.after_submit()?;
+        }
+        Ok(())
+    }
+
+    /// Queue a graph replay without waiting (see [`Stream::enqueue`]).
+    pub fn enqueue_graph(&self, graph: &Graph) -> Result<bool> {
         self.check()?;
         if let Some(nodes) = self.0.capture.lock().as_mut() {
             nodes.extend(graph.0.nodes.iter().cloned());
-            return Ok(());
+            return Ok(false);
         }
         self.submit(Command::Graph(graph.0.clone(), 0));
-        self.after_submit()
+        Ok(true)
     }
 
     /// Let queued work finish, then make the handle invalid. Reports a pending error.

@@ -1,0 +1,316 @@
+//! Capture and replay: work captured between `begin_capture` and `end_capture` does not run;
+//! each `launch_graph` runs all of it, in order, as if it had been submitted then.
+//!
+//! All tests share one runtime (same settings, never shut down). Streams held back by a gate
+//! op are never synchronised while the gate is closed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use runtime_core::config::ConfigBuilder;
+use runtime_core::error::{Error, KernelFailure, StreamError};
+use runtime_core::event::Event;
+use runtime_core::kernel::{self, DType, KernelArg, Tensor};
+use runtime_core::runtime::{self, Runtime};
+use runtime_core::stream::{FnOp, Op, OpKind, Stream};
+
+fn init() -> Arc<Runtime> {
+    runtime::init(&ConfigBuilder {
+        device_count: Some(2),
+        memory: Some("256MiB".into()),
+        profile: None,
+    })
+    .expect("init the runtime")
+}
+
+type Log = Arc<Mutex<Vec<String>>>;
+
+fn log_op(log: &Log, name: &str) -> Arc<dyn Op> {
+    let (log, n) = (log.clone(), name.to_string());
+    FnOp::shared(name, OpKind::Compute, move || {
+        log.lock().unwrap().push(n.clone());
+        Ok(())
+    })
+}
+
+/// An op that blocks its stream until `open` is called (or fails after 10 s).
+struct Gate(Arc<(Mutex<bool>, Condvar)>);
+
+impl Gate {
+    fn new() -> Gate {
+        Gate(Arc::new((Mutex::new(false), Condvar::new())))
+    }
+
+    fn op(&self) -> Arc<dyn Op> {
+        let g = self.0.clone();
+        FnOp::shared("gate", OpKind::Compute, move || {
+            let (lock, cv) = &*g;
+            let open = lock.lock().unwrap();
+            let (open, _) = cv
+                .wait_timeout_while(open, Duration::from_secs(10), |o| !*o)
+                .unwrap();
+            if *open {
+                Ok(())
+            } else {
+                Err(KernelFailure::new("gate", "never opened"))
+            }
+        })
+    }
+
+    fn open(&self) {
+        *self.0 .0.lock().unwrap() = true;
+        self.0 .1.notify_all();
+    }
+}
+
+fn read_f32(b: &runtime_core::memory::Buffer, n: usize) -> Vec<f32> {
+    let mut bytes = vec![0u8; n * 4];
+    b.read(0, &mut bytes).unwrap();
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_ne_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn replay_runs_everything_in_order_each_time() {
+    let rt = init();
+    let dev = rt.device(0).unwrap();
+    let s = Stream::new(dev, 0).unwrap();
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    let buf = dev.memory().allocate(8 * 4).unwrap();
+    let x = Tensor::new(buf.clone(), 0, DType::F32, vec![8]).unwrap();
+    let e = Event::new(true, false);
+
+    s.begin_capture().unwrap();
+    assert!(s.is_capturing());
+    s.launch(log_op(&log, "a")).unwrap();
+    kernel::launch(
+        &s,
+        kernel::find("fill").unwrap(),
+        vec![KernelArg::Tensor(x.clone()), KernelArg::Float(1.0)],
+    )
+    .unwrap();
+    s.launch(log_op(&log, "b")).unwrap();
+    // x = 2 * x + x  (axpy in place): 1 -> 3 on each replay, after the fill.
+    kernel::launch(
+        &s,
+        kernel::find("axpy").unwrap(),
+        vec![
+            KernelArg::Tensor(x.clone()),
+            KernelArg::Tensor(x),
+            KernelArg::Float(2.0),
+        ],
+    )
+    .unwrap();
+    s.record(&e).unwrap();
+    s.launch(log_op(&log, "c")).unwrap();
+    let g = s.end_capture().unwrap();
+    assert!(!s.is_capturing());
+
+    // Nothing ran or was queued during capture.
+    assert!(log.lock().unwrap().is_empty());
+    assert_eq!(s.counters(), (0, 0));
+    assert!(!e.is_recorded());
+    assert_eq!(read_f32(&buf, 8), vec![0.0; 8]);
+    assert_eq!(g.len(), 6);
+    assert!(!g.is_empty());
+    let names = g.node_names();
+    assert_eq!(&names[..4], ["a", "fill", "b", "axpy"]);
+    assert!(names[4].starts_with("record(Event#"), "{names:?}");
+    assert_eq!(names[5], "c");
+
+    s.launch_graph(&g).unwrap();
+    assert!(s.synchronize(None).unwrap());
+    assert_eq!(*log.lock().unwrap(), ["a", "b", "c"]);
+    assert_eq!(read_f32(&buf, 8), vec![3.0; 8]);
+    assert!(e.query().unwrap());
+    let t1 = e.timestamp_ns().unwrap();
+
+    s.launch_graph(&g).unwrap();
+    s.launch(log_op(&log, "after")).unwrap();
+    assert!(s.synchronize(None).unwrap());
+    assert_eq!(
+        *log.lock().unwrap(),
+        ["a", "b", "c", "a", "b", "c", "after"]
+    );
+    assert_eq!(read_f32(&buf, 8), vec![3.0; 8]);
+    assert!(e.timestamp_ns().unwrap() >= t1);
+}
+
+#[test]
+fn capture_state_errors() {
+    let rt = init();
+    let s = Stream::new(rt.device(1).unwrap(), 0).unwrap();
+    assert!(matches!(
+        s.end_capture(),
+        Err(Error::Stream(StreamError::Invalid(_)))
+    ));
+    s.begin_capture().unwrap();
+    assert!(matches!(
+        s.begin_capture(),
+        Err(Error::Stream(StreamError::Invalid(_)))
+    ));
+    let g = s.end_capture().unwrap();
+    assert!(g.is_empty());
+    s.launch_graph(&g).unwrap();
+    assert!(s.synchronize(None).unwrap());
+}
+
+#[test]
+fn a_graph_launched_inside_a_capture_is_inlined() {
+    let rt = init();
+    let s = Stream::new(rt.device(0).unwrap(), 0).unwrap();
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    s.begin_capture().unwrap();
+    s.launch(log_op(&log, "x")).unwrap();
+    s.launch(log_op(&log, "y")).unwrap();
+    let inner = s.end_capture().unwrap();
+    s.begin_capture().unwrap();
+    s.launch(log_op(&log, "start")).unwrap();
+    s.launch_graph(&inner).unwrap();
+    s.launch_graph(&inner).unwrap();
+    let outer = s.end_capture().unwrap();
+    assert_eq!(outer.len(), 5);
+    assert!(log.lock().unwrap().is_empty());
+    s.launch_graph(&outer).unwrap();
+    assert!(s.synchronize(None).unwrap());
+    assert_eq!(*log.lock().unwrap(), ["start", "x", "y", "x", "y"]);
+}
+
+#[test]
+fn a_graph_runs_on_another_stream_too() {
+    let rt = init();
+    let s = Stream::new(rt.device(0).unwrap(), 0).unwrap();
+    let t = Stream::new(rt.device(0).unwrap(), -2).unwrap();
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    s.begin_capture().unwrap();
+    s.launch(log_op(&log, "g")).unwrap();
+    let g = s.end_capture().unwrap();
+    t.launch_graph(&g).unwrap();
+    t.launch_graph(&g).unwrap();
+    assert!(t.synchronize(None).unwrap());
+    assert_eq!(*log.lock().unwrap(), ["g", "g"]);
+}
+
+#[test]
+fn a_failing_op_in_a_graph_skips_the_rest() {
+    let rt = init();
+    let s = Stream::new(rt.device(1).unwrap(), 0).unwrap();
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    let e = Event::new(false, false);
+    s.begin_capture().unwrap();
+    s.launch(log_op(&log, "before")).unwrap();
+    s.launch(FnOp::shared("graph_fail", OpKind::Compute, || {
+        Err(KernelFailure::new("graph_fail", "nope"))
+    }))
+    .unwrap();
+    s.launch(log_op(&log, "behind")).unwrap();
+    s.record(&e).unwrap();
+    let g = s.end_capture().unwrap();
+    s.launch_graph(&g).unwrap();
+    match s.synchronize(None) {
+        Err(Error::Stream(StreamError::Kernel(f))) => assert_eq!(f.kernel, "graph_fail"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(*log.lock().unwrap(), ["before"]);
+    assert!(e.query().unwrap(), "records in the graph still complete");
+}
+
+/// A wait captured in a graph, and the same event recorded on the replaying stream right
+/// after `launch_graph`: the wait must refer to the record that existed at launch, not the one
+/// queued behind the graph on its own stream (which would never complete first).
+#[test]
+fn a_graph_wait_does_not_wait_for_a_record_queued_after_the_launch() {
+    let rt = init();
+    let (s, other) = (
+        Stream::new(rt.device(0).unwrap(), 0).unwrap(),
+        Stream::new(rt.device(0).unwrap(), 0).unwrap(),
+    );
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    let e = Event::new(false, false);
+    // e's first record, on another stream, completes at once.
+    other.record(&e).unwrap();
+
+    s.begin_capture().unwrap();
+    s.wait_event(&e).unwrap();
+    s.launch(log_op(&log, "step")).unwrap();
+    let g = s.end_capture().unwrap();
+
+    // The replaying stream is busy, so the graph has not started when `e` is recorded again
+    // behind it.
+    let gate = Gate::new();
+    s.launch(gate.op()).unwrap();
+    s.launch_graph(&g).unwrap();
+    s.record(&e).unwrap();
+    gate.open();
+    assert!(
+        s.synchronize(Some(Duration::from_secs(10))).unwrap(),
+        "the stream deadlocked on a record queued behind the graph"
+    );
+    assert_eq!(*log.lock().unwrap(), ["step"]);
+
+    // Same with an event never recorded before the launch: the wait is a no-op.
+    let fresh = Event::new(false, false);
+    s.begin_capture().unwrap();
+    s.wait_event(&fresh).unwrap();
+    s.launch(log_op(&log, "step2")).unwrap();
+    let g = s.end_capture().unwrap();
+    let gate = Gate::new();
+    s.launch(gate.op()).unwrap();
+    s.launch_graph(&g).unwrap();
+    s.record(&fresh).unwrap();
+    gate.open();
+    assert!(
+        s.synchronize(Some(Duration::from_secs(10))).unwrap(),
+        "the stream deadlocked on a record queued behind the graph"
+    );
+    assert_eq!(*log.lock().unwrap(), ["step", "step2"]);
+}
+
+/// A record captured in a graph counts as submitted when the graph is launched: another stream
+/// that waits on the event after the launch waits for the graph's work.
+#[test]
+fn a_wait_after_launch_graph_waits_for_the_graphs_record() {
+    let rt = init();
+    let (s, b) = (
+        Stream::new(rt.device(0).unwrap(), 0).unwrap(),
+        Stream::new(rt.device(1).unwrap(), 0).unwrap(),
+    );
+    let done = Arc::new(AtomicBool::new(false));
+    let e = Event::new(false, false);
+    s.begin_capture().unwrap();
+    let d = done.clone();
+    s.launch(FnOp::shared("graph_work", OpKind::Compute, move || {
+        d.store(true, Ordering::SeqCst);
+        Ok(())
+    }))
+    .unwrap();
+    s.record(&e).unwrap();
+    let g = s.end_capture().unwrap();
+
+    let gate = Gate::new();
+    s.launch(gate.op()).unwrap();
+    s.launch_graph(&g).unwrap();
+    b.wait_event(&e).unwrap();
+    let (d, saw) = (done.clone(), Arc::new(AtomicBool::new(false)));
+    let saw2 = saw.clone();
+    b.launch(FnOp::shared("after_graph", OpKind::Compute, move || {
+        saw2.store(d.load(Ordering::SeqCst), Ordering::SeqCst);
+        Ok(())
+    }))
+    .unwrap();
+    assert!(!e.query().unwrap(), "the graph's record is pending");
+    assert!(
+        !b.synchronize(Some(Duration::from_millis(20))).unwrap(),
+        "b must wait for the graph"
+    );
+    gate.open();
+    assert!(b.synchronize(Some(Duration::from_secs(10))).unwrap());
+    assert!(
+        saw.load(Ordering::SeqCst),
+        "b's op ran after the graph's op"
+    );
+    assert!(s.synchronize(None).unwrap());
+}

@@ -1,0 +1,270 @@
+//! Property test: random programs of ops, event records and event waits over three streams
+//! (on one device, or spread over two) run in an order that respects the partial order the
+//! program defines, and every op runs exactly once.
+//!
+//! The partial order: program order on each stream, plus for every `B.wait_event(e)` an edge
+//! from every op submitted on stream A before the latest `A.record(e)` (at the time of the
+//! wait) to every op submitted on B after the wait. Records also carry the waits their stream
+//! had queued before them, so the order is transitive across streams.
+//!
+//! All tests in this file share one runtime (same settings, never shut down).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use proptest::test_runner::Config;
+use runtime_core::config::ConfigBuilder;
+use runtime_core::event::Event;
+use runtime_core::runtime::{self, Runtime};
+use runtime_core::stream::{self, FnOp, OpKind, Stream};
+
+fn init() -> Arc<Runtime> {
+    runtime::init(&ConfigBuilder {
+        device_count: Some(2),
+        memory: Some("256MiB".into()),
+        profile: None,
+    })
+    .expect("init the runtime")
+}
+
+const STREAMS: usize = 3;
+const EVENTS: usize = 3;
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// Append (stream, seq) to the log; `delay` perturbs the schedule (0: none, 1: yield,
+    /// 2..: a short sleep).
+    Op {
+        stream: usize,
+        delay: u8,
+    },
+    Record {
+        event: usize,
+        stream: usize,
+    },
+    Wait {
+        event: usize,
+        stream: usize,
+    },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        5 => (0..STREAMS, 0u8..4).prop_map(|(stream, delay)| Step::Op { stream, delay }),
+        2 => (0..EVENTS, 0..STREAMS).prop_map(|(event, stream)| Step::Record { event, stream }),
+        2 => (0..EVENTS, 0..STREAMS).prop_map(|(event, stream)| Step::Wait { event, stream }),
+    ]
+}
+
+fn layout() -> impl Strategy<Value = ([usize; STREAMS], [i32; STREAMS])> {
+    (
+        prop_oneof![Just([0usize; STREAMS]), prop::array::uniform3(0usize..2)],
+        prop::array::uniform3(-3i32..=0),
+    )
+}
+
+type Log = Arc<Mutex<Vec<(usize, usize)>>>;
+
+/// Run `program` and check the log against the partial order it defines.
+fn run_program(
+    program: &[Step],
+    devices: [usize; STREAMS],
+    priorities: [i32; STREAMS],
+) -> Result<(), TestCaseError> {
+    let rt = init();
+    let streams: Vec<Stream> = (0..STREAMS)
+        .map(|i| Stream::new(rt.device(devices[i] as i64).unwrap(), priorities[i]).unwrap())
+        .collect();
+    let events: Vec<Event> = (0..EVENTS).map(|_| Event::new(false, false)).collect();
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+
+    // The model: op ids in submission order, each with the ids it must follow.
+    let mut preds: Vec<Vec<usize>> = Vec::new();
+    let mut ids: Vec<Vec<usize>> = vec![Vec::new(); STREAMS]; // (stream, seq) -> op id
+    let mut last_op: Vec<Option<usize>> = vec![None; STREAMS];
+    // Dependencies from waits that the stream's next op (and next record) inherit.
+    let mut pending: Vec<Vec<usize>> = vec![Vec::new(); STREAMS];
+    // For each event, what its latest record stands for.
+    let mut record_point: Vec<Option<Vec<usize>>> = vec![None; EVENTS];
+
+    for st in program {
+        match *st {
+            Step::Op { stream: s, delay } => {
+                let id = preds.len();
+                let seq = ids[s].len();
+                let mut p: Vec<usize> = last_op[s].into_iter().collect();
+                p.append(&mut pending[s]);
+                preds.push(p);
+                ids[s].push(id);
+                last_op[s] = Some(id);
+                let log = log.clone();
+                let op = FnOp::shared(format!("s{s}op{seq}"), OpKind::Compute, move || {
+                    match delay {
+                        0 => {}
+                        1 => std::thread::yield_now(),
+                        d => std::thread::sleep(Duration::from_micros(10 * u64::from(d))),
+                    }
+                    log.lock().unwrap().push((s, seq));
+                    Ok(())
+                });
+                streams[s].launch(op).unwrap();
+            }
+            Step::Record {
+                event: e,
+                stream: s,
+            } => {
+                let mut point: Vec<usize> = last_op[s].into_iter().collect();
+                point.extend_from_slice(&pending[s]);
+                record_point[e] = Some(point);
+                streams[s].record(&events[e]).unwrap();
+            }
+            Step::Wait {
+                event: e,
+                stream: s,
+            } => {
+                if let Some(point) = &record_point[e] {
+                    pending[s].extend_from_slice(point);
+                }
+                streams[s].wait_event(&events[e]).unwrap();
+            }
+        }
+    }
+
+    for s in &streams {
+        prop_assert!(s.synchronize(None).unwrap());
+    }
+    prop_assert!(stream::synchronize_all(None, None).unwrap());
+    for s in &streams {
+        let (submitted, completed) = s.counters();
+        prop_assert_eq!(submitted, completed);
+        prop_assert!(s.query().unwrap());
+    }
+    for e in &events {
+        prop_assert!(e.query().unwrap());
+    }
+
+    let log = log.lock().unwrap().clone();
+    let n = preds.len();
+    prop_assert_eq!(log.len(), n, "every op runs exactly once: {:?}", log);
+    let mut pos = vec![usize::MAX; n];
+    for (i, &(s, seq)) in log.iter().enumerate() {
+        let id = ids[s][seq];
+        prop_assert_eq!(pos[id], usize::MAX, "op {:?} ran twice", (s, seq));
+        pos[id] = i;
+    }
+    for (id, ps) in preds.iter().enumerate() {
+        for &p in ps {
+            prop_assert!(
+                pos[p] < pos[id],
+                "op {} ran at {} before its predecessor {} (at {}); log {:?}",
+                id,
+                pos[id],
+                p,
+                pos[p],
+                log
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(Config {
+        cases: 64,
+        failure_persistence: None,
+        ..Config::default()
+    })]
+
+    #[test]
+    fn random_programs_respect_stream_and_event_order(
+        program in prop::collection::vec(step(), 1..80),
+        (devices, priorities) in layout(),
+    ) {
+        run_program(&program, devices, priorities)?;
+    }
+}
+
+/// A fixed program that needs every kind of edge, run a few times.
+#[test]
+fn chained_waits_are_transitive() {
+    use Step::*;
+    let program = [
+        Op {
+            stream: 0,
+            delay: 3,
+        },
+        Op {
+            stream: 0,
+            delay: 3,
+        },
+        Record {
+            event: 0,
+            stream: 0,
+        },
+        Wait {
+            event: 0,
+            stream: 1,
+        },
+        Record {
+            event: 1,
+            stream: 1,
+        },
+        Wait {
+            event: 1,
+            stream: 2,
+        },
+        Op {
+            stream: 2,
+            delay: 0,
+        },
+        Op {
+            stream: 1,
+            delay: 0,
+        },
+    ];
+    for _ in 0..20 {
+        run_program(&program, [0, 0, 0], [0, 0, 0]).unwrap();
+        run_program(&program, [0, 1, 0], [0, -3, -1]).unwrap();
+    }
+}
+
+/// Re-recording an event on a second stream must not release a wait queued for the earlier
+/// record (records on different streams can complete out of order).
+#[test]
+fn wait_is_for_the_record_current_at_wait_time() {
+    use Step::*;
+    let program = [
+        Op {
+            stream: 0,
+            delay: 3,
+        },
+        Op {
+            stream: 0,
+            delay: 3,
+        },
+        Op {
+            stream: 0,
+            delay: 3,
+        },
+        Record {
+            event: 0,
+            stream: 0,
+        },
+        Wait {
+            event: 0,
+            stream: 1,
+        },
+        Record {
+            event: 0,
+            stream: 2,
+        },
+        Op {
+            stream: 1,
+            delay: 0,
+        },
+    ];
+    for _ in 0..20 {
+        run_program(&program, [0, 0, 0], [0, 0, 0]).unwrap();
+    }
+}

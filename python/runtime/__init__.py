@@ -1,0 +1,161 @@
+"""runtime: a virtual accelerator runtime with a Rust core.
+
+Devices, device memory, streams, events and kernel launch in the mould of the CUDA and Ascend
+CANN runtimes. The devices are virtual: backed by host memory and host threads, so the whole
+API (with real asynchrony and real timing) runs on any machine.
+
+Call :func:`init` first; every other call (except :func:`set_option`, :func:`get_option` and
+:func:`is_initialized`) raises :class:`NotInitializedError` before ``init`` and after
+:func:`shutdown`.
+"""
+
+from __future__ import annotations
+
+import atexit as _atexit
+
+from . import kernels
+from ._runtime import (
+    ComputeInfo,
+    Device,
+    DeviceBuffer,
+    DeviceProperties,
+    Error,
+    Event,
+    Graph,
+    InvalidDeviceError,
+    InvalidHandleError,
+    InvalidOperationError,
+    Kernel,
+    KernelError,
+    MemoryInfo,
+    NotInitializedError,
+    NotReadyError,
+    OutOfMemoryError,
+    Stream,
+    WaitTimeoutError,
+    current_stream,
+    default_stream,
+    device_free,
+    device_malloc,
+    empty,
+    empty_cache,
+    get_available_devices,
+    get_device,
+    get_device_compute_info,
+    get_device_count,
+    get_device_memory_info,
+    get_device_properties,
+    get_option,
+    init,
+    is_initialized,
+    memcpy_d2d,
+    memcpy_device_to_host,
+    memcpy_host_to_device,
+    memory_stats,
+    memset,
+    option_names,
+    reset_peak_memory_stats,
+    set_device,
+    set_option,
+    shutdown,
+    stream_priority_range,
+    stream_synchronize,
+    to_device,
+)
+from ._summary import memory_summary
+
+__version__ = "0.1.0"
+
+
+def zeros(shape, dtype="float32", device=None) -> DeviceBuffer:
+    """Allocate a zeroed typed buffer (device memory is always handed out zeroed)."""
+    return empty(shape, dtype, device)
+
+
+def synchronize(device=None, timeout=None) -> None:
+    """Wait for every stream of ``device`` (all devices when None)."""
+    if device is None:
+        stream_synchronize(timeout)
+    else:
+        Device(device).synchronize(timeout)
+
+
+def memcpy_host_to_device_async(dst, src, stream, **kw) -> None:
+    """Stream-ordered host-to-device copy: queued on ``stream``; ``src`` is kept alive until it ran."""
+    memcpy_host_to_device(dst, src, stream, **kw)
+
+
+def memcpy_device_to_host_async(dst, src, stream, **kw) -> None:
+    """Stream-ordered device-to-host copy: ``dst`` is written when ``stream`` reaches it."""
+    memcpy_device_to_host(dst, src, stream, **kw)
+
+
+def memcpy_d2d_async(dst, src, stream, **kw) -> None:
+    """Stream-ordered device-to-device copy."""
+    memcpy_d2d(dst, src, stream, **kw)
+
+
+def memset_async(buf, value, stream, **kw) -> None:
+    """Stream-ordered memset."""
+    memset(buf, value, stream=stream, **kw)
+
+
+_atexit.register(shutdown)
+
+__all__ = [
+    "ComputeInfo",
+    "Device",
+    "DeviceBuffer",
+    "DeviceProperties",
+    "Error",
+    "Event",
+    "Graph",
+    "InvalidDeviceError",
+    "InvalidHandleError",
+    "InvalidOperationError",
+    "Kernel",
+    "KernelError",
+    "MemoryInfo",
+    "NotInitializedError",
+    "NotReadyError",
+    "OutOfMemoryError",
+    "Stream",
+    "WaitTimeoutError",
+    "__version__",
+    "current_stream",
+    "default_stream",
+    "device_free",
+    "device_malloc",
+    "empty",
+    "empty_cache",
+    "get_available_devices",
+    "get_device",
+    "get_device_compute_info",
+    "get_device_count",
+    "get_device_memory_info",
+    "get_device_properties",
+    "get_option",
+    "init",
+    "is_initialized",
+    "kernels",
+    "memcpy_d2d",
+    "memcpy_d2d_async",
+    "memcpy_device_to_host",
+    "memcpy_device_to_host_async",
+    "memcpy_host_to_device",
+    "memcpy_host_to_device_async",
+    "memory_stats",
+    "memory_summary",
+    "memset",
+    "memset_async",
+    "option_names",
+    "reset_peak_memory_stats",
+    "set_device",
+    "set_option",
+    "shutdown",
+    "stream_priority_range",
+    "stream_synchronize",
+    "synchronize",
+    "to_device",
+    "zeros",
+]

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Every test, Rust and Python: builds and installs the wheel, then runs cargo test and pytest.
+# Usage: bash scripts/test.sh [extra pytest args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install -q "maturin>=1.5,<2" numpy pytest hypothesis
+cargo test --workspace
+rm -rf target/wheels
+maturin build --release -q -o target/wheels
+python3 -m pip install -q --force-reinstall --no-deps target/wheels/runtime-*.whl
+# Run from tests/ so that the installed package, not the source tree, is imported.
+set +e
+(cd tests && python3 -m pytest -q -p no:cacheprovider "$@" .)
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi
+exit "$rc"
