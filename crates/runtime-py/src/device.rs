@@ -80,6 +80,10 @@ pub fn device_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<i64> {
             obj.get_type().name()?
         )));
     }
+    if obj.is_instance_of::<pyo3::types::PyInt>() {
+        // Out-of-range integers are invalid devices, not type errors.
+        return Ok(obj.extract::<i64>().unwrap_or(i64::MAX));
+    }
     obj.extract::<i64>().map_err(|_| {
         PyTypeError::new_err(format!(
             "{arg} must be a runtime.Device or an int, got {}",

@@ -130,6 +130,8 @@ impl std::fmt::Debug for DeviceMemory {
 /// Wakes the background scrubber only when it sleeps; it polls while there is recent work.
 #[derive(Default)]
 struct Scrubber {
+    /// Held while a block is out of the caches being zeroed.
+    busy: Mutex<()>,
     started: AtomicBool,
     sleeping: AtomicBool,
     lock: Mutex<bool>,
@@ -197,7 +199,19 @@ impl DeviceMemory {
                 None => {
                     self.flush_caches_locked(&mut st);
                     st.cache_flushes += 1;
-                    self.alloc_locked(&mut st, size)
+                    match self.alloc_locked(&mut st, size) {
+                        Some(r) => Some(r),
+                        None if st.cached_large > 0 => {
+                            // A block is being zeroed by the scrubber: wait for it (the
+                            // scrubber holds `scrub.busy` while zeroing), then flush again.
+                            drop(st);
+                            drop(self.scrub.busy.lock());
+                            st = self.state.lock();
+                            self.flush_caches_locked(&mut st);
+                            self.alloc_locked(&mut st, size)
+                        }
+                        None => None,
+                    }
                 }
             };
             let Some(r) = r else {
@@ -352,6 +366,7 @@ impl DeviceMemory {
 
     /// Zero one dirty block and move it to the clean cache. Returns false when none waits.
     fn scrub_one(&self) -> bool {
+        let _busy = self.scrub.busy.lock();
         let Some((off, size)) = self.state.lock().dirty.pop() else {
             return false;
         };

@@ -1,0 +1,149 @@
+"""Devices, properties, the current device, options."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import runtime
+
+
+@pytest.fixture(autouse=True, scope="module")
+def rt():
+    runtime.shutdown()
+    runtime.init()
+    yield
+    runtime.shutdown()
+
+
+def test_defaults_give_eight_virtual_devices():
+    assert runtime.get_device_count() == 8
+    devs = runtime.get_available_devices()
+    assert devs == [runtime.Device(i) for i in range(8)]
+    for d in devs:
+        p = d.get_properties()
+        assert "Virtual" in p.name
+        assert p.total_memory == 32 * 1024**3
+        assert p.clock_rate == 1_000_000
+        assert p.cores == 32
+        assert p.fpeak == 256e12
+        assert p.memory_bandwidth > 0
+
+
+def test_properties_are_immutable_records():
+    p = runtime.get_device_properties(3)
+    assert p.index == 3
+    assert p == runtime.Device(3).get_properties()
+    with pytest.raises(AttributeError):
+        p.name = "x"
+    d = dict(p)
+    assert d == p.to_dict()
+    assert d["total_memory"] == p.total_memory and p["cores"] == 32
+    assert repr(p).startswith("DeviceProperties(index=3, name='Virtual")
+    with pytest.raises(KeyError):
+        p["nope"]
+
+
+def test_memory_and_compute_info():
+    m = runtime.get_device_memory_info(0)
+    assert (m.total, m.used, m.reserved, m.cached, m.peak) == (32 * 1024**3, 0, 0, 0, 0)
+    assert m.used + m.cached + m.free == m.total
+    buf = runtime.device_malloc(0, 3 * 1024 * 1024)
+    m2 = runtime.get_device_memory_info(runtime.Device(0))
+    assert m2.used == 3 * 1024 * 1024 and m2.peak >= m2.used and m2.free < m.free
+    runtime.device_free(buf)
+    c = runtime.get_device_compute_info(0)
+    assert c.fpeak == 256e12 and c.cores == 32 and c.clock_rate == 1_000_000
+    assert c.compute_engines >= 1
+    assert "fpeak" in dict(c) and repr(c).startswith("ComputeInfo(")
+
+
+def test_device_objects_compare_hash_and_repr():
+    assert runtime.Device(2) == runtime.Device(2)
+    assert runtime.Device(2) != runtime.Device(3)
+    assert len({runtime.Device(1), runtime.Device(1), runtime.Device(0)}) == 2
+    assert repr(runtime.Device(5)) == "runtime.Device(5)"
+    assert runtime.Device(5).index == 5
+    assert int(runtime.Device(4)) == 4
+    assert runtime.Device(runtime.Device(6)).index == 6
+
+
+@pytest.mark.parametrize("bad", [8, 100, -1, 2**70])
+def test_invalid_device_index_gives_range(bad):
+    with pytest.raises(runtime.InvalidDeviceError, match=r"0\.\.=7"):
+        runtime.Device(bad)
+    with pytest.raises(ValueError):
+        runtime.get_device_properties(bad) if bad < 2**63 else runtime.Device(bad)
+
+
+@pytest.mark.parametrize("bad", ["0", 1.5, None, True, [0]])
+def test_wrong_device_types_are_type_errors(bad):
+    with pytest.raises(TypeError, match="device"):
+        runtime.get_device_properties(bad)
+    with pytest.raises(TypeError, match="device"):
+        runtime.set_device(bad)
+
+
+def test_invalid_device_is_also_runtime_error():
+    assert issubclass(runtime.InvalidDeviceError, runtime.Error)
+    assert issubclass(runtime.InvalidDeviceError, ValueError)
+    assert issubclass(runtime.Error, RuntimeError)
+
+
+def test_current_device_is_per_thread():
+    assert runtime.get_device() == 0
+    results = {}
+    barrier = threading.Barrier(8)
+
+    def work(i):
+        runtime.set_device(i)
+        barrier.wait()
+        results[i] = runtime.get_device()
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert results == {i: i for i in range(8)}
+    assert runtime.get_device() == 0
+
+
+def test_device_context_manager_restores():
+    runtime.set_device(1)
+    with runtime.Device(4) as d:
+        assert d.index == 4 and runtime.get_device() == 4
+        with runtime.Device(6):
+            assert runtime.get_device() == 6
+        assert runtime.get_device() == 4
+    assert runtime.get_device() == 1
+    runtime.set_device(runtime.Device(0))
+    assert runtime.get_device() == 0
+
+
+def test_device_synchronize():
+    s = runtime.Stream(2)
+    hits = []
+    s.launch_host_func(hits.append, 1)
+    runtime.Device(2).synchronize()
+    assert hits == [1]
+    runtime.synchronize(2)
+    runtime.synchronize()
+
+
+def test_options_defaults_roundtrip_and_errors():
+    for name in ("enableMemoryReuse", "enablePipelining", "enableAsync"):
+        assert runtime.get_option(name) is True
+        runtime.set_option(name, False)
+        assert runtime.get_option(name) is False
+        runtime.set_option(name, True)
+    assert sorted(runtime.option_names()) == ["enableAsync", "enableMemoryReuse", "enablePipelining"]
+    with pytest.raises(ValueError, match="enableMemoryReuse.*enablePipelining.*enableAsync"):
+        runtime.set_option("enableTurbo", True)
+    with pytest.raises(ValueError, match="valid options"):
+        runtime.get_option("nope")
+    with pytest.raises(TypeError, match="must be a bool"):
+        runtime.set_option("enableAsync", 1)
+    with pytest.raises(TypeError, match="name"):
+        runtime.set_option(3, True)

@@ -1,0 +1,171 @@
+"""init / shutdown: idempotence, configuration, errors before init and after shutdown."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import runtime
+
+
+@pytest.fixture(autouse=True)
+def clean():
+    runtime.shutdown()
+    yield
+    runtime.shutdown()
+
+
+CALLS_NEEDING_INIT = [
+    lambda: runtime.get_device_count(),
+    lambda: runtime.get_available_devices(),
+    lambda: runtime.Device(0),
+    lambda: runtime.get_device_properties(0),
+    lambda: runtime.get_device_memory_info(0),
+    lambda: runtime.get_device_compute_info(0),
+    lambda: runtime.set_device(0),
+    lambda: runtime.get_device(),
+    lambda: runtime.device_malloc(0, 16),
+    lambda: runtime.Stream(),
+    lambda: runtime.Event(),
+    lambda: runtime.stream_synchronize(),
+    lambda: runtime.memory_stats(),
+    lambda: runtime.empty_cache(),
+    lambda: runtime.current_stream(),
+    lambda: runtime.empty((4,), "float32"),
+]
+
+
+@pytest.mark.parametrize("call", CALLS_NEEDING_INIT)
+def test_calls_before_init_raise_not_initialized(call):
+    with pytest.raises(runtime.NotInitializedError, match=r"runtime\.init\(\)"):
+        call()
+
+
+@pytest.mark.parametrize("call", CALLS_NEEDING_INIT)
+def test_calls_after_shutdown_raise_not_initialized(call):
+    runtime.init(device_count=2, memory="64MiB")
+    runtime.shutdown()
+    with pytest.raises(runtime.NotInitializedError):
+        call()
+
+
+def test_options_work_without_init():
+    assert runtime.get_option("enableAsync") is True
+    runtime.set_option("enablePipelining", False)
+    runtime.set_option("enablePipelining", True)
+    assert not runtime.is_initialized()
+
+
+def test_init_is_idempotent_and_shutdown_too():
+    runtime.init()
+    runtime.init()
+    assert runtime.is_initialized() and runtime.get_device_count() == 8
+    runtime.shutdown()
+    runtime.shutdown()
+    assert not runtime.is_initialized()
+
+
+def test_init_with_other_settings_while_initialised_is_refused():
+    runtime.init(device_count=2, memory="64MiB")
+    runtime.init(device_count=2, memory="64MiB")
+    with pytest.raises(ValueError, match="shutdown"):
+        runtime.init(device_count=3)
+
+
+def test_init_keywords():
+    runtime.init(device_count=3, memory="256MiB", profile="host")
+    assert runtime.get_device_count() == 3
+    p = runtime.get_device_properties(2)
+    assert p.total_memory == 256 * 1024**2
+    assert p.profile == "host" and "Virtual" in p.name
+    assert p.cores == os.cpu_count()
+    runtime.shutdown()
+    runtime.init(memory=1 << 30, device_count=1)
+    assert runtime.get_device_properties(0).total_memory == 1 << 30
+
+
+@pytest.mark.parametrize(
+    "kw, exc, match",
+    [
+        ({"device_count": 0}, ValueError, "device_count"),
+        ({"device_count": 65}, ValueError, "device_count"),
+        ({"device_count": -1}, ValueError, "device_count"),
+        ({"device_count": "8"}, ValueError, "device_count"),
+        ({"device_count": True}, TypeError, "device_count"),
+        ({"memory": "lots"}, ValueError, "memory"),
+        ({"memory": "1KiB"}, ValueError, "memory"),
+        ({"memory": 1.5}, TypeError, "memory"),
+        ({"profile": "tpu"}, ValueError, "ascend910"),
+        ({"profile": 3}, TypeError, "profile"),
+    ],
+)
+def test_bad_init_arguments(kw, exc, match):
+    with pytest.raises(exc, match=match):
+        runtime.init(**kw)
+    assert not runtime.is_initialized()
+
+
+def test_unknown_init_keyword_is_type_error():
+    with pytest.raises(TypeError):
+        runtime.init(devices=3)
+
+
+def test_environment_variables_configure_init():
+    code = (
+        "import runtime; runtime.init(); p = runtime.get_device_properties(0); "
+        "print(runtime.get_device_count(), p.total_memory, p.profile)"
+    )
+    env = dict(os.environ, RUNTIME_DEVICE_COUNT="3", RUNTIME_DEVICE_MEMORY="2GiB", RUNTIME_DEVICE_PROFILE="host")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["3", str(2 * 1024**3), "host"]
+    env["RUNTIME_DEVICE_COUNT"] = "many"
+    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert bad.returncode != 0 and "RUNTIME_DEVICE_COUNT" in bad.stderr
+
+
+def test_old_handles_fail_after_shutdown_and_new_init_works():
+    for _ in range(5):
+        runtime.init(device_count=2, memory="64MiB")
+        buf = runtime.device_malloc(1, 1024)
+        s = runtime.Stream(1)
+        e = runtime.Event()
+        e.record(s)
+        dev = runtime.Device(1)
+        runtime.shutdown()
+        runtime.init(device_count=2, memory="64MiB")
+        with pytest.raises(runtime.InvalidHandleError, match="shut down"):
+            runtime.memcpy_host_to_device(buf, b"x" * 16)
+        with pytest.raises(runtime.InvalidHandleError):
+            s.synchronize()
+        with pytest.raises(runtime.InvalidHandleError):
+            runtime.Stream(1).wait_event(e) if False else s.launch_kernel(runtime.kernels.noop)
+        dev.get_properties()  # a Device is an index: it refers to the new runtime's device 1
+        runtime.shutdown()
+
+
+def test_shutdown_waits_for_queued_work():
+    runtime.init(device_count=4, memory="64MiB")
+    done = []
+    streams = [runtime.Stream(i % 4) for i in range(8)]
+    import time
+
+    for i, s in enumerate(streams):
+        s.launch_host_func(time.sleep, 0.01)
+        s.launch_host_func(done.append, i)
+    runtime.shutdown()
+    assert sorted(done) == list(range(8))
+
+
+def test_views_survive_shutdown():
+    runtime.init(device_count=1, memory="64MiB")
+    buf = runtime.to_device(np.arange(16, dtype=np.int64))
+    view = np.asarray(buf.view(np.int64))
+    runtime.shutdown()
+    # The memory stays mapped while the view lives; the handle itself is dead.
+    assert view.sum() == sum(range(16))
+    with pytest.raises(runtime.InvalidHandleError):
+        buf.copy_to_host()
