@@ -138,7 +138,11 @@ def test_options_defaults_roundtrip_and_errors():
         runtime.set_option(name, False)
         assert runtime.get_option(name) is False
         runtime.set_option(name, True)
-    assert sorted(runtime.option_names()) == ["enableAsync", "enableMemoryReuse", "enablePipelining"]
+    assert sorted(runtime.option_names()) == [
+        "enableAsync",
+        "enableMemoryReuse",
+        "enablePipelining",
+    ]
     with pytest.raises(ValueError, match="enableMemoryReuse.*enablePipelining.*enableAsync"):
         runtime.set_option("enableTurbo", True)
     with pytest.raises(ValueError, match="valid options"):

@@ -119,8 +119,15 @@ def test_environment_variables_configure_init():
         "import runtime; runtime.init(); p = runtime.get_device_properties(0); "
         "print(runtime.get_device_count(), p.total_memory, p.profile)"
     )
-    env = dict(os.environ, RUNTIME_DEVICE_COUNT="3", RUNTIME_DEVICE_MEMORY="2GiB", RUNTIME_DEVICE_PROFILE="host")
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    env = dict(
+        os.environ,
+        RUNTIME_DEVICE_COUNT="3",
+        RUNTIME_DEVICE_MEMORY="2GiB",
+        RUNTIME_DEVICE_PROFILE="host",
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
     assert out.stdout.split() == ["3", str(2 * 1024**3), "host"]
     env["RUNTIME_DEVICE_COUNT"] = "many"
     bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)

@@ -28,7 +28,16 @@ def device_rows() -> list[dict]:
 def table(rows: list[dict]) -> str:
     head = f"| {'Dev':>3} | {'Name':<34} | {'Memory used / total (GiB)':>26} | {'Clock MHz':>9} | {'Cores':>5} | {'Peak TFLOPS':>11} | {'BW GB/s':>8} |"
     sep = "+" + "+".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "+"
-    out = [sep, f"| runtime {runtime.__version__}: {len(rows)} virtual devices (host-backed)".ljust(len(head) - 1) + "|", sep, head, sep]
+    out = [
+        sep,
+        f"| runtime {runtime.__version__}: {len(rows)} virtual devices (host-backed)".ljust(
+            len(head) - 1
+        )
+        + "|",
+        sep,
+        head,
+        sep,
+    ]
     for r in rows:
         mem = f"{_gib(r['memory_used'])} / {_gib(r['total_memory'])}"
         out.append(
@@ -55,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", action="store_true", help="print the device list as JSON")
     ap.add_argument("--version", action="store_true", help="print the version and exit")
-    ap.add_argument("--device-count", type=int, default=None, help="number of devices (default: env or 8)")
+    ap.add_argument(
+        "--device-count", type=int, default=None, help="number of devices (default: env or 8)"
+    )
     ap.add_argument("--memory", default=None, help='memory per device, e.g. "16GiB"')
     ap.add_argument("--profile", default=None, help="device profile: ascend910 or host")
     a = ap.parse_args(argv)

@@ -33,8 +33,13 @@ def memory_summary(device=None) -> str:
     ]
     w = max(len(r[0]) for r in rows)
     line = "=" * (w + 32)
-    out = [line, f" Memory summary, device {s['device']}".ljust(w + 32), line,
-           f" {'Metric'.ljust(w)}  {'Current':>13}  {'Peak':>13}", "-" * (w + 32)]
+    out = [
+        line,
+        f" Memory summary, device {s['device']}".ljust(w + 32),
+        line,
+        f" {'Metric'.ljust(w)}  {'Current':>13}  {'Peak':>13}",
+        "-" * (w + 32),
+    ]
     out += [f" {a.ljust(w)}  {b:>13}  {c:>13}" for a, b, c in rows]
     out.append(line)
     return "\n".join(out)
