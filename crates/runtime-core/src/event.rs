@@ -51,9 +51,14 @@ impl EventState {
         if id <= self.done_through {
             return;
         }
-        self.done_above.insert(id);
-        while self.done_above.remove(&(self.done_through + 1)) {
-            self.done_through += 1;
+        if id == self.done_through + 1 {
+            // The usual case (records complete in order): no set operations, no allocation.
+            self.done_through = id;
+            while self.done_above.remove(&(self.done_through + 1)) {
+                self.done_through += 1;
+            }
+        } else {
+            self.done_above.insert(id);
         }
     }
 }

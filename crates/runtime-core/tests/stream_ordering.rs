@@ -47,13 +47,38 @@ enum Step {
         event: usize,
         stream: usize,
     },
+    /// Capture `body` (ops, records and waits, all on `stream`) into a graph and launch it
+    /// once: it must behave as if the body had been submitted at the launch.
+    Graph {
+        stream: usize,
+        body: Vec<Step>,
+    },
 }
 
-fn step() -> impl Strategy<Value = Step> {
+fn simple_step() -> impl Strategy<Value = Step> {
     prop_oneof![
         5 => (0..STREAMS, 0u8..4).prop_map(|(stream, delay)| Step::Op { stream, delay }),
         2 => (0..EVENTS, 0..STREAMS).prop_map(|(event, stream)| Step::Record { event, stream }),
         2 => (0..EVENTS, 0..STREAMS).prop_map(|(event, stream)| Step::Wait { event, stream }),
+    ]
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        9 => simple_step(),
+        1 => (0..STREAMS, prop::collection::vec(simple_step(), 0..6)).prop_map(|(stream, body)| {
+            // The body runs on the graph's stream.
+            let body = body
+                .into_iter()
+                .map(|st| match st {
+                    Step::Op { delay, .. } => Step::Op { stream, delay },
+                    Step::Record { event, .. } => Step::Record { event, stream },
+                    Step::Wait { event, .. } => Step::Wait { event, stream },
+                    g @ Step::Graph { .. } => g,
+                })
+                .collect();
+            Step::Graph { stream, body }
+        }),
     ]
 }
 
@@ -66,39 +91,34 @@ fn layout() -> impl Strategy<Value = ([usize; STREAMS], [i32; STREAMS])> {
 
 type Log = Arc<Mutex<Vec<(usize, usize)>>>;
 
-/// Run `program` and check the log against the partial order it defines.
-fn run_program(
-    program: &[Step],
-    devices: [usize; STREAMS],
-    priorities: [i32; STREAMS],
-) -> Result<(), TestCaseError> {
-    let rt = init();
-    let streams: Vec<Stream> = (0..STREAMS)
-        .map(|i| Stream::new(rt.device(devices[i] as i64).unwrap(), priorities[i]).unwrap())
-        .collect();
-    let events: Vec<Event> = (0..EVENTS).map(|_| Event::new(false, false)).collect();
-    let log: Log = Arc::new(Mutex::new(Vec::new()));
+/// The program's partial order, built as it is submitted, next to the real streams.
+struct Model {
+    streams: Vec<Stream>,
+    events: Vec<Event>,
+    log: Log,
+    /// For each op id (in submission order), the ids it must follow.
+    preds: Vec<Vec<usize>>,
+    /// (stream, seq) -> op id.
+    ids: Vec<Vec<usize>>,
+    last_op: Vec<Option<usize>>,
+    /// Dependencies from waits that the stream's next op (and next record) inherit.
+    pending: Vec<Vec<usize>>,
+    /// For each event, what its latest record stands for.
+    record_point: Vec<Option<Vec<usize>>>,
+}
 
-    // The model: op ids in submission order, each with the ids it must follow.
-    let mut preds: Vec<Vec<usize>> = Vec::new();
-    let mut ids: Vec<Vec<usize>> = vec![Vec::new(); STREAMS]; // (stream, seq) -> op id
-    let mut last_op: Vec<Option<usize>> = vec![None; STREAMS];
-    // Dependencies from waits that the stream's next op (and next record) inherit.
-    let mut pending: Vec<Vec<usize>> = vec![Vec::new(); STREAMS];
-    // For each event, what its latest record stands for.
-    let mut record_point: Vec<Option<Vec<usize>>> = vec![None; EVENTS];
-
-    for st in program {
-        match *st {
-            Step::Op { stream: s, delay } => {
-                let id = preds.len();
-                let seq = ids[s].len();
-                let mut p: Vec<usize> = last_op[s].into_iter().collect();
-                p.append(&mut pending[s]);
-                preds.push(p);
-                ids[s].push(id);
-                last_op[s] = Some(id);
-                let log = log.clone();
+impl Model {
+    fn apply(&mut self, step: &Step) {
+        match step {
+            &Step::Op { stream: s, delay } => {
+                let id = self.preds.len();
+                let seq = self.ids[s].len();
+                let mut p: Vec<usize> = self.last_op[s].into_iter().collect();
+                p.append(&mut self.pending[s]);
+                self.preds.push(p);
+                self.ids[s].push(id);
+                self.last_op[s] = Some(id);
+                let log = self.log.clone();
                 let op = FnOp::shared(format!("s{s}op{seq}"), OpKind::Compute, move || {
                     match delay {
                         0 => {}
@@ -108,52 +128,87 @@ fn run_program(
                     log.lock().unwrap().push((s, seq));
                     Ok(())
                 });
-                streams[s].launch(op).unwrap();
+                self.streams[s].launch(op).unwrap();
             }
-            Step::Record {
+            &Step::Record {
                 event: e,
                 stream: s,
             } => {
-                let mut point: Vec<usize> = last_op[s].into_iter().collect();
-                point.extend_from_slice(&pending[s]);
-                record_point[e] = Some(point);
-                streams[s].record(&events[e]).unwrap();
+                let mut point: Vec<usize> = self.last_op[s].into_iter().collect();
+                point.extend_from_slice(&self.pending[s]);
+                self.record_point[e] = Some(point);
+                self.streams[s].record(&self.events[e]).unwrap();
             }
-            Step::Wait {
+            &Step::Wait {
                 event: e,
                 stream: s,
             } => {
-                if let Some(point) = &record_point[e] {
-                    pending[s].extend_from_slice(point);
+                if let Some(point) = &self.record_point[e] {
+                    self.pending[s].extend_from_slice(point);
                 }
-                streams[s].wait_event(&events[e]).unwrap();
+                self.streams[s].wait_event(&self.events[e]).unwrap();
+            }
+            Step::Graph { stream: s, body } => {
+                // Nothing else is submitted between the capture and the launch, so the model
+                // treats the body as submitted here.
+                self.streams[*s].begin_capture().unwrap();
+                for st in body {
+                    self.apply(st);
+                }
+                let g = self.streams[*s].end_capture().unwrap();
+                assert_eq!(g.len(), body.len());
+                self.streams[*s].launch_graph(&g).unwrap();
             }
         }
     }
+}
 
-    for s in &streams {
+/// Run `program` and check the log against the partial order it defines.
+fn run_program(
+    program: &[Step],
+    devices: [usize; STREAMS],
+    priorities: [i32; STREAMS],
+) -> Result<(), TestCaseError> {
+    let rt = init();
+    let mut m = Model {
+        streams: (0..STREAMS)
+            .map(|i| Stream::new(rt.device(devices[i] as i64).unwrap(), priorities[i]).unwrap())
+            .collect(),
+        events: (0..EVENTS).map(|_| Event::new(false, false)).collect(),
+        log: Arc::new(Mutex::new(Vec::new())),
+        preds: Vec::new(),
+        ids: vec![Vec::new(); STREAMS],
+        last_op: vec![None; STREAMS],
+        pending: vec![Vec::new(); STREAMS],
+        record_point: vec![None; EVENTS],
+    };
+    for st in program {
+        m.apply(st);
+    }
+
+    for s in &m.streams {
         prop_assert!(s.synchronize(None).unwrap());
     }
     prop_assert!(stream::synchronize_all(None, None).unwrap());
-    for s in &streams {
+    for s in &m.streams {
         let (submitted, completed) = s.counters();
         prop_assert_eq!(submitted, completed);
         prop_assert!(s.query().unwrap());
     }
-    for e in &events {
+    for e in &m.events {
         prop_assert!(e.query().unwrap());
     }
 
-    let log = log.lock().unwrap().clone();
-    let n = preds.len();
+    let log = m.log.lock().unwrap().clone();
+    let n = m.preds.len();
     prop_assert_eq!(log.len(), n, "every op runs exactly once: {:?}", log);
     let mut pos = vec![usize::MAX; n];
     for (i, &(s, seq)) in log.iter().enumerate() {
-        let id = ids[s][seq];
+        let id = m.ids[s][seq];
         prop_assert_eq!(pos[id], usize::MAX, "op {:?} ran twice", (s, seq));
         pos[id] = i;
     }
-    for (id, ps) in preds.iter().enumerate() {
+    for (id, ps) in m.preds.iter().enumerate() {
         for &p in ps {
             prop_assert!(
                 pos[p] < pos[id],

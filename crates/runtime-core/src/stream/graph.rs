@@ -16,10 +16,48 @@ pub(crate) enum Node {
     Record(Arc<EventInner>),
     /// Wait for the event's latest record at replay time.
     Wait(Arc<EventInner>),
+    /// `Record` bound by [`GraphInner::bind`] to the record number it took at launch.
+    RecordId(Arc<EventInner>, u64),
+    /// `Wait` bound by [`GraphInner::bind`] to the record that was latest at launch.
+    WaitId(Arc<EventInner>, u64),
 }
 
 pub(crate) struct GraphInner {
     pub(crate) nodes: Vec<Node>,
+}
+
+impl GraphInner {
+    /// The nodes to run for one launch, with records and waits bound to record numbers now.
+    ///
+    /// Fix: records and waits used to take their record numbers when the replay ran, not when
+    /// the graph was launched. A wait then picked up records queued after the launch (on its
+    /// own stream, behind the graph: a deadlock), and a `wait_event` on another stream after
+    /// the launch missed the graph's record. Binding at launch makes a replay behave exactly
+    /// like submitting the captured commands at that moment, as `Stream::record` and
+    /// `Stream::wait_event` do. Graphs without records or waits are shared as they are.
+    pub(crate) fn bind(self: &Arc<Self>) -> Arc<GraphInner> {
+        if !self
+            .nodes
+            .iter()
+            .any(|n| matches!(n, Node::Record(_) | Node::Wait(_)))
+        {
+            return self.clone();
+        }
+        let nodes = self
+            .nodes
+            .iter()
+            .filter_map(|n| match n {
+                Node::Record(e) => Some(Node::RecordId(e.clone(), e.next_record())),
+                // A never-recorded event: the wait is a no-op, as for `wait_event`.
+                Node::Wait(e) => match e.recorded() {
+                    0 => None,
+                    id => Some(Node::WaitId(e.clone(), id)),
+                },
+                other => Some(other.clone()),
+            })
+            .collect();
+        Arc::new(GraphInner { nodes })
+    }
 }
 
 /// A captured, replayable sequence of stream work. Cheap to clone.
@@ -54,8 +92,8 @@ impl Graph {
             .iter()
             .map(|n| match n {
                 Node::Op(op) => op.name().to_string(),
-                Node::Record(e) => format!("record(Event#{})", e.id),
-                Node::Wait(e) => format!("wait(Event#{})", e.id),
+                Node::Record(e) | Node::RecordId(e, _) => format!("record(Event#{})", e.id),
+                Node::Wait(e) | Node::WaitId(e, _) => format!("wait(Event#{})", e.id),
             })
             .collect()
     }

@@ -480,7 +480,9 @@ impl Stream {
             nodes.extend(graph.0.nodes.iter().cloned());
             return Ok(false);
         }
-        self.submit(Command::Graph(graph.0.clone(), 0));
+        // Fix: bind the graph's records and waits to record numbers at launch (see
+        // `GraphInner::bind`).
+        self.submit(Command::Graph(graph.0.bind(), 0));
         Ok(true)
     }
 
@@ -648,6 +650,16 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
                             return Step::Blocked;
                         }
                     }
+                    // Records and waits bound at launch (`GraphInner::bind`).
+                    Node::RecordId(ev, id) => ev.complete(*id),
+                    Node::WaitId(ev, id) => {
+                        if !ev.park_unless_complete(*id, s, || {
+                            *s.head.lock() = Some(Command::Graph(g.clone(), i));
+                            s.state.store(BLOCKED, Ordering::SeqCst);
+                        }) {
+                            return Step::Blocked;
+                        }
+                    }
                 }
             }
             Step::Done
@@ -667,17 +679,20 @@ pub(crate) fn unblock(s: &Arc<StreamInner>) {
 }
 
 fn live_streams(device: Option<usize>) -> Vec<Stream> {
-    let map = STREAMS.lock();
-    map.as_ref()
-        .map(|m| {
-            m.values()
-                .filter_map(Weak::upgrade)
-                .filter(|s| device.is_none_or(|d| s.device.index() == d))
-                .filter(|s| s.device.0.alive.load(Ordering::Acquire))
-                .map(Stream)
-                .collect()
-        })
-        .unwrap_or_default()
+    // Fix: upgrade under the lock, but filter (and so drop handles) only after releasing it.
+    // An upgraded handle can be the last one when its owner drops the stream meanwhile, and
+    // `StreamInner::drop` takes `STREAMS`: dropping it under the lock deadlocked.
+    let all: Vec<Arc<StreamInner>> = {
+        let map = STREAMS.lock();
+        map.as_ref()
+            .map(|m| m.values().filter_map(Weak::upgrade).collect())
+            .unwrap_or_default()
+    };
+    all.into_iter()
+        .filter(|s| device.is_none_or(|d| s.device.index() == d))
+        .filter(|s| s.device.0.alive.load(Ordering::Acquire))
+        .map(Stream)
+        .collect()
 }
 
 /// Wait for every live stream (of `device`, or of all devices). Reports the first error.
@@ -711,12 +726,19 @@ pub(crate) fn drain_device(d: &Device) -> Result<bool> {
 
 /// Drop the registry's entries of dead devices (after shutdown).
 pub(crate) fn forget_streams(_generation: u64) {
+    // Fix: keep the upgraded handles until the lock is released (see `live_streams`).
+    let mut upgraded = Vec::new();
     if let Some(map) = STREAMS.lock().as_mut() {
-        map.retain(|_, w| {
-            w.upgrade()
-                .is_some_and(|s| s.device.0.alive.load(Ordering::Acquire))
+        map.retain(|_, w| match w.upgrade() {
+            Some(s) => {
+                let alive = s.device.0.alive.load(Ordering::Acquire);
+                upgraded.push(s);
+                alive
+            }
+            None => false,
         });
     }
+    drop(upgraded);
     CURRENT.with(|c| c.borrow_mut().clear());
 }
 

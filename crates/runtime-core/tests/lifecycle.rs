@@ -1,0 +1,340 @@
+//! Runtime lifecycle: init is idempotent, shutdown waits for queued work and invalidates every
+//! old handle, init works again afterwards; the current device is per thread.
+//!
+//! Every test holds a file-level lock and leaves the runtime shut down.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex, MutexGuard};
+use std::time::Duration;
+
+use runtime_core::config::ConfigBuilder;
+use runtime_core::error::{DeviceError, Error};
+use runtime_core::event::Event;
+use runtime_core::kernel::{self, DType, KernelArg, Tensor};
+use runtime_core::runtime::{self, Runtime};
+use runtime_core::stream::{self, FnOp, Op, OpKind, Stream};
+
+static LOCK: Mutex<()> = Mutex::new(());
+
+/// Holds the lock; shuts the runtime down when dropped, even if the test failed.
+struct Session(#[allow(dead_code)] MutexGuard<'static, ()>);
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        runtime::shutdown();
+    }
+}
+
+fn session() -> Session {
+    let g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    runtime::shutdown();
+    Session(g)
+}
+
+fn settings() -> ConfigBuilder {
+    ConfigBuilder {
+        device_count: Some(2),
+        memory: Some("256MiB".into()),
+        profile: None,
+    }
+}
+
+fn init() -> Arc<Runtime> {
+    runtime::init(&settings()).expect("init the runtime")
+}
+
+fn is_invalid_handle<T: std::fmt::Debug>(r: runtime_core::Result<T>) -> bool {
+    matches!(r, Err(Error::Device(DeviceError::InvalidHandle { .. })))
+}
+
+fn is_not_initialized<T: std::fmt::Debug>(r: runtime_core::Result<T>) -> bool {
+    matches!(r, Err(Error::Device(DeviceError::NotInitialized)))
+}
+
+fn slow_count(c: &Arc<AtomicUsize>) -> Arc<dyn Op> {
+    let c = c.clone();
+    FnOp::shared("slow", OpKind::Compute, move || {
+        std::thread::sleep(Duration::from_millis(2));
+        c.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    })
+}
+
+#[test]
+fn init_is_idempotent() {
+    let _s = session();
+    assert!(!runtime::is_initialized());
+    assert!(is_not_initialized(runtime::get()));
+    let a = init();
+    let b = init();
+    assert!(Arc::ptr_eq(&a, &b));
+    assert_eq!(a.generation(), b.generation());
+    assert_eq!(a.devices().len(), 2);
+    assert_eq!(a.config().memory_per_device, 256 << 20);
+    // Default settings mean "whatever is running".
+    let c = runtime::init(&ConfigBuilder::default()).unwrap();
+    assert!(Arc::ptr_eq(&a, &c));
+    // Other explicit settings are refused while initialised.
+    let other = ConfigBuilder {
+        device_count: Some(3),
+        ..settings()
+    };
+    match runtime::init(&other) {
+        Err(Error::Arg(e)) => assert!(e.message.contains("shutdown"), "{e}"),
+        r => panic!("{r:?}"),
+    }
+    assert!(Arc::ptr_eq(&runtime::get().unwrap(), &a));
+    // Bad device indices name the range.
+    match a.device(2) {
+        Err(Error::Device(DeviceError::InvalidDevice { index: 2, count: 2 })) => {}
+        r => panic!("{r:?}"),
+    }
+    assert!(a.device(-1).is_err());
+}
+
+#[test]
+fn shutdown_invalidates_old_handles_and_init_works_again() {
+    let _s = session();
+    let rt = init();
+    let gen = rt.generation();
+    let dev = rt.device(0).unwrap().clone();
+    let s = Stream::new(&dev, 0).unwrap();
+    let default = dev.default_stream().unwrap();
+    let e = Event::new(true, false);
+    let buf = dev.memory().allocate(64).unwrap();
+    buf.write(0, &[9; 64]).unwrap();
+    s.record(&e).unwrap();
+    drop(rt);
+
+    runtime::shutdown();
+    assert!(!runtime::is_initialized());
+    assert!(is_not_initialized(runtime::get()));
+    assert!(is_not_initialized(runtime::current_device()));
+    assert!(is_not_initialized(runtime::set_device(0)));
+    runtime::shutdown(); // a no-op when not initialised
+
+    // Every old device and stream handle fails with InvalidHandle.
+    assert!(is_invalid_handle(dev.check_alive()));
+    assert!(is_invalid_handle(dev.default_stream()));
+    assert!(is_invalid_handle(dev.synchronize(None)));
+    assert!(is_invalid_handle(Stream::new(&dev, 0)));
+    assert!(is_invalid_handle(stream::current(&dev)));
+    for st in [&s, &default] {
+        assert!(is_invalid_handle(st.check()));
+        assert!(is_invalid_handle(st.query()));
+        assert!(is_invalid_handle(st.synchronize(None)));
+        assert!(is_invalid_handle(st.record(&e)));
+        assert!(is_invalid_handle(st.wait_event(&e)));
+        assert!(is_invalid_handle(st.begin_capture()));
+        assert!(is_invalid_handle(st.launch(FnOp::shared(
+            "late",
+            OpKind::Compute,
+            || Ok(())
+        ))));
+        let x = Tensor::new(buf.clone(), 0, DType::F32, vec![16]).unwrap();
+        assert!(is_invalid_handle(kernel::launch(
+            st,
+            kernel::find("fill").unwrap(),
+            vec![KernelArg::Tensor(x), KernelArg::Float(1.0)],
+        )));
+    }
+    assert!(is_invalid_handle(default.destroy()));
+    // Events are not tied to a runtime; a completed one stays completed.
+    assert!(e.query().unwrap());
+    // Memory still referenced stays readable.
+    let mut back = [0u8; 64];
+    buf.read(0, &mut back).unwrap();
+    assert_eq!(back, [9; 64]);
+
+    // init again: a new generation with working devices; old handles stay dead.
+    let rt = init();
+    assert!(rt.generation() > gen);
+    let dev2 = rt.device(0).unwrap();
+    assert!(dev2 != &dev);
+    assert!(is_invalid_handle(s.query()));
+    assert!(is_invalid_handle(dev.check_alive()));
+    let s2 = Stream::new(dev2, 0).unwrap();
+    let n = Arc::new(AtomicUsize::new(0));
+    s2.launch(slow_count(&n)).unwrap();
+    s2.record(&e).unwrap();
+    assert!(s2.synchronize(None).unwrap());
+    assert_eq!(n.load(Ordering::SeqCst), 1);
+    let d2 = dev2.default_stream().unwrap();
+    assert!(d2 != default);
+    d2.launch(slow_count(&n)).unwrap();
+    assert!(dev2.synchronize(None).unwrap());
+    assert_eq!(n.load(Ordering::SeqCst), 2);
+    drop(buf);
+}
+
+#[test]
+fn shutdown_waits_for_queued_work() {
+    let _s = session();
+    let rt = init();
+    let per_stream = 10;
+    let mut counters = Vec::new();
+    let mut kept = Vec::new();
+    let e = Event::new(false, false);
+    for d in 0..2 {
+        for k in 0..3 {
+            let s = Stream::new(rt.device(d).unwrap(), -k).unwrap();
+            let c = Arc::new(AtomicUsize::new(0));
+            for _ in 0..per_stream {
+                s.launch(slow_count(&c)).unwrap();
+            }
+            counters.push(c);
+            if d == 1 && k == 0 {
+                s.record(&e).unwrap();
+            }
+            if k == 2 {
+                kept.push(s); // the other streams' handles are dropped with work queued
+            }
+        }
+    }
+    // A stream on device 0 waits for device 1's work, and the default stream has work too.
+    let waiter = Stream::new(rt.device(0).unwrap(), 0).unwrap();
+    waiter.wait_event(&e).unwrap();
+    let after_wait = Arc::new(AtomicUsize::new(0));
+    let (c1, aw) = (counters[3].clone(), after_wait.clone());
+    waiter
+        .launch(FnOp::shared("after_wait", OpKind::Compute, move || {
+            aw.store(c1.load(Ordering::SeqCst), Ordering::SeqCst);
+            Ok(())
+        }))
+        .unwrap();
+    let default_count = Arc::new(AtomicUsize::new(0));
+    let ds = rt.device(1).unwrap().default_stream().unwrap();
+    for _ in 0..per_stream {
+        ds.launch(slow_count(&default_count)).unwrap();
+    }
+    drop((rt, ds, waiter));
+
+    runtime::shutdown();
+    for (i, c) in counters.iter().enumerate() {
+        assert_eq!(c.load(Ordering::SeqCst), per_stream, "stream {i}");
+    }
+    assert_eq!(default_count.load(Ordering::SeqCst), per_stream);
+    assert_eq!(after_wait.load(Ordering::SeqCst), per_stream);
+    assert!(e.query().unwrap());
+    for s in &kept {
+        assert!(is_invalid_handle(s.query()));
+    }
+}
+
+#[test]
+fn shutdown_drops_errors_of_queued_work() {
+    let _s = session();
+    let rt = init();
+    let s = Stream::new(rt.device(0).unwrap(), 0).unwrap();
+    s.launch(FnOp::shared("fails", OpKind::Compute, || {
+        Err(runtime_core::error::KernelFailure::new("fails", "x"))
+    }))
+    .unwrap();
+    runtime::shutdown();
+    let rt = init();
+    let s = Stream::new(rt.device(0).unwrap(), 0).unwrap();
+    assert!(s.synchronize(None).unwrap());
+    assert!(stream::synchronize_all(None, None).unwrap());
+}
+
+#[test]
+fn current_device_is_per_thread() {
+    let _s = session();
+    let rt = runtime::init(&ConfigBuilder {
+        device_count: Some(8),
+        memory: Some("16MiB".into()),
+        profile: None,
+    })
+    .unwrap();
+    assert_eq!(runtime::current_device().unwrap().index(), 0);
+    let barrier = Arc::new(Barrier::new(8));
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                assert_eq!(runtime::current_device().unwrap().index(), 0, "default");
+                runtime::set_device(i).unwrap();
+                barrier.wait(); // every thread has set its own device
+                let dev = runtime::current_device().unwrap();
+                assert_eq!(dev.index(), i as usize);
+                assert_eq!(runtime_core::device::current_device_index(), i as usize);
+                match runtime::set_device(8) {
+                    Err(Error::Device(DeviceError::InvalidDevice { index: 8, count: 8 })) => {}
+                    r => panic!("{r:?}"),
+                }
+                assert_eq!(runtime::current_device().unwrap().index(), i as usize);
+                // Work on the current device's current stream.
+                let s = stream::current(&dev).unwrap();
+                assert!(s.is_default());
+                assert_eq!(s.device().index(), i as usize);
+                let buf = dev.memory().allocate(4 * 8).unwrap();
+                assert_eq!(buf.device(), i as usize);
+                let x = Tensor::new(buf.clone(), 0, DType::I32, vec![8]).unwrap();
+                kernel::launch(
+                    &s,
+                    kernel::find("fill").unwrap(),
+                    vec![KernelArg::Tensor(x), KernelArg::Int(i)],
+                )
+                .unwrap();
+                assert!(s.synchronize(None).unwrap());
+                let mut b = [0u8; 4];
+                buf.read(28, &mut b).unwrap();
+                assert_eq!(i32::from_ne_bytes(b), i as i32);
+                barrier.wait();
+                assert_eq!(runtime::current_device().unwrap().index(), i as usize);
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(runtime::current_device().unwrap().index(), 0);
+    assert_eq!(rt.devices().len(), 8);
+}
+
+#[test]
+fn current_stream_is_per_thread_and_device() {
+    let _s = session();
+    let rt = init();
+    let dev = rt.device(1).unwrap();
+    let mine = Stream::new(dev, 0).unwrap();
+    assert!(stream::current(dev).unwrap().is_default());
+    assert!(stream::set_current(dev, Some(mine.clone())).is_none());
+    assert_eq!(stream::current(dev).unwrap(), mine);
+    let d = dev.clone();
+    std::thread::spawn(move || assert!(stream::current(&d).unwrap().is_default()))
+        .join()
+        .unwrap();
+    // A destroyed current stream falls back to the default one.
+    mine.destroy().unwrap();
+    assert!(stream::current(dev).unwrap().is_default());
+    assert_eq!(stream::set_current(dev, None), Some(mine));
+}
+
+#[test]
+fn options_outlive_shutdown() {
+    let _s = session();
+    let _rt = init();
+    assert!(runtime::get_option("enablePipelining").unwrap());
+    runtime::set_option("enablePipelining", false).unwrap();
+    runtime::shutdown();
+    assert!(!runtime::get_option("enablePipelining").unwrap());
+    // Work still runs, on the serial engine.
+    let rt = init();
+    let s = Stream::new(rt.device(0).unwrap(), 0).unwrap();
+    let n = Arc::new(AtomicUsize::new(0));
+    for _ in 0..5 {
+        s.launch(slow_count(&n)).unwrap();
+    }
+    let buf = rt.device(0).unwrap().memory().allocate(16).unwrap();
+    s.launch(stream::copy::memset(&buf, 0, 16, 3).unwrap())
+        .unwrap();
+    assert!(s.synchronize(None).unwrap());
+    assert_eq!(n.load(Ordering::SeqCst), 5);
+    let mut b = [0u8; 16];
+    buf.read(0, &mut b).unwrap();
+    assert_eq!(b, [3; 16]);
+    runtime::set_option("enablePipelining", true).unwrap();
+    assert!(runtime::set_option("noSuchOption", true).is_err());
+    assert!(runtime::get_option("noSuchOption").is_err());
+}

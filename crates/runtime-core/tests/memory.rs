@@ -1,0 +1,395 @@
+//! Device memory: zeroed allocations (after reuse too), statistics, out-of-memory, the
+//! `enableMemoryReuse` option, buffer lifetimes, and stream-ordered copies.
+//!
+//! All tests share one runtime and hold a file-level lock: they read allocator statistics
+//! and one of them flips a process-wide option.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use runtime_core::config::ConfigBuilder;
+use runtime_core::error::{Error, KernelFailure, MemoryError};
+use runtime_core::memory::{Buffer, DeviceMemory};
+use runtime_core::runtime::{self, Runtime};
+use runtime_core::stream::copy::{self, HostMemory, HostVec};
+use runtime_core::stream::{FnOp, Op, OpKind, Stream};
+
+const MIB: u64 = 1 << 20;
+
+static LOCK: Mutex<()> = Mutex::new(());
+
+fn init() -> (MutexGuard<'static, ()>, Arc<Runtime>) {
+    let g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let rt = runtime::init(&ConfigBuilder {
+        device_count: Some(2),
+        memory: Some("256MiB".into()),
+        profile: None,
+    })
+    .expect("init the runtime");
+    (g, rt)
+}
+
+fn mem(rt: &Runtime, device: i64) -> Arc<DeviceMemory> {
+    rt.device(device).unwrap().memory().clone()
+}
+
+fn all_zero(b: &Buffer) -> bool {
+    let mut bytes = vec![0xFFu8; b.size() as usize];
+    b.read(0, &mut bytes).unwrap();
+    bytes.iter().all(|&x| x == 0)
+}
+
+/// Wait (bounded) until `f` holds; the background scrubber finishes cached blocks shortly
+/// after they are freed.
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < until, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Restores `enableMemoryReuse` when dropped, even if the test fails.
+struct ReuseGuard;
+
+impl Drop for ReuseGuard {
+    fn drop(&mut self) {
+        runtime::set_option("enableMemoryReuse", true).unwrap();
+    }
+}
+
+/// An op that blocks its stream until `open` is called (or fails after 10 s).
+struct Gate(Arc<(Mutex<bool>, Condvar)>);
+
+impl Gate {
+    fn new() -> Gate {
+        Gate(Arc::new((Mutex::new(false), Condvar::new())))
+    }
+
+    fn op(&self) -> Arc<dyn Op> {
+        let g = self.0.clone();
+        FnOp::shared("gate", OpKind::Compute, move || {
+            let (lock, cv) = &*g;
+            let open = lock.lock().unwrap();
+            let (open, _) = cv
+                .wait_timeout_while(open, Duration::from_secs(10), |o| !*o)
+                .unwrap();
+            if *open {
+                Ok(())
+            } else {
+                Err(KernelFailure::new("gate", "never opened"))
+            }
+        })
+    }
+
+    fn open(&self) {
+        *self.0 .0.lock().unwrap() = true;
+        self.0 .1.notify_all();
+    }
+}
+
+const SIZES: &[u64] = &[
+    1,
+    63,
+    64,
+    100,
+    4095,
+    4096,
+    8192,
+    32 * 1024 - 1,
+    32 * 1024,
+    32 * 1024 + 1,
+    64 * 1024,
+    MIB,
+];
+
+#[test]
+fn allocations_read_as_zero_even_after_reuse() {
+    let (_g, rt) = init();
+    let m = mem(&rt, 0);
+    for &size in SIZES {
+        for round in 0..20 {
+            // A few at once, freed in another order, so slots are handed out shuffled.
+            let bufs: Vec<Buffer> = (0..3).map(|_| m.allocate(size).unwrap()).collect();
+            for (i, b) in bufs.iter().enumerate() {
+                assert_eq!(b.size(), size);
+                assert!(all_zero(b), "size {size}, round {round}, buffer {i}");
+                b.fill(0, size, 0xA5).unwrap();
+                b.write(size - 1, &[0x5A]).unwrap();
+            }
+            let mut bufs = bufs;
+            bufs.swap(0, 2);
+            drop(bufs);
+        }
+    }
+    // A large block that certainly came back from the cache reads as zero as well.
+    let hits = m.stats().cache_hits;
+    eventually("a cache hit", || {
+        let b = m.allocate(MIB).unwrap();
+        assert!(all_zero(&b));
+        b.fill(0, MIB, 0xFF).unwrap();
+        m.stats().cache_hits > hits
+    });
+}
+
+#[test]
+fn stats_follow_allocations_and_frees() {
+    let (_g, rt) = init();
+    let m = mem(&rt, 1);
+    m.empty_cache();
+    let s0 = m.stats();
+    assert_eq!(s0.total, 256 * MIB);
+    assert_eq!(s0.reserved, s0.allocated + s0.cached);
+    assert_eq!(s0.free, s0.total - s0.reserved);
+
+    // 5 MiB + 1: a large allocation, rounded up to whole pages (no other test uses that
+    // size, so no cache can serve it).
+    let size = 5 * MIB + 1;
+    let block = 5 * MIB + 4096;
+    let b = m.allocate(size).unwrap();
+    let s1 = m.stats();
+    assert_eq!(s1.allocated, s0.allocated + block);
+    assert_eq!(s1.requested, s0.requested + size);
+    assert_eq!(s1.reserved, s0.reserved + block);
+    assert_eq!(s1.active_allocations, s0.active_allocations + 1);
+    assert_eq!(s1.num_allocs, s0.num_allocs + 1);
+    assert!(s1.peak_allocated >= s1.allocated);
+    assert!(s1.peak_reserved >= s1.reserved);
+
+    // A small one comes from a slab class.
+    let small = m.allocate(100).unwrap();
+    let s2 = m.stats();
+    assert_eq!(s2.allocated, s1.allocated + 128);
+    assert_eq!(s2.requested, s1.requested + 100);
+    assert_eq!(s2.active_allocations, s1.active_allocations + 1);
+    drop(small);
+    assert_eq!(m.stats().allocated, s1.allocated);
+
+    m.reset_peak_stats();
+    let s3 = m.stats();
+    assert_eq!(s3.peak_allocated, s3.allocated);
+    assert_eq!(s3.peak_reserved, s3.reserved);
+
+    drop(b);
+    let s4 = m.stats();
+    assert_eq!(s4.allocated, s0.allocated);
+    assert_eq!(s4.requested, s0.requested);
+    assert_eq!(s4.active_allocations, s0.active_allocations);
+    assert_eq!(s4.num_frees, s3.num_frees + 1);
+    // Reuse is on: the block stays reserved, as cache.
+    assert!(s4.reserved >= s0.reserved + block, "{s4:?}");
+    assert_eq!(s4.cached, s4.reserved - s4.allocated);
+    assert_eq!(s4.peak_allocated, s3.peak_allocated, "peaks do not fall");
+
+    // empty_cache gives it back (once the scrubber has finished with it).
+    eventually("reserved back to its start", || {
+        m.empty_cache();
+        m.stats().reserved == s0.reserved
+    });
+}
+
+#[test]
+fn out_of_memory_is_reported_and_recovered_from() {
+    let (_g, rt) = init();
+    let m = mem(&rt, 0);
+    let ooms = m.stats().num_ooms;
+    match m.allocate(512 * MIB) {
+        Err(Error::Memory(e @ MemoryError::OutOfMemory { .. })) => {
+            let MemoryError::OutOfMemory {
+                device,
+                requested,
+                total,
+                ..
+            } = e
+            else {
+                unreachable!()
+            };
+            assert_eq!((device, requested, total), (0, 512 * MIB, 256 * MIB));
+            let text = e.to_string();
+            assert!(text.contains("536870912"), "{text}");
+            assert!(text.contains("268435456"), "{text}");
+            assert!(text.contains("device 0"), "{text}");
+        }
+        other => panic!("expected out of memory, got {other:?}"),
+    }
+    assert_eq!(m.stats().num_ooms, ooms + 1);
+    let b = m.allocate(MIB).unwrap();
+    assert!(all_zero(&b));
+    drop(b);
+
+    // Fill most of the device: the next big request fails until something is freed, and
+    // then succeeds (flushing the cache the freed block went to).
+    let a = m.allocate(128 * MIB).unwrap();
+    let b = m.allocate(64 * MIB).unwrap();
+    assert!(matches!(
+        m.allocate(128 * MIB),
+        Err(Error::Memory(MemoryError::OutOfMemory { .. }))
+    ));
+    a.fill(0, 128 * MIB, 1).unwrap();
+    drop(a);
+    let c = m.allocate(128 * MIB).unwrap();
+    let mut probe = vec![0xFFu8; 4096];
+    for off in [0, 64 * MIB, 128 * MIB - 4096] {
+        c.read(off, &mut probe).unwrap();
+        assert!(probe.iter().all(|&x| x == 0), "offset {off}");
+    }
+    drop((b, c));
+    m.empty_cache();
+}
+
+#[test]
+fn without_reuse_reserved_memory_falls_back_after_frees() {
+    let (_g, rt) = init();
+    let m = mem(&rt, 1);
+    let _restore = ReuseGuard;
+    runtime::set_option("enableMemoryReuse", false).unwrap();
+    assert!(!runtime::get_option("enableMemoryReuse").unwrap());
+    // Blocks freed before the switch may still be with the scrubber; it releases them.
+    eventually("no cached memory", || m.stats().cached == 0);
+    let base = m.stats();
+
+    let sizes = [100, 5000, 32 * 1024, 40_000, MIB, 3 * MIB];
+    let bufs: Vec<Buffer> = sizes.iter().map(|&s| m.allocate(s).unwrap()).collect();
+    let held = m.stats();
+    let sum: u64 = sizes.iter().sum();
+    assert!(held.allocated >= base.allocated + sum, "{held:?}");
+    assert!(held.reserved >= base.reserved + sum, "{held:?}");
+    for b in &bufs {
+        assert!(all_zero(b));
+        b.fill(0, b.size(), 0x11).unwrap();
+    }
+    drop(bufs);
+    let after = m.stats();
+    assert_eq!(after.allocated, base.allocated);
+    assert_eq!(after.reserved, base.reserved, "{after:?} vs {base:?}");
+    assert_eq!(after.cached, 0);
+
+    // Still zeroed on the next allocation, without a cache.
+    for &s in &sizes {
+        let b = m.allocate(s).unwrap();
+        assert!(all_zero(&b), "size {s}");
+    }
+    assert_eq!(m.stats().reserved, base.reserved);
+
+    drop(_restore);
+    assert!(runtime::get_option("enableMemoryReuse").unwrap());
+}
+
+#[test]
+fn a_clone_keeps_the_memory_alive() {
+    let (_g, rt) = init();
+    let m = mem(&rt, 0);
+    let active = m.stats().active_allocations;
+    let a = m.allocate(MIB).unwrap();
+    let pattern: Vec<u8> = (0..MIB).map(|i| (i % 251) as u8).collect();
+    a.write(0, &pattern).unwrap();
+    let b = a.clone();
+    assert_eq!(a, b);
+    assert_eq!(b.ref_count(), 2);
+    drop(a);
+    assert_eq!(b.ref_count(), 1);
+    assert_eq!(m.stats().active_allocations, active + 1);
+    let mut back = vec![0u8; MIB as usize];
+    b.read(0, &mut back).unwrap();
+    assert_eq!(back, pattern);
+    drop(b);
+    assert_eq!(m.stats().active_allocations, active);
+}
+
+#[test]
+fn buffer_ranges_are_checked() {
+    let (_g, rt) = init();
+    let b = mem(&rt, 0).allocate(100).unwrap();
+    assert!(matches!(
+        b.write(90, &[0; 11]),
+        Err(Error::Memory(MemoryError::OutOfBounds { size: 100, .. }))
+    ));
+    assert!(b.read(u64::MAX, &mut [0; 2]).is_err());
+    assert!(b.fill(50, 51, 1).is_err());
+    b.write(90, &[7; 10]).unwrap();
+    let mut x = [0u8; 10];
+    b.read(90, &mut x).unwrap();
+    assert_eq!(x, [7; 10]);
+}
+
+#[test]
+fn queued_copies_hold_their_buffers_and_copy_the_right_bytes() {
+    let (_g, rt) = init();
+    let dev = rt.device(0).unwrap();
+    let m = dev.memory().clone();
+    let m1 = mem(&rt, 1);
+    let s = Stream::new(dev, 0).unwrap();
+    let n = 10_000u64;
+    let active = (m.stats().active_allocations, m1.stats().active_allocations);
+    let pattern: Vec<u8> = (0..n).map(|i| (i * 7 % 256) as u8).collect();
+
+    let gate = Gate::new();
+    s.launch(gate.op()).unwrap();
+
+    // h2d into `a`; memset part of it; d2d to `b` (same device) and `c` (other device);
+    // d2h of each into host vectors. All queued behind the gate; the device handles are
+    // dropped before anything runs.
+    let a = m.allocate(n).unwrap();
+    let b = m.allocate(n).unwrap();
+    let c = m1.allocate(n).unwrap();
+    let src = HostVec::new(pattern.clone());
+    s.launch(copy::h2d(&a, 0, src.clone(), 0, n).unwrap())
+        .unwrap();
+    s.launch(copy::memset(&a, 100, 50, 0xEE).unwrap()).unwrap();
+    s.launch(copy::d2d(&b, 0, &a, 0, n).unwrap()).unwrap();
+    s.launch(copy::d2d(&c, 10, &a, 0, n - 10).unwrap()).unwrap();
+    let (out_a, out_b, out_c) = (
+        HostVec::new(vec![0; n as usize]),
+        HostVec::new(vec![0; n as usize]),
+        HostVec::new(vec![1; n as usize + 5]),
+    );
+    s.launch(copy::d2h(out_a.clone(), 0, &a, 0, n).unwrap())
+        .unwrap();
+    s.launch(copy::d2h(out_b.clone(), 0, &b, 0, n).unwrap())
+        .unwrap();
+    s.launch(copy::d2h(out_c.clone(), 5, &c, 0, n).unwrap())
+        .unwrap();
+    assert!(a.ref_count() > 1, "queued ops hold `a`");
+    assert!(b.ref_count() > 1 && c.ref_count() > 1);
+    assert_eq!(out_a.len(), n as usize);
+    drop((a, b, c, src));
+    assert_eq!(m.stats().active_allocations, active.0 + 2);
+    assert_eq!(m1.stats().active_allocations, active.1 + 1);
+    assert!(!s.query().unwrap());
+
+    gate.open();
+    assert!(s.synchronize(Some(Duration::from_secs(10))).unwrap());
+    // The ops are gone, and with them the last references to the buffers.
+    assert_eq!(m.stats().active_allocations, active.0);
+    assert_eq!(m1.stats().active_allocations, active.1);
+
+    let mut want = pattern.clone();
+    want[100..150].fill(0xEE);
+    assert_eq!(out_a.into_inner().expect("the ops released it"), want);
+    assert_eq!(out_b.into_inner().unwrap(), want);
+    let got_c = out_c.into_inner().unwrap();
+    assert_eq!(&got_c[..5], &[1; 5]);
+    assert_eq!(&got_c[5..15], &[0; 10]);
+    assert_eq!(&got_c[15..], &want[..(n - 10) as usize]);
+}
+
+#[test]
+fn copy_ranges_are_checked_when_queued() {
+    let (_g, rt) = init();
+    let dev = rt.device(0).unwrap();
+    let s = Stream::new(dev, 0).unwrap();
+    let a = dev.memory().allocate(100).unwrap();
+    let host = HostVec::new(vec![0; 50]);
+    let oob = |r: runtime_core::Result<Arc<dyn Op>>, arg: &str| match r {
+        Err(Error::Memory(MemoryError::OutOfBounds { arg: a, .. })) => assert_eq!(a, arg),
+        Err(e) => panic!("{arg}: {e}"),
+        Ok(_) => panic!("{arg}: accepted"),
+    };
+    oob(copy::h2d(&a, 0, host.clone(), 0, 51), "src_offset");
+    oob(copy::h2d(&a, 60, host.clone(), 0, 50), "dst_offset");
+    oob(copy::d2h(host.clone(), 1, &a, 0, 50), "dst_offset");
+    oob(copy::d2h(host.clone(), 0, &a, 99, 2), "src_offset");
+    oob(copy::d2d(&a, 0, &a, 1, 100), "src_offset");
+    oob(copy::memset(&a, u64::MAX, 2, 0), "offset");
+    assert_eq!(s.counters(), (0, 0));
+}
