@@ -190,7 +190,25 @@ fn scalar(
                 dtype.name()
             ),
         )),
-        Some(s @ (KernelArg::Float(_) | KernelArg::Int(_))) => Ok(s.clone()),
+        Some(s @ (KernelArg::Float(_) | KernelArg::Int(_))) => {
+            let (lo, hi) = match dtype {
+                DType::I32 => (f64::from(i32::MIN), f64::from(i32::MAX)),
+                DType::I64 => (i64::MIN as f64, i64::MAX as f64),
+                _ => (f64::NEG_INFINITY, f64::INFINITY),
+            };
+            let v = match s {
+                KernelArg::Float(f) => *f,
+                KernelArg::Int(n) => *n as f64,
+                KernelArg::Tensor(_) => unreachable!(),
+            };
+            if !dtype.is_float() && !(lo..=hi).contains(&v) {
+                return Err(err(
+                    name,
+                    format!("{kernel}: {name}={v} does not fit in {}", dtype.name()),
+                ));
+            }
+            Ok(s.clone())
+        }
         Some(other) => Err(err(
             name,
             format!("{kernel}: argument {i} ({name}) must be a number, got {other:?}"),

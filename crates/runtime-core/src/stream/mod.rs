@@ -54,6 +54,10 @@ const BLOCKED: u8 = 3;
 /// Commands a runner executes before letting other waiting streams have a turn.
 const SLICE: u32 = 64;
 
+/// Longest a synchronising caller runs its own stream's commands before handing the rest
+/// back to the engine and waiting like everyone else.
+const CALLER_HELP: Duration = Duration::from_millis(2);
+
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Every live stream, for `stream_synchronize` and shutdown.
@@ -93,8 +97,8 @@ impl Drop for StreamInner {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Runner {
     Engine(EngineKind),
-    /// A synchronising caller helping out: runs anything.
-    Caller,
+    /// A synchronising caller helping out until the given instant: runs anything.
+    Caller(Instant),
 }
 
 /// A handle to a stream. Cheap to clone; all clones are the same stream.
@@ -319,8 +323,12 @@ impl Stream {
     /// Raise and clear the pending error, if any.
     pub fn take_error(&self) -> Result<()> {
         if self.0.failed.load(Ordering::SeqCst) {
-            let e = self.0.error.lock().take();
+            // Take and clear under the error lock, which is also where failures are stored, so
+            // a failure racing with this call is either reported now or stays pending.
+            let mut slot = self.0.error.lock();
+            let e = slot.take();
             self.0.failed.store(false, Ordering::SeqCst);
+            drop(slot);
             if let Some(e) = e {
                 return Err(StreamError::Kernel(e).into());
             }
@@ -340,7 +348,10 @@ impl Stream {
                 .compare_exchange(QUEUED, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
                 .is_ok()
         {
-            run_stream(&self.0, Runner::Caller);
+            // Help for at most the wait's budget (capped), so a long queue cannot keep a
+            // caller that wants to time out or be interrupted busy.
+            let budget = timeout.unwrap_or(CALLER_HELP).min(CALLER_HELP);
+            run_stream(&self.0, Runner::Caller(Instant::now() + budget));
             if s.completed.load(Ordering::SeqCst) >= target {
                 return true;
             }
@@ -556,6 +567,15 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
             }
             return;
         };
+        if let Runner::Caller(until) = runner {
+            if Instant::now() >= until {
+                *s.head.lock() = Some(cmd);
+                s.state.store(QUEUED, Ordering::SeqCst);
+                let kind = s.head.lock().as_ref().and_then(Command::kind);
+                schedule(s, kind);
+                return;
+            }
+        }
         if let Runner::Engine(mine) = runner {
             let pipelining = s.device.0.options.pipelining.load(Ordering::Relaxed);
             if let Some(want) = Engines::target(pipelining, cmd.kind()) {
@@ -608,6 +628,7 @@ fn run_op(s: &StreamInner, op: &dyn Op) {
             *slot = Some(e);
         }
         s.failed.store(true, Ordering::SeqCst);
+        drop(slot);
     }
 }
 
