@@ -63,6 +63,7 @@ from ._runtime import (
     to_device,
 )
 from ._summary import memory_summary
+from .trace import profile
 
 __version__ = "0.1.0"
 
@@ -149,6 +150,7 @@ __all__ = [
     "memset",
     "memset_async",
     "option_names",
+    "profile",
     "reset_peak_memory_stats",
     "set_device",
     "set_option",

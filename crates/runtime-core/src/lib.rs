@@ -10,6 +10,7 @@
 //! | execution | [`stream`] | streams, engines (worker threads), copies, capture/replay |
 //! | events | [`event`] | records, waits, timing on one shared monotonic clock |
 //! | kernels | [`kernel`] | the `Kernel` trait, the registry, built-in native kernels |
+//! | tracing | [`trace`] | timeline records of commands, events and allocations |
 //!
 //! ```
 //! use runtime_core::{config::ConfigBuilder, kernel, runtime, stream::Stream, event::Event};
@@ -44,5 +45,6 @@ pub mod kernel;
 pub mod memory;
 pub mod runtime;
 pub mod stream;
+pub mod trace;
 
 pub use error::{Error, Result};

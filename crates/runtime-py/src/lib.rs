@@ -7,6 +7,7 @@ mod dlpack;
 mod errors;
 mod memory;
 mod stream;
+mod trace;
 mod wait;
 
 use std::sync::Arc;
@@ -59,5 +60,8 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stream::default_stream, m)?)?;
     m.add_function(wrap_pyfunction!(stream::stream_priority_range, m)?)?;
     m.add_function(wrap_pyfunction!(stream::kernel_names, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::trace_start, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::trace_stop, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::trace_enabled, m)?)?;
     Ok(())
 }

@@ -33,7 +33,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::device::Device;
 use crate::error::{DeviceError, KernelFailure, Result, StreamError};
-use crate::event::Event;
+use crate::event::{now_ns, Event};
+use crate::trace;
 use command::Command;
 pub use command::{FnOp, Op, OpKind};
 use engine::{EngineKind, Engines};
@@ -286,6 +287,9 @@ impl Stream {
         let s = &self.0;
         s.submitted.fetch_add(1, Ordering::SeqCst);
         let kind = cmd.kind();
+        if trace::enabled() {
+            trace_enqueue(s, &cmd);
+        }
         let _ = s.tx.send(cmd);
         if s.state
             .compare_exchange(IDLE, QUEUED, Ordering::SeqCst, Ordering::SeqCst)
@@ -526,6 +530,22 @@ impl Stream {
     }
 }
 
+fn trace_enqueue(s: &StreamInner, cmd: &Command) {
+    let name = match cmd {
+        Command::Op(op) => op.name().to_string(),
+        Command::Record(ev, _) => format!("record(Event#{})", ev.id),
+        Command::Wait(ev, _) => format!("wait(Event#{})", ev.id),
+        Command::Graph(g, _) => format!("graph({} nodes)", g.nodes.len()),
+    };
+    trace::push(trace::Record {
+        name,
+        device: s.device.index(),
+        stream: s.id,
+        ts_ns: now_ns(),
+        phase: trace::Phase::Enqueue,
+    });
+}
+
 /// Queue a stream that just became ready on the engine its next command wants.
 fn schedule(s: &Arc<StreamInner>, kind: Option<OpKind>) {
     let pipelining = s.device.0.options.pipelining.load(Ordering::Relaxed);
@@ -613,6 +633,7 @@ fn run_op(s: &StreamInner, op: &dyn Op) {
     if s.failed.load(Ordering::SeqCst) {
         return; // skipped behind an unreported error
     }
+    let t0 = trace::enabled().then(now_ns);
     let result = catch_unwind(AssertUnwindSafe(|| op.run())).unwrap_or_else(|p| {
         let msg = p
             .downcast_ref::<&str>()
@@ -621,6 +642,15 @@ fn run_op(s: &StreamInner, op: &dyn Op) {
             .unwrap_or_else(|| "panic with a non-string payload".into());
         Err(KernelFailure::new(op.name(), format!("panicked: {msg}")))
     });
+    if let Some(t0) = t0 {
+        trace::push(trace::Record {
+            name: op.name().to_string(),
+            device: s.device.index(),
+            stream: s.id,
+            ts_ns: t0,
+            phase: trace::Phase::Run { end_ns: now_ns(), engine: trace::thread_name() },
+        });
+    }
     if let Err(mut e) = result {
         e.stream = s.id;
         let mut slot = s.error.lock();
@@ -640,6 +670,15 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
         }
         Command::Record(ev, id) => {
             ev.complete(id);
+            if trace::enabled() {
+                trace::push(trace::Record {
+                    name: format!("record(Event#{})", ev.id),
+                    device: s.device.index(),
+                    stream: s.id,
+                    ts_ns: now_ns(),
+                    phase: trace::Phase::Record,
+                });
+            }
             Step::Done
         }
         Command::Wait(ev, id) => {

@@ -1,0 +1,88 @@
+//! Timeline tracing: while on, every command's enqueue, start and end (per stream and
+//! device), every event record, and every allocation and free are recorded with timestamps
+//! from the shared clock ([`crate::event::now_ns`]).
+//!
+//! When tracing is off the hot paths pay one relaxed atomic load. The Python layer turns the
+//! records into a Chrome / Perfetto trace-event file (`runtime.profile("trace.json")`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use parking_lot::Mutex;
+
+static ON: AtomicBool = AtomicBool::new(false);
+static LOG: Mutex<Vec<Record>> = Mutex::new(Vec::new());
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Phase {
+    /// A command was queued on a stream.
+    Enqueue,
+    /// A command ran from `ts_ns` to `end_ns` on `engine`.
+    Run {
+        /// End time.
+        end_ns: u64,
+        /// The engine thread's name.
+        engine: String,
+    },
+    /// An event record completed.
+    Record,
+    /// An allocation of `bytes`; `allocated` is the device total after it.
+    Alloc {
+        /// Size.
+        bytes: u64,
+        /// Device total allocated afterwards.
+        allocated: u64,
+    },
+    /// A free of `bytes`; `allocated` is the device total after it.
+    Free {
+        /// Size.
+        bytes: u64,
+        /// Device total allocated afterwards.
+        allocated: u64,
+    },
+}
+
+/// One trace record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    /// Command, kernel or buffer name.
+    pub name: String,
+    /// Device index.
+    pub device: usize,
+    /// Stream id (0 for memory records).
+    pub stream: u64,
+    /// Timestamp (start for `Run`).
+    pub ts_ns: u64,
+    /// What happened.
+    pub phase: Phase,
+}
+
+/// Whether tracing is on.
+#[inline]
+pub fn enabled() -> bool {
+    ON.load(Ordering::Relaxed)
+}
+
+/// Clear the log and start recording.
+pub fn start() {
+    LOG.lock().clear();
+    ON.store(true, Ordering::SeqCst);
+}
+
+/// Stop recording and return what was recorded, in the order it was logged.
+pub fn stop() -> Vec<Record> {
+    ON.store(false, Ordering::SeqCst);
+    std::mem::take(&mut *LOG.lock())
+}
+
+/// Log a record (callers check [`enabled`] first to keep the off path free).
+pub(crate) fn push(r: Record) {
+    if enabled() {
+        LOG.lock().push(r);
+    }
+}
+
+/// The calling thread's name, for engine lanes.
+pub(crate) fn thread_name() -> String {
+    std::thread::current().name().unwrap_or("caller").to_string()
+}
