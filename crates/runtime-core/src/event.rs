@@ -11,37 +11,45 @@
 //! it raises `NotReady` when either is still pending (call `synchronize` first) instead of
 //! blocking.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::BTreeSet;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
-
 use crate::error::{DeviceError, Result, StreamError};
 use crate::stream::{unblock, StreamInner};
+use crate::sync::{AtomicU64, Condvar, Mutex, Ordering};
 
 static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
-static NEXT_EVENT_ID: AtomicU64 = AtomicU64::new(1);
+static NEXT_EVENT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Nanoseconds on the runtime's monotonic clock (shared by all devices).
 pub fn now_ns() -> u64 {
     EPOCH.elapsed().as_nanos() as u64
 }
 
-struct EventState {
+/// The completion state of an event's records and the streams parked on them. Generic over
+/// the waiter type so that the protocol can be model-checked with loom (`loom_tests`).
+pub(crate) struct Gate<W> {
+    state: Mutex<GateState<W>>,
+    cv: Condvar,
     /// Highest record number completed (what `query` and the timestamp refer to).
-    completed: u64,
-    // Fix: records of one event on different streams can complete out of order, so "the
-    // highest completed number >= id" does not mean record `id` has completed. Stream waits
-    // ask `is_done(id)`, which tracks each record: every number <= `done_through` has
-    // completed, and `done_above` holds the completed numbers past it.
-    done_through: u64,
-    done_above: std::collections::BTreeSet<u64>,
-    timestamp_ns: Option<u64>,
-    waiting: Vec<(u64, Arc<StreamInner>)>,
+    latest: AtomicU64,
 }
 
-impl EventState {
+struct GateState<W> {
+    latest: u64,
+    // Records of one event on different streams can complete out of order, so "the highest
+    // completed number >= id" does not mean record `id` has completed. Stream waits ask
+    // `is_done(id)`, which tracks each record: every number <= `done_through` has completed,
+    // and `done_above` holds the completed numbers past it.
+    done_through: u64,
+    done_above: BTreeSet<u64>,
+    timestamp_ns: Option<u64>,
+    waiting: Vec<(u64, W)>,
+}
+
+impl<W> GateState<W> {
     /// Whether record number `id` itself has completed.
     fn is_done(&self, id: u64) -> bool {
         id <= self.done_through || self.done_above.contains(&id)
@@ -63,14 +71,86 @@ impl EventState {
     }
 }
 
+impl<W> Gate<W> {
+    pub(crate) fn new() -> Self {
+        Gate {
+            state: Mutex::new(GateState {
+                latest: 0,
+                done_through: 0,
+                done_above: BTreeSet::new(),
+                timestamp_ns: None,
+                waiting: Vec::new(),
+            }),
+            cv: Condvar::new(),
+            latest: AtomicU64::new(0),
+        }
+    }
+
+    /// Highest completed record number.
+    pub(crate) fn latest(&self) -> u64 {
+        self.latest.load(Ordering::SeqCst)
+    }
+
+    /// Complete record `id` (with timestamp `ts`); returns the waiters it releases.
+    pub(crate) fn complete(&self, id: u64, ts: Option<u64>) -> Vec<W> {
+        let mut st = self.state.lock();
+        if id > st.latest {
+            st.latest = id;
+            st.timestamp_ns = ts;
+            self.latest.store(id, Ordering::SeqCst);
+        }
+        st.mark_done(id);
+        let (ready, still): (Vec<_>, Vec<_>) = std::mem::take(&mut st.waiting)
+            .into_iter()
+            .partition(|(w, _)| st.is_done(*w));
+        st.waiting = still;
+        self.cv.notify_all();
+        ready.into_iter().map(|(_, w)| w).collect()
+    }
+
+    /// If record `id` has completed return true; otherwise run `on_block` and register `w` to
+    /// be released by the `complete` that finishes it (atomically with respect to
+    /// completion), and return false.
+    pub(crate) fn park_unless_complete(&self, id: u64, w: W, on_block: impl FnOnce()) -> bool {
+        let mut st = self.state.lock();
+        if st.is_done(id) {
+            return true;
+        }
+        on_block();
+        st.waiting.push((id, w));
+        false
+    }
+
+    /// Sleep until the highest completed record reaches `target` or `deadline`.
+    pub(crate) fn wait_latest(&self, target: u64, deadline: Option<Instant>) -> bool {
+        let mut st = self.state.lock();
+        while st.latest < target {
+            match deadline {
+                None => st = self.cv.wait(st),
+                Some(d) => {
+                    if Instant::now() >= d {
+                        return false;
+                    }
+                    st = self.cv.wait_until(st, d);
+                }
+            }
+        }
+        true
+    }
+
+    /// The timestamp of the latest record if it is `recorded` (the latest handed out).
+    pub(crate) fn timestamp_if(&self, recorded: u64) -> Option<u64> {
+        let st = self.state.lock();
+        st.timestamp_ns.filter(|_| st.latest >= recorded)
+    }
+}
+
 pub(crate) struct EventInner {
     pub(crate) id: u64,
     timing: bool,
     blocking: bool,
     recorded: AtomicU64,
-    completed: AtomicU64,
-    state: Mutex<EventState>,
-    cv: Condvar,
+    gate: Gate<Arc<StreamInner>>,
     destroyed: AtomicBool,
 }
 
@@ -87,41 +167,19 @@ impl EventInner {
     /// Complete record `id` now (stream order reached it).
     pub(crate) fn complete(&self, id: u64) {
         let ts = self.timing.then(now_ns);
-        let waiting = {
-            let mut st = self.state.lock();
-            if id > st.completed {
-                st.completed = id;
-                st.timestamp_ns = ts;
-                self.completed.store(id, Ordering::SeqCst);
-            }
-            st.mark_done(id);
-            let (ready, still): (Vec<_>, Vec<_>) = std::mem::take(&mut st.waiting)
-                .into_iter()
-                .partition(|(w, _)| st.is_done(*w));
-            st.waiting = still;
-            self.cv.notify_all();
-            ready
-        };
-        for (_, s) in waiting {
+        for s in self.gate.complete(id, ts) {
             unblock(&s);
         }
     }
 
-    /// If record `id` is complete return true; otherwise run `on_block` and register `s` to be
-    /// unblocked when it completes (atomically with respect to completion), and return false.
+    /// See [`Gate::park_unless_complete`].
     pub(crate) fn park_unless_complete(
         &self,
         id: u64,
         s: &Arc<StreamInner>,
         on_block: impl FnOnce(),
     ) -> bool {
-        let mut st = self.state.lock();
-        if st.is_done(id) {
-            return true;
-        }
-        on_block();
-        st.waiting.push((id, s.clone()));
-        false
+        self.gate.park_unless_complete(id, s.clone(), on_block)
     }
 }
 
@@ -150,15 +208,7 @@ impl Event {
             timing,
             blocking,
             recorded: AtomicU64::new(0),
-            completed: AtomicU64::new(0),
-            state: Mutex::new(EventState {
-                completed: 0,
-                done_through: 0,
-                done_above: std::collections::BTreeSet::new(),
-                timestamp_ns: None,
-                waiting: Vec::new(),
-            }),
-            cv: Condvar::new(),
+            gate: Gate::new(),
             destroyed: AtomicBool::new(false),
         }))
     }
@@ -194,7 +244,7 @@ impl Event {
     /// Whether the latest record has completed (true if never recorded).
     pub fn query(&self) -> Result<bool> {
         self.check()?;
-        Ok(self.0.completed.load(Ordering::SeqCst) >= self.0.recorded())
+        Ok(self.0.gate.latest() >= self.0.recorded())
     }
 
     /// Whether the event was ever recorded.
@@ -206,31 +256,20 @@ impl Event {
     pub fn synchronize(&self, timeout: Option<Duration>) -> Result<bool> {
         self.check()?;
         let target = self.0.recorded();
-        if self.0.completed.load(Ordering::SeqCst) >= target {
+        if self.0.gate.latest() >= target {
             return Ok(true);
         }
         if !self.0.blocking {
             let until = Instant::now() + Duration::from_micros(50);
             while Instant::now() < until {
-                if self.0.completed.load(Ordering::SeqCst) >= target {
+                if self.0.gate.latest() >= target {
                     return Ok(true);
                 }
                 std::hint::spin_loop();
             }
         }
         let deadline = timeout.map(|t| Instant::now() + t);
-        let mut st = self.0.state.lock();
-        while st.completed < target {
-            match deadline {
-                None => self.0.cv.wait(&mut st),
-                Some(d) => {
-                    if self.0.cv.wait_until(&mut st, d).timed_out() && st.completed < target {
-                        return Ok(false);
-                    }
-                }
-            }
-        }
-        Ok(true)
+        Ok(self.0.gate.wait_latest(target, deadline))
     }
 
     /// Timestamp of the latest completed record, in ns of [`now_ns`].
@@ -252,11 +291,10 @@ impl Event {
             ))
             .into());
         }
-        let st = self.0.state.lock();
-        match st.timestamp_ns {
-            Some(t) if st.completed >= recorded => Ok(t),
-            _ => Err(StreamError::NotReady { what: what() }.into()),
-        }
+        self.0
+            .gate
+            .timestamp_if(recorded)
+            .ok_or_else(|| StreamError::NotReady { what: what() }.into())
     }
 
     /// Milliseconds from this event to `end` (negative if `end` came first).

@@ -45,6 +45,10 @@ pub mod kernel;
 pub mod memory;
 pub mod runtime;
 pub mod stream;
+mod sync;
+
+#[cfg(all(test, loom))]
+mod loom_tests;
 pub mod trace;
 
 pub use error::{Error, Result};

@@ -19,15 +19,26 @@ use crate::wait;
 
 /// Wait for `s` with the GIL released and Ctrl-C live, then raise its pending error.
 pub fn sync_stream(py: Python<'_>, s: &Stream, timeout: Option<f64>) -> PyResult<()> {
+    wait::timeout_arg(timeout)?;
     s.check().map_err(RtErr)?;
-    let target = s.submitted();
-    if !s.reached(target) {
-        wait::wait(py, &format!("{s:?}"), timeout, |slice| {
-            s.wait_for(target, Some(slice))
-        })?;
-    }
+    wait_stream_reached(py, s, &format!("{s:?}"), timeout)?;
     s.take_error().map_err(RtErr)?;
     Ok(())
+}
+
+/// Wait (GIL released, Ctrl-C live, `timeout` honoured) until `s` has run everything
+/// submitted so far. Does not report errors.
+fn wait_stream_reached(
+    py: Python<'_>,
+    s: &Stream,
+    what: &str,
+    timeout: Option<f64>,
+) -> PyResult<()> {
+    let target = s.submitted();
+    if s.reached(target) {
+        return Ok(());
+    }
+    wait::wait(py, what, timeout, |slice| s.wait_for(target, Some(slice)))
 }
 
 thread_local! {
@@ -280,7 +291,7 @@ impl PyStream {
         device: Option<&Bound<'_, PyAny>>,
         priority: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let p: i64 = match priority {
+        let p: i32 = match priority {
             Some(p) if !p.is_none() => {
                 if p.is_instance_of::<PyBool>() || !p.is_instance_of::<PyInt>() {
                     return Err(PyTypeError::new_err(format!(
@@ -288,11 +299,19 @@ impl PyStream {
                         type_name(p)
                     )));
                 }
-                p.extract().unwrap_or(i64::MAX)
+                // Fix: an int outside i32 used to be reported as "got 2147483647" (clamped);
+                // name the value the caller passed.
+                p.extract().map_err(|_| {
+                    PyValueError::new_err(format!(
+                        "priority: must be between {} (highest) and {} (lowest), got {}",
+                        runtime_core::stream::PRIORITY_HIGHEST,
+                        runtime_core::stream::PRIORITY_LOWEST,
+                        p.repr().map(|r| r.to_string()).unwrap_or_default()
+                    ))
+                })?
             }
             _ => 0,
         };
-        let p = i32::try_from(p).unwrap_or(i32::MAX);
         let d = resolve(device, "device")?;
         Ok(PyStream {
             inner: Stream::new(&d, p).map_err(RtErr)?,
@@ -442,10 +461,7 @@ impl PyStream {
     fn destroy(&self, py: Python<'_>) -> PyResult<()> {
         let s = &self.inner;
         s.check().map_err(RtErr)?;
-        let target = s.submitted();
-        wait::wait(py, "stream destroy", None, |slice| {
-            s.wait_for(target, Some(slice))
-        })?;
+        wait_stream_reached(py, s, "stream destroy", None)?;
         py.detach(|| s.destroy()).map_err(RtErr)?;
         Ok(())
     }
@@ -559,6 +575,7 @@ impl PyEvent {
     /// Wait for the latest record (GIL released; Ctrl-C works; `timeout` in seconds).
     #[pyo3(signature = (timeout=None))]
     fn synchronize(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        wait::timeout_arg(timeout)?;
         if self.inner.query().map_err(RtErr)? {
             return Ok(());
         }

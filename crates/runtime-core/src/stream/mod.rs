@@ -9,14 +9,14 @@
 //! Whoever moves a stream to `RUNNING` owns it and runs its commands in order, so work on one
 //! stream is ordered while different streams run on different workers. Completion is two
 //! counters, `submitted` and `completed`: `query()` and `synchronize()` on an idle stream read
-//! two atomics and never talk to an engine. A synchronising caller that finds its stream
-//! queued but not yet picked up runs it itself instead of waiting for a worker to wake.
+//! two atomics and never talk to an engine.
 //!
 //! Errors: a failing op (error or panic) puts the stream in an error state; the ops queued
 //! behind it are skipped (event records still complete, so no wait hangs) until the error is
 //! reported by the next `synchronize()`, after which the stream runs normally again.
 
 pub mod command;
+pub(crate) mod completion;
 pub mod copy;
 pub mod engine;
 pub mod graph;
@@ -24,12 +24,12 @@ pub mod graph;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
 use crate::device::Device;
 use crate::error::{DeviceError, KernelFailure, Result, StreamError};
@@ -37,6 +37,7 @@ use crate::event::{now_ns, Event};
 use crate::trace;
 use command::Command;
 pub use command::{FnOp, Op, OpKind};
+use completion::Completion;
 use engine::{EngineKind, Engines};
 pub use graph::Graph;
 use graph::Node;
@@ -55,10 +56,6 @@ const BLOCKED: u8 = 3;
 /// Commands a runner executes before letting other waiting streams have a turn.
 const SLICE: u32 = 64;
 
-/// Longest a synchronising caller runs its own stream's commands before handing the rest
-/// back to the engine and waiting like everyone else.
-const CALLER_HELP: Duration = Duration::from_millis(2);
-
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Every live stream, for `stream_synchronize` and shutdown.
@@ -75,13 +72,9 @@ pub(crate) struct StreamInner {
     /// A command taken from the channel but not yet run (engine hand-off, event wait).
     head: Mutex<Option<Command>>,
     state: AtomicU8,
-    submitted: AtomicU64,
-    completed: AtomicU64,
+    done: Completion,
     failed: AtomicBool,
     error: Mutex<Option<KernelFailure>>,
-    waiters: AtomicUsize,
-    wait_lock: Mutex<()>,
-    wait_cv: Condvar,
     destroyed: AtomicBool,
     capture: Mutex<Option<Vec<Node>>>,
 }
@@ -98,8 +91,9 @@ impl Drop for StreamInner {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Runner {
     Engine(EngineKind),
-    /// A synchronising caller helping out until the given instant: runs anything.
-    Caller(Instant),
+    /// A waiting engine worker running the stream it waits for, until the instant if any:
+    /// runs anything.
+    Caller(Option<Instant>),
 }
 
 /// A handle to a stream. Cheap to clone; all clones are the same stream.
@@ -161,13 +155,9 @@ impl Stream {
             rx,
             head: Mutex::new(None),
             state: AtomicU8::new(IDLE),
-            submitted: AtomicU64::new(0),
-            completed: AtomicU64::new(0),
+            done: Completion::new(),
             failed: AtomicBool::new(false),
             error: Mutex::new(None),
-            waiters: AtomicUsize::new(0),
-            wait_lock: Mutex::new(()),
-            wait_cv: Condvar::new(),
             destroyed: AtomicBool::new(false),
             capture: Mutex::new(None),
         });
@@ -245,11 +235,9 @@ impl Stream {
         {
             return Ok(false);
         }
-        let idle = s.completed.load(Ordering::SeqCst) >= s.submitted.load(Ordering::SeqCst)
-            && s.head.lock().is_none()
-            && s.rx.is_empty();
+        let idle = s.done.is_idle() && s.head.lock().is_none() && s.rx.is_empty();
         if idle {
-            s.submitted.fetch_add(1, Ordering::SeqCst);
+            s.done.submit();
             run_op(s, op.as_ref());
             complete_one(s);
         }
@@ -267,12 +255,12 @@ impl Stream {
 
     /// Commands submitted so far: a target for [`Stream::wait_for`].
     pub fn submitted(&self) -> u64 {
-        self.0.submitted.load(Ordering::SeqCst)
+        self.0.done.submitted()
     }
 
     /// Whether everything up to `target` has completed.
     pub fn reached(&self, target: u64) -> bool {
-        self.0.completed.load(Ordering::SeqCst) >= target
+        self.0.done.reached(target)
     }
 
     fn after_submit(&self) -> Result<()> {
@@ -285,7 +273,7 @@ impl Stream {
 
     pub(crate) fn submit(&self, cmd: Command) {
         let s = &self.0;
-        s.submitted.fetch_add(1, Ordering::SeqCst);
+        s.done.submit();
         let kind = cmd.kind();
         if trace::enabled() {
             trace_enqueue(s, &cmd);
@@ -302,7 +290,7 @@ impl Stream {
     /// Whether everything queued so far has run (an idle stream answers from two atomics).
     pub fn query(&self) -> Result<bool> {
         self.check()?;
-        Ok(self.0.completed.load(Ordering::SeqCst) >= self.0.submitted.load(Ordering::SeqCst))
+        Ok(self.0.done.is_idle())
     }
 
     /// Wait until everything queued so far has run, then report (and clear) the first error
@@ -312,7 +300,7 @@ impl Stream {
     /// but not picked up runs it itself.
     pub fn synchronize(&self, timeout: Option<Duration>) -> Result<bool> {
         self.check_alive_or_destroyed_ok()?;
-        let target = self.0.submitted.load(Ordering::SeqCst);
+        let target = self.0.done.submitted();
         if !self.wait_for(target, timeout) {
             return Ok(false);
         }
@@ -344,58 +332,23 @@ impl Stream {
     /// [`Stream::take_error`]).
     pub fn wait_for(&self, target: u64, timeout: Option<Duration>) -> bool {
         let s = &self.0;
-        if s.completed.load(Ordering::SeqCst) >= target {
+        if s.done.reached(target) {
             return true;
         }
-        if s.state.load(Ordering::SeqCst) == QUEUED
+        let deadline = timeout.map(|t| Instant::now() + t);
+        // A kernel or host function that waits for a stream holds its engine worker; if the
+        // awaited stream is queued behind it (the serial engine has one worker), nobody else
+        // would run it. Such a waiter runs the stream itself. Other callers only wait, so
+        // their timeouts and Ctrl-C are always honoured.
+        if engine::on_worker_thread()
+            && s.state.load(Ordering::SeqCst) == QUEUED
             && s.state
                 .compare_exchange(QUEUED, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
                 .is_ok()
         {
-            // Help for at most the wait's budget (capped), so a long queue cannot keep a
-            // caller that wants to time out or be interrupted busy.
-            let budget = timeout.unwrap_or(CALLER_HELP).min(CALLER_HELP);
-            run_stream(&self.0, Runner::Caller(Instant::now() + budget));
-            if s.completed.load(Ordering::SeqCst) >= target {
-                return true;
-            }
+            run_stream(&self.0, Runner::Caller(deadline));
         }
-        let deadline = timeout.map(|t| Instant::now() + t);
-        // Spin briefly: most waits end within microseconds when a worker is running.
-        let spin_until = Instant::now() + Duration::from_micros(50);
-        let mut n = 0u32;
-        while Instant::now() < spin_until {
-            if s.completed.load(Ordering::SeqCst) >= target {
-                return true;
-            }
-            n += 1;
-            if n.is_multiple_of(8) {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-        }
-        s.waiters.fetch_add(1, Ordering::SeqCst);
-        let mut g = s.wait_lock.lock();
-        let ok = loop {
-            if s.completed.load(Ordering::SeqCst) >= target {
-                break true;
-            }
-            match deadline {
-                None => {
-                    s.wait_cv.wait(&mut g);
-                }
-                Some(d) => {
-                    if Instant::now() >= d {
-                        break false;
-                    }
-                    s.wait_cv.wait_until(&mut g, d);
-                }
-            }
-        };
-        drop(g);
-        s.waiters.fetch_sub(1, Ordering::SeqCst);
-        ok
+        s.done.wait(target, deadline)
     }
 
     /// Make this stream wait (on the device, without blocking the caller) until `event`'s
@@ -431,7 +384,7 @@ impl Stream {
             .compare_exchange(IDLE, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
         {
-            let idle = s.completed.load(Ordering::SeqCst) >= s.submitted.load(Ordering::SeqCst);
+            let idle = s.done.is_idle();
             if idle {
                 event.0.complete(id);
             }
@@ -509,7 +462,7 @@ impl Stream {
                 StreamError::Invalid("the default stream cannot be destroyed".into()).into(),
             );
         }
-        let target = self.0.submitted.load(Ordering::SeqCst);
+        let target = self.0.done.submitted();
         self.wait_for(target, None);
         self.0.destroyed.store(true, Ordering::Release);
         self.0.capture.lock().take();
@@ -523,10 +476,7 @@ impl Stream {
 
     /// Commands submitted / completed so far (for tests and stats).
     pub fn counters(&self) -> (u64, u64) {
-        (
-            self.0.submitted.load(Ordering::SeqCst),
-            self.0.completed.load(Ordering::SeqCst),
-        )
+        (self.0.done.submitted(), self.0.done.completed())
     }
 }
 
@@ -587,7 +537,7 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
             }
             return;
         };
-        if let Runner::Caller(until) = runner {
+        if let Runner::Caller(Some(until)) = runner {
             if Instant::now() >= until {
                 *s.head.lock() = Some(cmd);
                 s.state.store(QUEUED, Ordering::SeqCst);
@@ -622,11 +572,7 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
 }
 
 fn complete_one(s: &StreamInner) {
-    s.completed.fetch_add(1, Ordering::SeqCst);
-    if s.waiters.load(Ordering::SeqCst) > 0 {
-        let _g = s.wait_lock.lock();
-        s.wait_cv.notify_all();
-    }
+    s.done.complete_one();
 }
 
 fn run_op(s: &StreamInner, op: &dyn Op) {
@@ -648,7 +594,10 @@ fn run_op(s: &StreamInner, op: &dyn Op) {
             device: s.device.index(),
             stream: s.id,
             ts_ns: t0,
-            phase: trace::Phase::Run { end_ns: now_ns(), engine: trace::thread_name() },
+            phase: trace::Phase::Run {
+                end_ns: now_ns(),
+                engine: trace::thread_name(),
+            },
         });
     }
     if let Err(mut e) = result {
@@ -778,7 +727,7 @@ pub fn synchronize_all(device: Option<usize>, timeout: Option<Duration>) -> Resu
 /// Wait for all work of a device (used by shutdown). Errors are returned, not raised.
 pub(crate) fn drain_device(d: &Device) -> Result<bool> {
     for s in live_streams(Some(d.index())) {
-        let target = s.0.submitted.load(Ordering::SeqCst);
+        let target = s.0.done.submitted();
         s.wait_for(target, None);
     }
     Ok(true)

@@ -1,0 +1,100 @@
+//! The synchronisation primitives of the completion and event protocols: `parking_lot` and
+//! std atomics normally, loom's under `cfg(loom)` so the protocols can be model-checked
+//! (`RUSTFLAGS="--cfg loom" cargo test -p runtime-core --lib loom`).
+//!
+//! The mutex and condvar share one by-value API on both sides (`wait` takes and returns the
+//! guard, as loom's does).
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+#[cfg(not(loom))]
+mod imp {
+    use std::time::Instant;
+
+    pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+
+    #[derive(Debug, Default)]
+    pub(crate) struct Mutex<T>(parking_lot::Mutex<T>);
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(t: T) -> Self {
+            Mutex(parking_lot::Mutex::new(t))
+        }
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock()
+        }
+    }
+
+    #[derive(Debug, Default)]
+    pub(crate) struct Condvar(parking_lot::Condvar);
+
+    impl Condvar {
+        pub(crate) fn new() -> Self {
+            Condvar(parking_lot::Condvar::new())
+        }
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+        pub(crate) fn wait<'a, T>(&self, mut g: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0.wait(&mut g);
+            g
+        }
+        /// Wait until notified or `deadline`.
+        pub(crate) fn wait_until<'a, T>(
+            &self,
+            mut g: MutexGuard<'a, T>,
+            deadline: Instant,
+        ) -> MutexGuard<'a, T> {
+            self.0.wait_until(&mut g, deadline);
+            g
+        }
+    }
+}
+
+#[cfg(loom)]
+mod imp {
+    use std::time::Instant;
+
+    pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+
+    #[derive(Debug)]
+    pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(t: T) -> Self {
+            Mutex(loom::sync::Mutex::new(t))
+        }
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock().expect("loom mutex poisoned")
+        }
+    }
+
+    #[derive(Debug)]
+    pub(crate) struct Condvar(loom::sync::Condvar);
+
+    impl Condvar {
+        pub(crate) fn new() -> Self {
+            Condvar(loom::sync::Condvar::new())
+        }
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+        pub(crate) fn wait<'a, T>(&self, g: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0.wait(g).expect("loom mutex poisoned")
+        }
+        /// loom has no clock: a timed wait is modelled as a plain wait.
+        pub(crate) fn wait_until<'a, T>(
+            &self,
+            g: MutexGuard<'a, T>,
+            _deadline: Instant,
+        ) -> MutexGuard<'a, T> {
+            self.wait(g)
+        }
+    }
+}
+
+pub(crate) use imp::{Condvar, Mutex};
