@@ -84,5 +84,8 @@ pub(crate) fn push(r: Record) {
 
 /// The calling thread's name, for engine lanes.
 pub(crate) fn thread_name() -> String {
-    std::thread::current().name().unwrap_or("caller").to_string()
+    std::thread::current()
+        .name()
+        .unwrap_or("caller")
+        .to_string()
 }

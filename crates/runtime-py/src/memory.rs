@@ -148,8 +148,17 @@ impl PyDeviceBuffer {
     /// Free the handle (`device_free`).
     fn free(&self, py: Python<'_>) -> PyResult<()> {
         self.buffer(py)?;
-        self.slot.lock().take();
-        Ok(())
+        // Take under the lock: of two racing frees exactly one succeeds. The buffer is dropped
+        // after the lock is released (dropping may return the block to the allocator).
+        let taken = self.slot.lock().take();
+        match taken {
+            Some(_) => Ok(()),
+            None => Err(errors::invalid_handle(
+                py,
+                self.what(),
+                "it was freed with device_free()",
+            )),
+        }
     }
 }
 
@@ -277,15 +286,22 @@ impl PyDeviceBuffer {
             _ => vec![((self.nbytes - offset) / dt.size() as u64) as usize],
         };
         let abs = self.offset + offset;
-        let t =
-            runtime_core::kernel::Tensor::new(b.clone(), abs, dt, shape.clone()).map_err(RtErr)?;
-        if abs + t.nbytes() > self.offset + self.nbytes {
-            return Err(PyValueError::new_err(format!(
-                "shape: a view of {} bytes at offset {offset} does not fit in this {}-byte view",
-                t.nbytes(),
-                self.nbytes
-            )));
+        // Check the size against this view first, so the error names `shape` (the core's
+        // check below is against the whole allocation and names the offset).
+        let bytes = shape
+            .iter()
+            .try_fold(dt.size() as u64, |a, &d| a.checked_mul(d as u64));
+        match bytes {
+            Some(n) if n <= self.nbytes - offset => {}
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "shape: a {} view of shape {shape:?} at offset {offset} does not fit in this {}-byte view",
+                    dt.name(),
+                    self.nbytes
+                )))
+            }
         }
+        runtime_core::kernel::Tensor::new(b.clone(), abs, dt, shape.clone()).map_err(RtErr)?;
         Ok(PyDeviceBuffer::typed(b, self.generation, abs, dt, shape))
     }
 
@@ -298,7 +314,7 @@ impl PyDeviceBuffer {
         let out = np
             .getattr("empty")?
             .call1((PyTuple::new(py, me.shape.iter())?, me.dtype.name()))?;
-        memcpy_device_to_host(py, &out, slf.as_any(), None, None, 0, 0)?;
+        memcpy_device_to_host(py, &out, slf.as_any(), None, None, None, None)?;
         Ok(out)
     }
 
@@ -316,7 +332,16 @@ impl PyDeviceBuffer {
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
-        let _ = (stream, max_version);
+        let _ = stream;
+        let max_version: Option<(u32, u32)> = match max_version {
+            Some(v) if !v.is_none() => Some(v.extract().map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "max_version must be a (major, minor) tuple of ints or None, got {}",
+                    v.repr().map(|r| r.to_string()).unwrap_or_default()
+                ))
+            })?),
+            _ => None,
+        };
         if let Some((t, _)) = dl_device {
             if t != crate::dlpack::KDL_CPU {
                 return Err(PyBufferError::new_err(format!("DeviceBuffer memory is host memory (kDLCPU = 1); cannot export to device type {t}")));
@@ -333,7 +358,47 @@ impl PyDeviceBuffer {
             self.offset,
             self.dtype,
             &self.shape_usize(),
+            crate::dlpack::wants_versioned(max_version),
         )
+    }
+
+    /// numpy conversion. numpy takes the buffer protocol first and only falls back to
+    /// `__array__` when that fails; it swallows buffer-protocol errors, so without this a freed
+    /// handle would silently become a 0-d object array instead of raising
+    /// `InvalidHandleError`.
+    #[pyo3(signature = (dtype=None, copy=None))]
+    fn __array__<'py>(
+        slf: &Bound<'py, Self>,
+        dtype: Option<&Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        slf.get().buffer(py)?;
+        let np = numpy(py)?;
+        let arr = np
+            .getattr("asarray")?
+            .call1((pyo3::types::PyMemoryView::from(slf.as_any())?,))?;
+        match dtype {
+            Some(t) if !t.is_none() => {
+                let want = np.getattr("dtype")?.call1((t,))?;
+                if want.eq(arr.getattr("dtype")?)? {
+                    if copy == Some(true) {
+                        return arr.call_method0("copy");
+                    }
+                    return Ok(arr);
+                }
+                if copy == Some(false) {
+                    return Err(PyValueError::new_err(format!(
+                        "dtype: converting {} to {} needs a copy, but copy=False",
+                        slf.get().dtype.name(),
+                        want.str()?
+                    )));
+                }
+                arr.call_method1("astype", (want,))
+            }
+            _ if copy == Some(true) => arr.call_method0("copy"),
+            _ => Ok(arr),
+        }
     }
 
     fn __dlpack_device__(&self) -> (i32, i32) {
@@ -420,15 +485,25 @@ fn nonneg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<u64> {
             "{arg} must be an int, got bool"
         )));
     }
-    let v: i128 = obj.extract().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "{arg} must be an int, got {}",
-            obj.get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default()
-        ))
-    })?;
+    let v: i128 = match obj.extract() {
+        Ok(v) => v,
+        // An int (or an object with __index__) too large even for i128: a value error.
+        Err(_) if obj.call_method0("__index__").is_ok() => {
+            return Err(PyValueError::new_err(format!(
+                "{arg} must be >= 0 and fit in 64 bits, got {}",
+                obj.repr().map(|r| r.to_string()).unwrap_or_default()
+            )))
+        }
+        Err(_) => {
+            return Err(PyTypeError::new_err(format!(
+                "{arg} must be an int, got {}",
+                obj.get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
+            )))
+        }
+    };
     u64::try_from(v).map_err(|_| {
         PyValueError::new_err(format!("{arg} must be >= 0 and fit in 64 bits, got {v}"))
     })
@@ -466,6 +541,7 @@ impl HostBuf {
             unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, ffi::PyBUF_C_CONTIGUOUS) };
         if rc != 0 {
             let e = PyErr::fetch(py);
+            // SAFETY: `obj` is a valid, live object; the check only reads its type slots.
             let supports = unsafe { ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 1;
             return Err(if supports {
                 PyValueError::new_err(format!("{arg} must be a C-contiguous buffer ({e})"))
@@ -546,13 +622,32 @@ fn fits(arg: &str, what: &str, len: u64, off: u64, count: u64) -> PyResult<()> {
     }
 }
 
+/// Refuse a host<->device copy whose host range overlaps its device range (the host side is
+/// a view of the same device memory): the copy is a non-overlapping memcpy, possibly split
+/// across threads, so overlap would be undefined behaviour. `memcpy_d2d` handles overlap.
+fn no_overlap(host: usize, dev: usize, count: u64) -> PyResult<()> {
+    let n = count as usize;
+    if n > 0 && host < dev.saturating_add(n) && dev < host.saturating_add(n) {
+        return Err(PyValueError::new_err(
+            "src and dst overlap (the host side is a view of the same device memory); use memcpy_d2d for overlapping copies",
+        ));
+    }
+    Ok(())
+}
+
 /// Run a copy op: queued on `stream` (asynchronous) or, with no stream, ordered on the
 /// current stream of `device` and waited for (run inline when that stream is idle).
+///
+/// `peer` is the other device of a cross-device copy: without a stream the copy is also
+/// ordered after the work queued so far on that device's current stream (as `cudaMemcpyPeer`
+/// is serialised with both devices), so a blocking peer copy never reads a source that a
+/// kernel queued before it has not written yet.
 fn run_copy(
     py: Python<'_>,
     op: Arc<dyn Op>,
     stream: Option<Stream>,
     device: usize,
+    peer: Option<usize>,
 ) -> PyResult<()> {
     match stream {
         Some(s) => {
@@ -566,6 +661,16 @@ fn run_copy(
             let r = rt::get().map_err(RtErr)?;
             let d = r.device(device as i64).map_err(RtErr)?;
             let s = runtime_core::stream::current(d).map_err(RtErr)?;
+            if let Some(p) = peer.filter(|&p| p != device) {
+                let ps = runtime_core::stream::current(r.device(p as i64).map_err(RtErr)?)
+                    .map_err(RtErr)?;
+                // (A stream being captured has nothing pending to order after.)
+                if !ps.is_capturing() {
+                    let ev = runtime_core::event::Event::new(false, false);
+                    ps.record(&ev).map_err(RtErr)?;
+                    s.wait_event(&ev).map_err(RtErr)?;
+                }
+            }
             let inline = py.detach(|| s.try_run_inline(&op)).map_err(RtErr)?;
             if !inline {
                 s.enqueue(op).map_err(RtErr)?;
@@ -608,16 +713,23 @@ pub fn device_free(py: Python<'_>, buf: &Bound<'_, PyAny>) -> PyResult<()> {
 
 /// Copy host memory `src` (any C-contiguous buffer) into device buffer `dst`.
 #[pyfunction]
-#[pyo3(signature = (dst, src, stream=None, *, count=None, dst_offset=0, src_offset=0))]
+// Offsets default to None in Rust (so that any object can be checked and named in errors);
+// the Python-visible signature says 0, which behaves the same.
+#[pyo3(
+    signature = (dst, src, stream=None, *, count=None, dst_offset=None, src_offset=None),
+    text_signature = "(dst, src, stream=None, *, count=None, dst_offset=0, src_offset=0)"
+)]
 pub fn memcpy_host_to_device(
     py: Python<'_>,
     dst: &Bound<'_, PyAny>,
     src: &Bound<'_, PyAny>,
     stream: Option<&Bound<'_, PyAny>>,
     count: Option<&Bound<'_, PyAny>>,
-    dst_offset: u64,
-    src_offset: u64,
+    dst_offset: Option<&Bound<'_, PyAny>>,
+    src_offset: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
+    let dst_offset = opt_nonneg(dst_offset, "dst_offset")?.unwrap_or(0);
+    let src_offset = opt_nonneg(src_offset, "src_offset")?.unwrap_or(0);
     let (db, doff, dlen) = device_side(py, dst, "dst")?;
     let stream = stream_arg(stream)?;
     let host = HostBuf::get(src, "src", false)?;
@@ -632,22 +744,34 @@ pub fn memcpy_host_to_device(
     };
     fits("src", "host buffer", hlen, src_offset, count)?;
     fits("dst", "device buffer", dlen, dst_offset, count)?;
+    no_overlap(
+        host.as_ptr() as usize + src_offset as usize,
+        db.as_ptr() as usize + (doff + dst_offset) as usize,
+        count,
+    )?;
     let op = copy::h2d(&db, doff + dst_offset, Arc::new(host), src_offset, count).map_err(RtErr)?;
-    run_copy(py, op, stream, db.device())
+    run_copy(py, op, stream, db.device(), None)
 }
 
 /// Copy device buffer `src` into host memory `dst` (a writable, C-contiguous buffer).
 #[pyfunction]
-#[pyo3(signature = (dst, src, stream=None, *, count=None, dst_offset=0, src_offset=0))]
+// Offsets default to None in Rust (so that any object can be checked and named in errors);
+// the Python-visible signature says 0, which behaves the same.
+#[pyo3(
+    signature = (dst, src, stream=None, *, count=None, dst_offset=None, src_offset=None),
+    text_signature = "(dst, src, stream=None, *, count=None, dst_offset=0, src_offset=0)"
+)]
 pub fn memcpy_device_to_host(
     py: Python<'_>,
     dst: &Bound<'_, PyAny>,
     src: &Bound<'_, PyAny>,
     stream: Option<&Bound<'_, PyAny>>,
     count: Option<&Bound<'_, PyAny>>,
-    dst_offset: u64,
-    src_offset: u64,
+    dst_offset: Option<&Bound<'_, PyAny>>,
+    src_offset: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
+    let dst_offset = opt_nonneg(dst_offset, "dst_offset")?.unwrap_or(0);
+    let src_offset = opt_nonneg(src_offset, "src_offset")?.unwrap_or(0);
     let (sb, soff, slen) = device_side(py, src, "src")?;
     let stream = stream_arg(stream)?;
     let host = HostBuf::get(dst, "dst", true)?;
@@ -662,23 +786,35 @@ pub fn memcpy_device_to_host(
     };
     fits("dst", "host buffer", hlen, dst_offset, count)?;
     fits("src", "device buffer", slen, src_offset, count)?;
+    no_overlap(
+        host.as_ptr() as usize + dst_offset as usize,
+        sb.as_ptr() as usize + (soff + src_offset) as usize,
+        count,
+    )?;
     let op = copy::d2h(Arc::new(host), dst_offset, &sb, soff + src_offset, count).map_err(RtErr)?;
-    run_copy(py, op, stream, sb.device())
+    run_copy(py, op, stream, sb.device(), None)
 }
 
 /// Copy device buffer `src` into device buffer `dst` (any devices). With `stream` the copy is
 /// queued on it; without, it is ordered on the current stream and waited for.
 #[pyfunction]
-#[pyo3(signature = (dst, src, stream=None, *, count=None, dst_offset=0, src_offset=0))]
+// Offsets default to None in Rust (so that any object can be checked and named in errors);
+// the Python-visible signature says 0, which behaves the same.
+#[pyo3(
+    signature = (dst, src, stream=None, *, count=None, dst_offset=None, src_offset=None),
+    text_signature = "(dst, src, stream=None, *, count=None, dst_offset=0, src_offset=0)"
+)]
 pub fn memcpy_d2d(
     py: Python<'_>,
     dst: &Bound<'_, PyAny>,
     src: &Bound<'_, PyAny>,
     stream: Option<&Bound<'_, PyAny>>,
     count: Option<&Bound<'_, PyAny>>,
-    dst_offset: u64,
-    src_offset: u64,
+    dst_offset: Option<&Bound<'_, PyAny>>,
+    src_offset: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
+    let dst_offset = opt_nonneg(dst_offset, "dst_offset")?.unwrap_or(0);
+    let src_offset = opt_nonneg(src_offset, "src_offset")?.unwrap_or(0);
     let (db, doff, dlen) = device_side(py, dst, "dst")?;
     let (sb, soff, slen) = device_side(py, src, "src")?;
     let stream = stream_arg(stream)?;
@@ -693,20 +829,24 @@ pub fn memcpy_d2d(
     fits("src", "device buffer", slen, src_offset, count)?;
     fits("dst", "device buffer", dlen, dst_offset, count)?;
     let op = copy::d2d(&db, doff + dst_offset, &sb, soff + src_offset, count).map_err(RtErr)?;
-    run_copy(py, op, stream, db.device())
+    run_copy(py, op, stream, db.device(), Some(sb.device()))
 }
 
 /// Set `count` bytes (default: the whole view from `offset`) of `buf` to `value` (0..=255).
 #[pyfunction]
-#[pyo3(signature = (buf, value, count=None, *, offset=0, stream=None))]
+#[pyo3(
+    signature = (buf, value, count=None, *, offset=None, stream=None),
+    text_signature = "(buf, value, count=None, *, offset=0, stream=None)"
+)]
 pub fn memset(
     py: Python<'_>,
     buf: &Bound<'_, PyAny>,
     value: &Bound<'_, PyAny>,
     count: Option<&Bound<'_, PyAny>>,
-    offset: u64,
+    offset: Option<&Bound<'_, PyAny>>,
     stream: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
+    let offset = opt_nonneg(offset, "offset")?.unwrap_or(0);
     let (b, boff, blen) = device_side(py, buf, "buf")?;
     let v = nonneg(value, "value")?;
     let v = u8::try_from(v)
@@ -722,7 +862,7 @@ pub fn memset(
     };
     fits("buf", "device buffer", blen, offset, count)?;
     let op = copy::memset(&b, boff + offset, count, v).map_err(RtErr)?;
-    run_copy(py, op, stream, b.device())
+    run_copy(py, op, stream, b.device(), None)
 }
 
 fn devices_of(dev: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<runtime_core::device::Device>> {
@@ -821,10 +961,13 @@ pub fn to_device<'py>(
     stream: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyDeviceBuffer>> {
     let np = numpy(py)?;
-    let arr = np.getattr("ascontiguousarray")?.call1((array,))?;
+    // `asarray(order="C")`, not `ascontiguousarray`: the latter turns 0-d arrays into 1-d.
+    let kw = PyDict::new(py);
+    kw.set_item("order", "C")?;
+    let arr = np.getattr("asarray")?.call((array,), Some(&kw))?;
     let dtype = arr.getattr("dtype")?;
     let shape = arr.getattr("shape")?;
     let buf = Bound::new(py, empty(py, &shape, Some(&dtype), device)?)?;
-    memcpy_host_to_device(py, buf.as_any(), &arr, stream, None, 0, 0)?;
+    memcpy_host_to_device(py, buf.as_any(), &arr, stream, None, None, None)?;
     Ok(buf)
 }

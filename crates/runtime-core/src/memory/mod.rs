@@ -10,7 +10,8 @@
 //! * Every byte the allocator hands out reads as zero. Free space in the buddy is zero
 //!   (untouched pages, or pages released with `MADV_DONTNEED`); free slab slots are zeroed when
 //!   freed (they are small); cached large blocks are zeroed by a background scrubber thread
-//!   before they are reused, so zeroing stays off the allocating caller's path.
+//!   before they are reused, so zeroing stays off the allocating caller's path (blocks over
+//!   [`SCRUB_FILL_MAX`] are released rather than filled, so RAM follows what was touched).
 //! * A [`Buffer`] holds an `Arc` to its allocation; views, DLPack capsules and queued stream
 //!   operations hold clones. The block returns to the allocator when the last one drops, and
 //!   the mapping itself lives until the last allocation is gone, even after `shutdown`.
@@ -33,6 +34,10 @@ use crate::runtime::Options;
 use buddy::Buddy;
 use host::{Arena, PAGE};
 use slab::{Slab, SlabAlloc, SLAB_MAX};
+
+/// Largest cached block the scrubber zeroes by writing (keeping its pages committed); larger
+/// blocks are zeroed by releasing their pages.
+pub const SCRUB_FILL_MAX: u64 = 16 << 20;
 
 /// Statistics of one device's allocator, in the manner of `torch.cuda.memory_stats`.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -297,8 +302,10 @@ impl DeviceMemory {
         }
     }
 
-    /// Release all cached blocks (`empty_cache`).
+    /// Release all cached blocks (`empty_cache`), including one the scrubber is zeroing now
+    /// (waited for, so that afterwards nothing freed before the call is still cached).
     pub fn empty_cache(&self) {
+        let _busy = self.scrub.busy.lock();
         let mut st = self.state.lock();
         self.flush_caches_locked(&mut st);
     }
@@ -365,12 +372,21 @@ impl DeviceMemory {
     }
 
     /// Zero one dirty block and move it to the clean cache. Returns false when none waits.
+    ///
+    /// Blocks up to [`SCRUB_FILL_MAX`] are zeroed in place, so their pages stay committed and
+    /// reuse costs no page faults. Larger ones are released to the OS instead: filling would
+    /// commit every page of the block, so a mostly untouched multi-GiB buffer would cost its
+    /// full size in RAM after `device_free`.
     fn scrub_one(&self) -> bool {
         let _busy = self.scrub.busy.lock();
         let Some((off, size)) = self.state.lock().dirty.pop() else {
             return false;
         };
-        self.arena.fill(off, size, 0);
+        if size <= SCRUB_FILL_MAX {
+            self.arena.fill(off, size, 0);
+        } else {
+            self.arena.release(off, size);
+        }
         let mut st = self.state.lock();
         if self.reuse() {
             st.clean.entry(size).or_default().push(off);
