@@ -195,6 +195,7 @@ pub fn shutdown() {
         d.0.default_stream.lock().take();
         d.0.engines.stop();
         d.memory().empty_cache();
+        d.memory().close();
     }
     crate::stream::forget_streams(rt.generation);
 }

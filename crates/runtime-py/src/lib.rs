@@ -7,6 +7,7 @@ mod dlpack;
 mod errors;
 mod memory;
 mod stream;
+mod testing;
 mod trace;
 mod wait;
 
@@ -63,5 +64,7 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(trace::trace_start, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_stop, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_enabled, m)?)?;
+    m.add_function(wrap_pyfunction!(testing::_inject_alloc_failure, m)?)?;
+    m.add_function(wrap_pyfunction!(testing::_register_test_kernels, m)?)?;
     Ok(())
 }

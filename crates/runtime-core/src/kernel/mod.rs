@@ -246,3 +246,44 @@ pub fn prepare(
     }
     Ok(Arc::new(KernelOp { kernel, args }))
 }
+
+/// Fault-injection kernels for tests, registered on demand by [`testing::register`].
+pub mod testing {
+    use std::sync::Arc;
+
+    use super::{Kernel, KernelArg};
+    use crate::error::{ArgError, KernelFailure};
+
+    struct Fault {
+        name: &'static str,
+        panic: bool,
+    }
+
+    impl Kernel for Fault {
+        fn name(&self) -> &str {
+            self.name
+        }
+        fn check(&self, _args: &[KernelArg]) -> Result<(), ArgError> {
+            Ok(())
+        }
+        fn run(&self, args: &[KernelArg]) -> Result<(), KernelFailure> {
+            let what = format!("injected fault ({} args)", args.len());
+            if self.panic {
+                panic!("{what}");
+            }
+            Err(KernelFailure::new(self.name, what))
+        }
+    }
+
+    /// Register `test_panic` (panics when run) and `test_error` (returns an error when run).
+    pub fn register() {
+        super::register(Arc::new(Fault {
+            name: "test_panic",
+            panic: true,
+        }));
+        super::register(Arc::new(Fault {
+            name: "test_error",
+            panic: false,
+        }));
+    }
+}

@@ -30,7 +30,9 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::{MemoryError, Result};
+use crate::event::now_ns;
 use crate::runtime::Options;
+use crate::trace;
 use buddy::Buddy;
 use host::{Arena, PAGE};
 use slab::{Slab, SlabAlloc, SLAB_MAX};
@@ -116,10 +118,26 @@ impl PoolState {
     }
 }
 
+/// Address space reserved for a device of `capacity` bytes: twice the next power of two (up
+/// to 256 GiB of capacity), so that the buddy allocator's power-of-two blocks and alignment
+/// almost never make an allocation fail while capacity is left. Only `capacity` bytes may be
+/// reserved at once; the rest is untouched address space that costs nothing.
+fn address_space(capacity: u64) -> u64 {
+    let p = capacity.next_power_of_two();
+    if p <= 256 << 30 {
+        p * 2
+    } else {
+        p
+    }
+}
+
 /// The memory of one virtual device.
 pub struct DeviceMemory {
     device: usize,
+    capacity: u64,
     arena: Arena,
+    closed: AtomicBool,
+    fault_countdown: AtomicU64,
     state: Mutex<PoolState>,
     options: Arc<Options>,
     scrub: Scrubber,
@@ -150,12 +168,16 @@ impl DeviceMemory {
         capacity: u64,
         options: Arc<Options>,
     ) -> Result<DeviceMemory, crate::error::ConfigError> {
-        let arena = Arena::reserve(device, capacity)?;
+        let space = address_space(capacity);
+        let arena = Arena::reserve(device, space)?;
         Ok(DeviceMemory {
             device,
+            capacity,
             arena,
+            closed: AtomicBool::new(false),
+            fault_countdown: AtomicU64::new(0),
             state: Mutex::new(PoolState {
-                buddy: Buddy::new(capacity, PAGE),
+                buddy: Buddy::new(space, PAGE),
                 slab: Slab::new(),
                 clean: HashMap::new(),
                 dirty: Vec::new(),
@@ -184,7 +206,35 @@ impl DeviceMemory {
 
     /// Capacity in bytes.
     pub fn capacity(&self) -> u64 {
-        self.arena.len()
+        self.capacity
+    }
+
+    /// Refuse further allocations (the runtime was shut down). Live buffers stay valid.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    /// Fault injection for tests: the `nth` allocation from now (1 = the next one) fails
+    /// with `OutOfMemory` as if the device were full; 0 disarms it.
+    pub fn inject_alloc_failure(&self, nth: u64) {
+        self.fault_countdown.store(nth, Ordering::SeqCst);
+    }
+
+    /// Whether an injected failure fires for this allocation.
+    fn injected_failure(&self) -> bool {
+        let mut n = self.fault_countdown.load(Ordering::Relaxed);
+        while n > 0 {
+            match self.fault_countdown.compare_exchange(
+                n,
+                n - 1,
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return n == 1,
+                Err(cur) => n = cur,
+            }
+        }
+        false
     }
 
     fn reuse(&self) -> bool {
@@ -196,17 +246,32 @@ impl DeviceMemory {
     /// # Errors
     /// `OutOfMemory` with requested, free, largest free block, fragmentation and total.
     pub fn allocate(self: &Arc<Self>, size: u64) -> Result<Buffer> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(crate::error::DeviceError::InvalidHandle {
+                what: format!("the memory of device {}", self.device),
+                why: "the runtime was shut down".into(),
+            }
+            .into());
+        }
+        let injected = self.injected_failure();
         let (offset, block, kind) = {
             let mut st = self.state.lock();
-            let r = self.alloc_locked(&mut st, size);
+            let r = if injected {
+                None
+            } else {
+                self.alloc_locked(&mut st, size)
+            };
             let r = match r {
                 Some(r) => Some(r),
                 None => {
                     self.flush_caches_locked(&mut st);
                     st.cache_flushes += 1;
-                    match self.alloc_locked(&mut st, size) {
+                    match (!injected)
+                        .then(|| self.alloc_locked(&mut st, size))
+                        .flatten()
+                    {
                         Some(r) => Some(r),
-                        None if st.cached_large > 0 => {
+                        None if st.cached_large > 0 && !injected => {
                             // A block is being zeroed by the scrubber: wait for it (the
                             // scrubber holds `scrub.busy` while zeroing), then flush again.
                             drop(st);
@@ -238,6 +303,18 @@ impl DeviceMemory {
             st.active += 1;
             st.num_allocs += 1;
             st.note_peaks();
+            if trace::enabled() {
+                trace::push(trace::Record {
+                    name: format!("alloc {size} B"),
+                    device: self.device,
+                    stream: 0,
+                    ts_ns: now_ns(),
+                    phase: trace::Phase::Alloc {
+                        bytes: size,
+                        allocated: st.allocated(),
+                    },
+                });
+            }
             r
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -260,6 +337,9 @@ impl DeviceMemory {
                         return Some((off, class, Kind::Slab));
                     }
                     SlabAlloc::NeedSpan { class, span_size } => {
+                        if st.buddy.used_bytes() + span_size > self.capacity {
+                            return None;
+                        }
                         let span = st.buddy.alloc_block(span_size)?;
                         st.slab.add_span(class, span);
                     }
@@ -274,6 +354,9 @@ impl DeviceMemory {
                 st.large_allocated += block;
                 return Some((off, block, Kind::Large));
             }
+        }
+        if st.buddy.used_bytes().saturating_add(block) > self.capacity {
+            return None;
         }
         let off = st.buddy.alloc(size)?;
         st.large_allocated += block;
@@ -322,6 +405,7 @@ impl DeviceMemory {
                 st.requested -= a.size;
                 st.active -= 1;
                 st.num_frees += 1;
+                self.trace_free(&st, a.size);
                 if !self.reuse() {
                     for (off, size) in st.slab.take_empty_spans() {
                         self.arena.release(off, size);
@@ -341,6 +425,7 @@ impl DeviceMemory {
                 st.requested -= a.size;
                 st.active -= 1;
                 st.num_frees += 1;
+                self.trace_free(&st, a.size);
                 if reuse {
                     st.dirty.push((a.offset, a.block));
                     st.cached_large += a.block;
@@ -352,6 +437,21 @@ impl DeviceMemory {
                         .expect("large block freed once");
                 }
             }
+        }
+    }
+
+    fn trace_free(&self, st: &PoolState, size: u64) {
+        if trace::enabled() {
+            trace::push(trace::Record {
+                name: format!("free {size} B"),
+                device: self.device,
+                stream: 0,
+                ts_ns: now_ns(),
+                phase: trace::Phase::Free {
+                    bytes: size,
+                    allocated: st.allocated(),
+                },
+            });
         }
     }
 
@@ -406,11 +506,11 @@ impl DeviceMemory {
     }
 
     fn stats_locked(&self, st: &PoolState) -> MemoryStats {
-        let total = self.arena.len();
+        let total = self.capacity;
         let reserved = st.buddy.used_bytes();
         let allocated = st.allocated();
-        let free = st.buddy.free_bytes();
-        let largest = st.buddy.largest_free_block();
+        let free = total.saturating_sub(reserved);
+        let largest = st.buddy.largest_free_block().min(free);
         MemoryStats {
             total,
             allocated,

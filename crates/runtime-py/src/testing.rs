@@ -1,0 +1,20 @@
+//! Fault-injection hooks for the test suites (private: `runtime._runtime._inject_*`).
+
+use pyo3::prelude::*;
+
+use crate::device::resolve;
+
+/// Make the `nth` allocation on `device` from now fail with OutOfMemoryError (0 disarms).
+#[pyfunction]
+pub fn _inject_alloc_failure(device: &Bound<'_, PyAny>, nth: u64) -> PyResult<()> {
+    resolve(Some(device), "device")?
+        .memory()
+        .inject_alloc_failure(nth);
+    Ok(())
+}
+
+/// Register the native fault kernels `test_panic` and `test_error`.
+#[pyfunction]
+pub fn _register_test_kernels() {
+    runtime_core::kernel::testing::register();
+}
