@@ -146,10 +146,15 @@ impl PyDevice {
     fn synchronize(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
         let d = resolve_index(self.index as i64)?;
         let mut res = Ok(true);
-        wait::wait(py, &format!("Device({})", self.index), timeout, |slice| {
-            res = d.synchronize(Some(slice));
-            !matches!(res, Ok(false))
-        })?;
+        wait::wait(
+            py,
+            || format!("Device({})", self.index),
+            timeout,
+            |slice| {
+                res = d.synchronize(Some(slice));
+                !matches!(res, Ok(false))
+            },
+        )?;
         res.map(|_| ()).map_err(|e| crate::errors::RtErr(e).into())
     }
 

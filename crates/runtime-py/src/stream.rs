@@ -21,24 +21,24 @@ use crate::wait;
 pub fn sync_stream(py: Python<'_>, s: &Stream, timeout: Option<f64>) -> PyResult<()> {
     wait::timeout_arg(timeout)?;
     s.check().map_err(RtErr)?;
-    wait_stream_reached(py, s, &format!("{s:?}"), timeout)?;
+    wait_stream_reached(py, s, timeout)?;
     s.take_error().map_err(RtErr)?;
     Ok(())
 }
 
 /// Wait (GIL released, Ctrl-C live, `timeout` honoured) until `s` has run everything
 /// submitted so far. Does not report errors.
-fn wait_stream_reached(
-    py: Python<'_>,
-    s: &Stream,
-    what: &str,
-    timeout: Option<f64>,
-) -> PyResult<()> {
+fn wait_stream_reached(py: Python<'_>, s: &Stream, timeout: Option<f64>) -> PyResult<()> {
     let target = s.submitted();
     if s.reached(target) {
         return Ok(());
     }
-    wait::wait(py, what, timeout, |slice| s.wait_for(target, Some(slice)))
+    wait::wait(
+        py,
+        || format!("{s:?}"),
+        timeout,
+        |slice| s.wait_for(target, Some(slice)),
+    )
 }
 
 thread_local! {
@@ -461,7 +461,7 @@ impl PyStream {
     fn destroy(&self, py: Python<'_>) -> PyResult<()> {
         let s = &self.inner;
         s.check().map_err(RtErr)?;
-        wait_stream_reached(py, s, "stream destroy", None)?;
+        wait_stream_reached(py, s, None)?;
         py.detach(|| s.destroy()).map_err(RtErr)?;
         Ok(())
     }
@@ -581,10 +581,15 @@ impl PyEvent {
         }
         let e = &self.inner;
         let mut res = Ok(true);
-        wait::wait(py, &format!("{e:?}"), timeout, |slice| {
-            res = e.synchronize(Some(slice));
-            !matches!(res, Ok(false))
-        })?;
+        wait::wait(
+            py,
+            || format!("{e:?}"),
+            timeout,
+            |slice| {
+                res = e.synchronize(Some(slice));
+                !matches!(res, Ok(false))
+            },
+        )?;
         res.map(|_| ()).map_err(|e| RtErr(e).into())
     }
 
@@ -683,10 +688,15 @@ impl PyGraph {
 pub fn stream_synchronize(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
     rt::get().map_err(RtErr)?;
     let mut res = Ok(true);
-    wait::wait(py, "stream_synchronize", timeout, |slice| {
-        res = runtime_core::stream::synchronize_all(None, Some(slice));
-        !matches!(res, Ok(false))
-    })?;
+    wait::wait(
+        py,
+        || "stream_synchronize".to_string(),
+        timeout,
+        |slice| {
+            res = runtime_core::stream::synchronize_all(None, Some(slice));
+            !matches!(res, Ok(false))
+        },
+    )?;
     res.map(|_| ()).map_err(|e| RtErr(e).into())
 }
 

@@ -20,10 +20,11 @@ pub fn timeout_arg(timeout: Option<f64>) -> PyResult<Option<Duration>> {
 }
 
 /// Call `poll(slice)` without the GIL until it returns true, checking for signals between
-/// slices. On timeout raises `WaitTimeoutError` naming `what`.
-pub fn wait<F>(py: Python<'_>, what: &str, timeout: Option<f64>, mut poll: F) -> PyResult<()>
+/// slices. On timeout raises `WaitTimeoutError` naming `what()` (built only then).
+pub fn wait<F, W>(py: Python<'_>, what: W, timeout: Option<f64>, mut poll: F) -> PyResult<()>
 where
     F: FnMut(Duration) -> bool + Send,
+    W: Fn() -> String,
 {
     let limit = timeout_arg(timeout)?;
     let deadline = limit.map(|t| Instant::now() + t);
@@ -37,7 +38,7 @@ where
         }
         py.check_signals()?;
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(errors::timeout(py, what, timeout.unwrap_or_default()));
+            return Err(errors::timeout(py, &what(), timeout.unwrap_or_default()));
         }
     }
 }

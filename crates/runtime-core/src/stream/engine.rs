@@ -8,7 +8,8 @@
 //! Threads are started on first use and reused by every stream; creating a stream spawns
 //! nothing. A worker that runs out of work spins for [`SPIN`] before it parks, at most
 //! [`max_spinners`] at a time in the process, so that a launch right after another one costs
-//! no wake-up (waking a parked thread costs 10-25 us on these VMs). Ready streams wait in one
+//! no wake-up (waking a parked thread costs 10-25 us on these VMs); a push wakes a sleeping
+//! worker only when none of the engine's workers is spinning. Ready streams wait in one
 //! queue per priority level; workers always take the highest level first.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -16,8 +17,8 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Select, Sender};
-use parking_lot::Mutex;
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::{Condvar, Mutex};
 
 use super::command::OpKind;
 use super::{run_stream, Runner, StreamInner, PRIORITY_LEVELS};
@@ -73,6 +74,13 @@ pub(crate) struct Engine {
     queues: Vec<(Sender<Msg>, Receiver<Msg>)>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     started: AtomicBool,
+    /// Workers of this engine spinning for work right now.
+    spinning: AtomicUsize,
+    /// Workers asleep on `wake`. Workers never block on the channels themselves, so that a
+    /// push wakes a sleeper only when no worker is spinning (see [`Engine::push`]).
+    sleeping: AtomicUsize,
+    sleep_lock: Mutex<()>,
+    wake: Condvar,
 }
 
 impl Engine {
@@ -86,6 +94,10 @@ impl Engine {
                 .collect(),
             threads: Mutex::new(Vec::new()),
             started: AtomicBool::new(false),
+            spinning: AtomicUsize::new(0),
+            sleeping: AtomicUsize::new(0),
+            sleep_lock: Mutex::new(()),
+            wake: Condvar::new(),
         })
     }
 
@@ -96,6 +108,19 @@ impl Engine {
         }
         let level = s.level;
         let _ = self.queues[level].0.send(Msg::Run(s));
+        self.wake_one();
+    }
+
+    /// Wake a sleeping worker unless one is spinning (it will find the work). Both counts are
+    /// read with read-modify-writes that synchronise with the workers' own updates, so either
+    /// a worker that stops spinning or starts sleeping sees the queued work, or we see it.
+    fn wake_one(&self) {
+        if self.spinning.fetch_add(0, Ordering::SeqCst) == 0
+            && self.sleeping.fetch_add(0, Ordering::SeqCst) > 0
+        {
+            let _g = self.sleep_lock.lock();
+            self.wake.notify_one();
+        }
     }
 
     fn start(self: &Arc<Self>) {
@@ -126,6 +151,10 @@ impl Engine {
         for _ in &threads {
             let _ = self.queues[0].0.send(Msg::Stop);
         }
+        {
+            let _g = self.sleep_lock.lock();
+            self.wake.notify_all();
+        }
         let me = std::thread::current().id();
         for h in threads {
             if h.thread().id() != me {
@@ -149,6 +178,7 @@ impl Engine {
             SPINNERS.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
+        self.spinning.fetch_add(1, Ordering::SeqCst);
         let start = Instant::now();
         let mut found = None;
         let mut round = 0u32;
@@ -166,17 +196,29 @@ impl Engine {
                 }
             }
         }
+        self.spinning.fetch_sub(1, Ordering::SeqCst);
         SPINNERS.fetch_sub(1, Ordering::AcqRel);
+        // A push that saw us spinning woke nobody, counting on us to take its work; we take
+        // one item only. Look once more, and if work is left behind, wake a sleeper for it.
+        let found = found.or_else(|| self.try_pop());
+        if found.is_some() && self.has_waiting(PRIORITY_LEVELS - 1) {
+            self.wake_one();
+        }
         found
     }
 
+    /// Sleep until a push wakes us, then take work (or find none and sleep again).
     fn blocking_pop(&self) -> Msg {
         loop {
-            let mut sel = Select::new();
-            for (_, rx) in &self.queues {
-                sel.recv(rx);
+            let mut g = self.sleep_lock.lock();
+            self.sleeping.fetch_add(1, Ordering::SeqCst);
+            if let Some(m) = self.try_pop() {
+                self.sleeping.fetch_sub(1, Ordering::SeqCst);
+                return m;
             }
-            let _ = sel.ready();
+            self.wake.wait(&mut g);
+            self.sleeping.fetch_sub(1, Ordering::SeqCst);
+            drop(g);
             if let Some(m) = self.try_pop() {
                 return m;
             }
