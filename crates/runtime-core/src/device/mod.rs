@@ -3,7 +3,7 @@
 //!
 //! * [`profile`]: the device models (`ascend910`, `host`).
 //!
-//! A [`Device`] owns its [`DeviceMemory`](crate::memory::DeviceMemory) and the engines that
+//! A [`Device`] owns its [`DeviceMemory`] and the engines that
 //! run its streams (see [`crate::stream`]). Devices live as long as the runtime that created
 //! them; a `Device` handle checks on each use that its runtime is still alive.
 
