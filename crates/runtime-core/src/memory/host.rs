@@ -64,6 +64,12 @@ impl Arena {
             return Err(err(io::Error::last_os_error().to_string()));
         }
         let base = NonNull::new(p.cast::<u8>()).ok_or_else(|| err("mmap returned null".into()))?;
+        // Transparent huge pages where the kernel offers them (THP "madvise" mode): first
+        // touch of a large buffer faults 2 MiB at a time (~5x faster here) and large copies
+        // run with fewer TLB misses. Only touched memory is committed either way. Failure is
+        // harmless (no THP support), so the result is ignored.
+        // SAFETY: advice on our own fresh mapping.
+        unsafe { libc::madvise(p, size, libc::MADV_HUGEPAGE) };
         Ok(Arena { base, len })
     }
 
@@ -123,6 +129,49 @@ impl Arena {
         if rc != 0 {
             // Cannot happen for a valid range; fall back to zeroing so the invariant holds.
             self.fill(start, end - start, 0);
+        }
+    }
+
+    /// Make `[offset, offset + len)` read as zero, writing only pages that are resident.
+    ///
+    /// A private anonymous page that is not resident has never been touched since its last
+    /// release, so it already reads as zero, provided it cannot have been swapped out: with
+    /// swap configured every page is written. Whole-page interiors are asked with `mincore`;
+    /// partial pages at the ends are always written.
+    pub fn zero(&self, offset: u64, len: u64) {
+        self.check(offset, len);
+        let start = offset.next_multiple_of(PAGE);
+        let end = (offset + len) / PAGE * PAGE;
+        if end <= start || swap_configured() {
+            self.fill(offset, len, 0);
+            return;
+        }
+        self.fill(offset, start - offset, 0);
+        self.fill(end, offset + len - end, 0);
+        let pages = ((end - start) / PAGE) as usize;
+        let mut resident = vec![0u8; pages];
+        // SAFETY: [start, end) is page aligned and inside the mapping; `resident` holds one
+        // byte per page as mincore requires.
+        let rc = unsafe {
+            libc::mincore(
+                self.ptr(start).cast(),
+                (end - start) as usize,
+                resident.as_mut_ptr(),
+            )
+        };
+        if rc != 0 {
+            self.fill(start, end - start, 0);
+            return;
+        }
+        let mut i = 0;
+        while i < pages {
+            if resident[i] & 1 == 0 {
+                i += 1;
+                continue;
+            }
+            let run = resident[i..].iter().take_while(|&&r| r & 1 == 1).count();
+            self.fill(start + i as u64 * PAGE, run as u64 * PAGE, 0);
+            i += run;
         }
     }
 
@@ -212,50 +261,127 @@ impl Drop for Arena {
     }
 }
 
-/// Copies of at least this many bytes are split across threads.
-const PARALLEL_COPY_MIN: usize = 8 << 20;
+/// Whether the host has swap space (then a non-resident page may hold data).
+fn swap_configured() -> bool {
+    static SWAP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SWAP.get_or_init(|| {
+        std::fs::read_to_string("/proc/swaps").map_or(true, |t| t.lines().count() > 1)
+    })
+}
 
-/// `memcpy`, split over up to four threads for large, non-overlapping copies (one thread
-/// moves ~12 GB/s on the reference VM, two ~16 GB/s).
+/// Copies of at least this many bytes are split across the copy helpers.
+const PARALLEL_COPY_MIN: usize = 512 << 10;
+/// Smallest piece a split copy hands to one thread.
+const COPY_CHUNK_MIN: usize = 256 << 10;
+/// How long an idle copy helper spins for the next job before it sleeps.
+const HELPER_SPIN: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// One piece of a split copy. Addresses are plain integers so the job can cross threads; the
+/// copy that posted it waits (`left`) until every piece has been copied.
+struct CopyJob {
+    src: usize,
+    dst: usize,
+    len: usize,
+    left: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl CopyJob {
+    fn run(self) {
+        // SAFETY: the posting copy keeps both ranges valid, disjoint and unaliased until
+        // `left` reaches zero, which happens only after this copy.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.src as *const u8, self.dst as *mut u8, self.len)
+        };
+        self.left.fetch_sub(1, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Persistent helper threads for large copies (one per extra core, at most three). A helper
+/// spins briefly after each job, so back-to-back copies split without a wake-up; a copy never
+/// waits for a sleeping helper because the caller takes back pieces nobody has started.
+struct CopyPool {
+    tx: crossbeam_channel::Sender<CopyJob>,
+    rx: crossbeam_channel::Receiver<CopyJob>,
+    helpers: usize,
+}
+
+fn copy_pool() -> &'static CopyPool {
+    static POOL: std::sync::OnceLock<CopyPool> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        let (tx, rx) = crossbeam_channel::unbounded::<CopyJob>();
+        let helpers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(4)
+            - 1;
+        for i in 0..helpers {
+            let rx = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("runtime-copy-{i}"))
+                .spawn(move || loop {
+                    let start = std::time::Instant::now();
+                    let mut job = None;
+                    while start.elapsed() < HELPER_SPIN {
+                        if let Ok(j) = rx.try_recv() {
+                            job = Some(j);
+                            break;
+                        }
+                        std::hint::spin_loop();
+                    }
+                    match job.map_or_else(|| rx.recv().ok(), Some) {
+                        Some(j) => j.run(),
+                        None => return,
+                    }
+                })
+                .expect("spawn a copy helper thread");
+        }
+        CopyPool { tx, rx, helpers }
+    })
+}
+
+/// `memcpy`, split across the copy helpers for large copies (on a 2-vCPU VM one thread moves
+/// ~12 GB/s from DRAM, two ~16 GB/s, and cache-resident copies scale too).
 ///
 /// # Safety
 /// `src` valid for `len` reads, `dst` valid for `len` writes, the ranges do not overlap.
 unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
-    let threads = if len >= PARALLEL_COPY_MIN {
-        std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(4)
+    let pool = if len >= PARALLEL_COPY_MIN {
+        Some(copy_pool())
     } else {
-        1
+        None
     };
-    if threads <= 1 {
+    let pieces = pool
+        .map_or(1, |p| (p.helpers + 1).min(len / COPY_CHUNK_MIN))
+        .max(1);
+    if pieces <= 1 {
         // SAFETY: the caller's contract.
         unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
         return;
     }
-    let chunk = len.div_ceil(threads).next_multiple_of(4096);
-    let (src, dst) = (src as usize, dst as usize);
-    std::thread::scope(|s| {
-        for i in 1..threads {
-            let start = i * chunk;
-            if start >= len {
-                break;
-            }
-            let n = chunk.min(len - start);
-            s.spawn(move || {
-                // SAFETY: disjoint sub-ranges of the caller's valid, non-overlapping ranges.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        (src + start) as *const u8,
-                        (dst + start) as *mut u8,
-                        n,
-                    )
-                }
-            });
+    let pool = pool.expect("pieces > 1 only with a pool");
+    let chunk = len.div_ceil(pieces).next_multiple_of(4096);
+    let left = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (s, d) = (src as usize, dst as usize);
+    let mut start = chunk;
+    while start < len {
+        let n = chunk.min(len - start);
+        left.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let _ = pool.tx.send(CopyJob {
+            src: s + start,
+            dst: d + start,
+            len: n,
+            left: left.clone(),
+        });
+        start += n;
+    }
+    // SAFETY: the first piece, disjoint from the posted ones.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, chunk.min(len)) };
+    // Take back pieces no helper has started (ours or another copy's: both are fine to run).
+    while left.load(std::sync::atomic::Ordering::Acquire) > 0 {
+        match pool.rx.try_recv() {
+            Ok(j) => j.run(),
+            Err(_) => std::hint::spin_loop(),
         }
-        // SAFETY: the first chunk, disjoint from the others.
-        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, chunk.min(len)) };
-    });
+    }
 }
 
 #[cfg(test)]
@@ -276,6 +402,25 @@ mod tests {
         a.read(9, &mut edge[..1]);
         a.read(20_010, &mut edge[1..]);
         assert_eq!(edge, [7, 7]);
+    }
+
+    #[test]
+    fn zero_clears_touched_pages_and_leaves_untouched_ones_uncommitted() {
+        let a = Arena::reserve(0, 1 << 20).unwrap();
+        a.fill(5000, 3 * 4096, 9);
+        a.fill(700_000, 10, 9);
+        a.zero(0, 1 << 20);
+        let mut back = vec![1u8; 1 << 20];
+        a.read(0, &mut back);
+        assert!(back.iter().all(|&b| b == 0));
+        // Unaligned ranges too.
+        a.fill(100, 9000, 3);
+        a.zero(101, 8000);
+        let mut b = vec![0u8; 9000];
+        a.read(100, &mut b);
+        assert_eq!(b[0], 3);
+        assert!(b[1..8001].iter().all(|&x| x == 0));
+        assert!(b[8001..].iter().all(|&x| x == 3));
     }
 
     #[test]

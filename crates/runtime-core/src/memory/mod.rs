@@ -254,7 +254,7 @@ impl DeviceMemory {
             .into());
         }
         let injected = self.injected_failure();
-        let (offset, block, kind) = {
+        let (offset, block, kind, dirty) = {
             let mut st = self.state.lock();
             let r = if injected {
                 None
@@ -317,6 +317,14 @@ impl DeviceMemory {
             }
             r
         };
+        if dirty {
+            // Ours now and not visible to anyone else: zero it before handing it out.
+            if block <= SCRUB_FILL_MAX {
+                self.arena.zero(offset, block);
+            } else {
+                self.arena.release(offset, block);
+            }
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         Ok(Buffer(Arc::new(Allocation {
             mem: self.clone(),
@@ -328,13 +336,16 @@ impl DeviceMemory {
         })))
     }
 
-    fn alloc_locked(&self, st: &mut PoolState, size: u64) -> Option<(u64, u64, Kind)> {
+    /// Take a block for `size` bytes: `(offset, block size, kind, dirty)`. A dirty block (a
+    /// freed block the scrubber has not reached yet, taken so that a tight allocate/free loop
+    /// reuses memory instead of growing) must be zeroed by the caller, outside the lock.
+    fn alloc_locked(&self, st: &mut PoolState, size: u64) -> Option<(u64, u64, Kind, bool)> {
         if size <= SLAB_MAX {
             loop {
                 match st.slab.alloc(size) {
                     SlabAlloc::Ok(off) => {
                         let class = slab::class_size(slab::class_of(size)?);
-                        return Some((off, class, Kind::Slab));
+                        return Some((off, class, Kind::Slab, false));
                     }
                     SlabAlloc::NeedSpan { class, span_size } => {
                         if st.buddy.used_bytes() + span_size > self.capacity {
@@ -352,7 +363,14 @@ impl DeviceMemory {
                 st.cached_large -= block;
                 st.cache_hits += 1;
                 st.large_allocated += block;
-                return Some((off, block, Kind::Large));
+                return Some((off, block, Kind::Large, false));
+            }
+            if let Some(i) = st.dirty.iter().rposition(|&(_, b)| b == block) {
+                let (off, _) = st.dirty.swap_remove(i);
+                st.cached_large -= block;
+                st.cache_hits += 1;
+                st.large_allocated += block;
+                return Some((off, block, Kind::Large, true));
             }
         }
         if st.buddy.used_bytes().saturating_add(block) > self.capacity {
@@ -360,7 +378,7 @@ impl DeviceMemory {
         }
         let off = st.buddy.alloc(size)?;
         st.large_allocated += block;
-        Some((off, block, Kind::Large))
+        Some((off, block, Kind::Large, false))
     }
 
     /// Give every cached block back to the buddy (dirty ones are released, which zeroes
@@ -483,7 +501,7 @@ impl DeviceMemory {
             return false;
         };
         if size <= SCRUB_FILL_MAX {
-            self.arena.fill(off, size, 0);
+            self.arena.zero(off, size);
         } else {
             self.arena.release(off, size);
         }

@@ -1,7 +1,7 @@
 //! Execution engines: the worker threads that drain streams.
 //!
-//! Each device has compute engines (one worker per host core), one copy engine and one serial
-//! engine. With `enablePipelining` on, a stream's copies run on the copy engine and its
+//! Each device has compute engines (one worker per host core), a copy engine with two workers
+//! (like a GPU's separate host-to-device and device-to-host engines) and one serial engine. With `enablePipelining` on, a stream's copies run on the copy engine and its
 //! kernels on a compute worker, so copies on one stream overlap compute on another; with it
 //! off, the serial engine runs all of the device's work in submission order.
 //!
@@ -188,7 +188,7 @@ impl Engine {
                 break;
             }
             round += 1;
-            if round.is_multiple_of(16) {
+            if round.is_multiple_of(4) {
                 std::thread::yield_now();
             } else {
                 for _ in 0..32 {
@@ -251,7 +251,7 @@ impl Engines {
     pub(crate) fn new(device: usize, compute_workers: usize) -> Engines {
         Engines {
             compute: Engine::new(EngineKind::Compute, device, compute_workers),
-            copy: Engine::new(EngineKind::Copy, device, 1),
+            copy: Engine::new(EngineKind::Copy, device, 2),
             serial: Engine::new(EngineKind::Serial, device, 1),
         }
     }

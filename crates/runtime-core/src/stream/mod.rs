@@ -32,7 +32,7 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
 use crate::device::Device;
-use crate::error::{DeviceError, KernelFailure, Result, StreamError};
+use crate::error::{DeviceError, Error, KernelFailure, Result, StreamError};
 use crate::event::{now_ns, Event};
 use crate::trace;
 use command::Command;
@@ -53,8 +53,11 @@ const QUEUED: u8 = 1;
 const RUNNING: u8 = 2;
 const BLOCKED: u8 = 3;
 
-/// Commands a runner executes before letting other waiting streams have a turn.
+/// Commands a runner executes before letting other waiting streams have a turn (or
+/// [`TIME_SLICE`], whichever comes first).
 const SLICE: u32 = 64;
+/// Time a runner spends on one stream before letting other waiting streams have a turn.
+const TIME_SLICE: Duration = Duration::from_millis(1);
 
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -529,6 +532,7 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
         }
     }
     let mut ran = 0u32;
+    let began = Instant::now();
     loop {
         let cmd = s.head.lock().take().or_else(|| s.rx.try_recv().ok());
         let Some(cmd) = cmd else {
@@ -557,7 +561,9 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
                 }
             }
             ran += 1;
-            if ran >= SLICE && s.device.0.engines.get(mine).has_waiting(s.level) {
+            if (ran >= SLICE || began.elapsed() >= TIME_SLICE)
+                && s.device.0.engines.get(mine).has_waiting(s.level)
+            {
                 *s.head.lock() = Some(cmd);
                 s.state.store(QUEUED, Ordering::SeqCst);
                 s.device.0.engines.get(mine).push(s.clone());
@@ -716,6 +722,11 @@ pub fn synchronize_all(device: Option<usize>, timeout: Option<Duration>) -> Resu
         match s.synchronize(left) {
             Ok(true) => {}
             Ok(false) => return Ok(false),
+            // Fix: another thread may destroy the stream between the `is_destroyed` check
+            // above and `synchronize`; the barrier then saw "InvalidHandle: destroyed" for a
+            // stream its caller never named. `destroy` waits for the stream's work and
+            // reports its error itself, so a stream destroyed meanwhile is simply done.
+            Err(Error::Device(DeviceError::InvalidHandle { .. })) if s.is_destroyed() => {}
             Err(e) => {
                 first_err.get_or_insert(e);
             }
