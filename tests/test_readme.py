@@ -18,7 +18,8 @@ def test_readme_has_python_blocks():
 
 
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
-def test_readme_block_runs(code, capsys):
+def test_readme_block_runs(code, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # blocks may write files (trace.json)
     runtime.shutdown()
     try:
         exec(compile(code, str(README), "exec"), {"__name__": "__readme__"})
