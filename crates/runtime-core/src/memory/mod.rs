@@ -41,6 +41,10 @@ use slab::{Slab, SlabAlloc, SLAB_MAX};
 /// blocks are zeroed by releasing their pages.
 pub const SCRUB_FILL_MAX: u64 = 16 << 20;
 
+/// Bytes of freed, not yet zeroed blocks above which an allocation reuses (and zeroes) one
+/// itself instead of taking fresh memory.
+const DIRTY_BACKLOG: u64 = 64 << 20;
+
 /// Statistics of one device's allocator, in the manner of `torch.cuda.memory_stats`.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct MemoryStats {
@@ -365,7 +369,16 @@ impl DeviceMemory {
                 st.large_allocated += block;
                 return Some((off, block, Kind::Large, false));
             }
-            if let Some(i) = st.dirty.iter().rposition(|&(_, b)| b == block) {
+            // Prefer fresh (untouched, free to zero) memory while the scrubber's backlog is
+            // small; reuse a dirty block, zeroing it here, once the backlog passes
+            // `DIRTY_BACKLOG` or the device is full, so a tight loop stays bounded.
+            let backlog: u64 = st.dirty.iter().map(|&(_, b)| b).sum();
+            let fresh_fits = st.buddy.used_bytes().saturating_add(block) <= self.capacity;
+            let reuse_dirty = backlog >= DIRTY_BACKLOG || !fresh_fits;
+            if let Some(i) = reuse_dirty
+                .then(|| st.dirty.iter().rposition(|&(_, b)| b == block))
+                .flatten()
+            {
                 let (off, _) = st.dirty.swap_remove(i);
                 st.cached_large -= block;
                 st.cache_hits += 1;
