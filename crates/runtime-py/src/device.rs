@@ -143,7 +143,8 @@ impl PyDevice {
 
     /// Wait for every stream of this device (GIL released, Ctrl-C works).
     #[pyo3(signature = (timeout=None))]
-    fn synchronize(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+    fn synchronize(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let timeout = wait::timeout_obj(timeout)?; // Fix: see `wait::timeout_obj`
         let d = resolve_index(self.index as i64)?;
         let mut res = Ok(true);
         wait::wait(

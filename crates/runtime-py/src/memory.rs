@@ -329,10 +329,26 @@ impl PyDeviceBuffer {
         py: Python<'_>,
         stream: Option<&Bound<'_, PyAny>>,
         max_version: Option<&Bound<'_, PyAny>>,
-        dl_device: Option<(i32, i32)>,
+        dl_device: Option<&Bound<'_, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
         let _ = stream;
+        // Fix: `dl_device: Option<(i32, i32)>` raised OverflowError for out-of-range ints
+        // (e.g. `dl_device=(2**40, 0)`); out of range is a ValueError, anything else a
+        // TypeError, both naming the argument.
+        let dl_device: Option<(i64, i64)> = match dl_device {
+            Some(v) if !v.is_none() => Some(v.extract::<(i64, i64)>().map_err(|e| {
+                let r = v.repr().map(|r| r.to_string()).unwrap_or_default();
+                if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+                    PyValueError::new_err(format!("dl_device: {r} is out of range"))
+                } else {
+                    PyTypeError::new_err(format!(
+                        "dl_device must be a (device_type, device_id) tuple of ints or None, got {r}"
+                    ))
+                }
+            })?),
+            _ => None,
+        };
         let max_version: Option<(u32, u32)> = match max_version {
             Some(v) if !v.is_none() => Some(v.extract().map_err(|_| {
                 PyTypeError::new_err(format!(
@@ -343,7 +359,7 @@ impl PyDeviceBuffer {
             _ => None,
         };
         if let Some((t, _)) = dl_device {
-            if t != crate::dlpack::KDL_CPU {
+            if t != i64::from(crate::dlpack::KDL_CPU) {
                 return Err(PyBufferError::new_err(format!("DeviceBuffer memory is host memory (kDLCPU = 1); cannot export to device type {t}")));
             }
         }

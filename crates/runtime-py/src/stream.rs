@@ -408,7 +408,8 @@ impl PyStream {
     /// kernel error since the last synchronisation as `KernelError`. `timeout` in seconds
     /// raises `WaitTimeoutError`.
     #[pyo3(signature = (timeout=None))]
-    fn synchronize(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+    fn synchronize(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let timeout = wait::timeout_obj(timeout)?; // Fix: see `wait::timeout_obj`
         sync_stream(py, &self.inner, timeout)
     }
 
@@ -574,7 +575,8 @@ impl PyEvent {
 
     /// Wait for the latest record (GIL released; Ctrl-C works; `timeout` in seconds).
     #[pyo3(signature = (timeout=None))]
-    fn synchronize(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+    fn synchronize(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let timeout = wait::timeout_obj(timeout)?; // Fix: see `wait::timeout_obj`
         wait::timeout_arg(timeout)?;
         if self.inner.query().map_err(RtErr)? {
             return Ok(());
@@ -685,7 +687,8 @@ impl PyGraph {
 /// Wait for every stream of every device (GIL released; Ctrl-C works).
 #[pyfunction]
 #[pyo3(signature = (timeout=None))]
-pub fn stream_synchronize(py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+pub fn stream_synchronize(py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    let timeout = wait::timeout_obj(timeout)?; // Fix: see `wait::timeout_obj`
     rt::get().map_err(RtErr)?;
     let mut res = Ok(true);
     wait::wait(

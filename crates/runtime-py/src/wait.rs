@@ -8,11 +8,40 @@ use crate::errors;
 
 const SLICE: Duration = Duration::from_millis(20);
 
+/// Read a Python `timeout` argument (seconds, or None) as a float.
+// Fix: with `timeout: Option<f64>` in the signatures, PyO3's float conversion raised
+// OverflowError for ints beyond the float range (`synchronize(timeout=2**2000)`); such a
+// timeout is no limit (as 1e300 is), and a negative one is a ValueError like any other.
+pub fn timeout_obj(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<f64>> {
+    let Some(o) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    match o.extract::<f64>() {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(o.py()) => {
+            if o.gt(0)? {
+                Ok(Some(f64::MAX))
+            } else {
+                Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "timeout must be a non-negative number of seconds or None, got {}",
+                    o.repr()?
+                )))
+            }
+        }
+        Err(_) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "timeout must be a number of seconds or None, got {}",
+            o.get_type().name()?
+        ))),
+    }
+}
+
 /// Convert a Python timeout in seconds (`None` = forever).
 pub fn timeout_arg(timeout: Option<f64>) -> PyResult<Option<Duration>> {
     match timeout {
         None => Ok(None),
-        Some(t) if t.is_finite() && t >= 0.0 => Ok(Some(Duration::from_secs_f64(t))),
+        // Fix: `Duration::from_secs_f64` panics above ~1.8e19 s (PanicException escaped to
+        // Python for e.g. `synchronize(timeout=1e300)`); a timeout that large is no limit.
+        Some(t) if t.is_finite() && t >= 0.0 => Ok(Duration::try_from_secs_f64(t).ok()),
         Some(t) => Err(pyo3::exceptions::PyValueError::new_err(format!(
             "timeout must be a non-negative number of seconds or None, got {t}"
         ))),
@@ -27,7 +56,8 @@ where
     W: Fn() -> String,
 {
     let limit = timeout_arg(timeout)?;
-    let deadline = limit.map(|t| Instant::now() + t);
+    // Fix: `Instant + Duration` panics on overflow; a deadline past the clock's range is none.
+    let deadline = limit.and_then(|t| Instant::now().checked_add(t));
     loop {
         let slice = match deadline {
             None => SLICE,

@@ -201,7 +201,13 @@ fn scalar(
                 KernelArg::Int(n) => *n as f64,
                 KernelArg::Tensor(_) => unreachable!(),
             };
-            if !dtype.is_float() && !(lo..=hi).contains(&v) {
+            // Fix: `i64::MAX as f64` rounds up to 2^63, which is not an i64; a float 2^63
+            // passed the inclusive check and was saturated to i64::MAX instead of refused.
+            let fits = match (s, dtype) {
+                (KernelArg::Float(_), DType::I64) => v >= lo && v < hi,
+                _ => (lo..=hi).contains(&v),
+            };
+            if !dtype.is_float() && !fits {
                 return Err(err(
                     name,
                     format!("{kernel}: {name}={v} does not fit in {}", dtype.name()),

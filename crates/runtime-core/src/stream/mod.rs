@@ -715,18 +715,28 @@ pub fn synchronize_all(device: Option<usize>, timeout: Option<Duration>) -> Resu
     let deadline = timeout.map(|t| Instant::now() + t);
     let mut first_err = None;
     for s in live_streams(device) {
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        // Fix: a launch that another thread got accepted just before a `destroy` took effect
+        // may still be queued when `destroy` returns; the barrier used to skip destroyed
+        // streams, so no call could wait for that work. Wait for it (its errors belong to
+        // `destroy`'s caller and are not reported here).
         if s.is_destroyed() {
+            if !s.wait_for(s.submitted(), left) {
+                return Ok(false);
+            }
             continue;
         }
-        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         match s.synchronize(left) {
             Ok(true) => {}
             Ok(false) => return Ok(false),
             // Fix: another thread may destroy the stream between the `is_destroyed` check
             // above and `synchronize`; the barrier then saw "InvalidHandle: destroyed" for a
-            // stream its caller never named. `destroy` waits for the stream's work and
-            // reports its error itself, so a stream destroyed meanwhile is simply done.
-            Err(Error::Device(DeviceError::InvalidHandle { .. })) if s.is_destroyed() => {}
+            // stream its caller never named. Such a stream is treated as destroyed above.
+            Err(Error::Device(DeviceError::InvalidHandle { .. })) if s.is_destroyed() => {
+                if !s.wait_for(s.submitted(), left) {
+                    return Ok(false);
+                }
+            }
             Err(e) => {
                 first_err.get_or_insert(e);
             }
