@@ -926,6 +926,8 @@ class Machine(RuleBasedStateMachine):
         if not hasattr(self, "handles"):
             return
         try:
+            if not runtime.is_initialized():  # a failure inside shutdown_and_init
+                return
             self.sync_all()
             for h in self.handles:
                 assert self.read(h) == bytes(h.model())

@@ -1,9 +1,9 @@
 //! The runtime object: owns the virtual devices between `init` and `shutdown`, and the
 //! process-wide options.
 //!
-//! `init` is idempotent; `shutdown` waits for queued work, stops the engines, marks every
-//! device dead (so old handles fail with `InvalidHandle`) and drops the runtime's references
-//! to device memory. Memory still referenced by live views stays mapped until the last view
+//! `init` is idempotent; `shutdown` marks every device dead (so new work is refused and old
+//! handles fail with `InvalidHandle`), waits for the queued work, stops the engines and drops
+//! the runtime's references to device memory. Memory still referenced by live views stays mapped until the last view
 //! goes away, so nothing can dangle. `init` works again after `shutdown`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -183,15 +183,33 @@ pub fn is_initialized() -> bool {
 /// Shut the runtime down: wait for queued work, stop engines, invalidate all handles.
 /// A no-op when not initialised.
 pub fn shutdown() {
-    let Some(rt) = RUNTIME.write().take() else {
+    // Fix: the runtime used to be taken out of `RUNTIME` before the queued work was drained,
+    // so queued work that looks the runtime up while it runs (a Python kernel checks its
+    // buffer arguments against the current runtime) failed with "the runtime was shut down",
+    // and everything queued behind it on its stream was skipped: work queued before
+    // `shutdown()` was silently lost. Now: refuse new work first (streams check `alive`),
+    // drain with the runtime still installed, then take it out. The second drain pass
+    // catches submissions that passed their liveness check just before it was cleared.
+    let Some(rt) = RUNTIME.read().clone() else {
         return;
     };
     for d in &rt.devices {
-        // Queued work finishes first; errors it raised are dropped with the runtime.
-        let _ = crate::stream::drain_device(d);
+        d.0.alive.store(false, Ordering::Release);
+    }
+    for _ in 0..2 {
+        for d in &rt.devices {
+            // Queued work finishes first; errors it raised are dropped with the runtime.
+            let _ = crate::stream::drain_device(d);
+        }
+    }
+    {
+        let mut slot = RUNTIME.write();
+        if !slot.as_ref().is_some_and(|cur| Arc::ptr_eq(cur, &rt)) {
+            return; // another thread's shutdown took it meanwhile
+        }
+        slot.take();
     }
     for d in &rt.devices {
-        d.0.alive.store(false, Ordering::Release);
         d.0.default_stream.lock().take();
         d.0.engines.stop();
         d.memory().empty_cache();

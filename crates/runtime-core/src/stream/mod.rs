@@ -747,7 +747,15 @@ pub fn synchronize_all(device: Option<usize>, timeout: Option<Duration>) -> Resu
 
 /// Wait for all work of a device (used by shutdown). Errors are returned, not raised.
 pub(crate) fn drain_device(d: &Device) -> Result<bool> {
-    for s in live_streams(Some(d.index())) {
+    // Fix: `shutdown` now marks the devices dead (so new work is refused) before it drains,
+    // and `live_streams` skips dead devices: drain every registered stream of the device.
+    let all: Vec<Arc<StreamInner>> = {
+        let map = STREAMS.lock();
+        map.as_ref()
+            .map(|m| m.values().filter_map(Weak::upgrade).collect())
+            .unwrap_or_default()
+    };
+    for s in all.into_iter().filter(|s| s.device == *d).map(Stream) {
         let target = s.0.done.submitted();
         s.wait_for(target, None);
     }

@@ -1,0 +1,122 @@
+//! Regression test for a defect found by the reliability battery (issue 6): `shutdown` took
+//! the runtime out of the global slot before draining the queued work, so queued work that
+//! looks the runtime up while it runs (a Python kernel converting its buffer arguments does)
+//! failed, and the work queued behind it on its stream was skipped.
+//!
+//! Its own test binary: it shuts the runtime down (the tests hold a file-level lock).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use runtime_core::config::ConfigBuilder;
+use runtime_core::runtime;
+use runtime_core::stream::{FnOp, OpKind, Stream};
+
+static LOCK: Mutex<()> = Mutex::new(());
+
+#[test]
+fn queued_work_runs_with_the_runtime_still_installed() {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for round in 0..3 {
+        let rt = runtime::init(&ConfigBuilder {
+            device_count: Some(2),
+            memory: Some("64MiB".into()),
+            profile: None,
+        })
+        .expect("init the runtime");
+        let generation = rt.generation();
+        let saw_runtime = Arc::new(AtomicUsize::new(0));
+        let ran_after = Arc::new(AtomicBool::new(false));
+        let mut streams = Vec::new();
+        for i in 0..4 {
+            let s = Stream::new(rt.device(i % 2).unwrap(), 0).unwrap();
+            s.enqueue(FnOp::shared("slow", OpKind::Compute, || {
+                std::thread::sleep(Duration::from_millis(20));
+                Ok(())
+            }))
+            .unwrap();
+            let seen = saw_runtime.clone();
+            s.enqueue(FnOp::shared(
+                "looks-up-the-runtime",
+                OpKind::Compute,
+                move || match runtime::get() {
+                    Ok(r) if r.generation() == generation => {
+                        seen.fetch_add(1, Ordering::SeqCst);
+                        Ok(())
+                    }
+                    _ => Err(runtime_core::error::KernelFailure::new(
+                        "looks-up-the-runtime",
+                        "the runtime was already gone while its queued work ran",
+                    )),
+                },
+            ))
+            .unwrap();
+            let after = ran_after.clone();
+            s.enqueue(FnOp::shared("behind-it", OpKind::Compute, move || {
+                after.store(true, Ordering::SeqCst);
+                Ok(())
+            }))
+            .unwrap();
+            streams.push(s);
+        }
+        drop(rt);
+        runtime::shutdown();
+        assert_eq!(saw_runtime.load(Ordering::SeqCst), 4, "round {round}");
+        assert!(
+            ran_after.load(Ordering::SeqCst),
+            "round {round}: work behind it was skipped"
+        );
+        assert!(!runtime::is_initialized());
+        for s in &streams {
+            assert!(s.check().is_err(), "a stream survived shutdown");
+        }
+    }
+}
+
+/// While `shutdown` drains, new work is refused: a thread that keeps launching and waiting on
+/// an event gets an error or sees its event complete, never a record that no engine will run
+/// (with the first fix alone, work accepted after the drain hung its waiters).
+#[test]
+fn shutdown_racing_a_launcher_never_leaves_a_waiter_hanging() {
+    use runtime_core::event::Event;
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    for round in 0..30 {
+        let rt = runtime::init(&ConfigBuilder {
+            device_count: Some(2),
+            memory: Some("64MiB".into()),
+            profile: None,
+        })
+        .expect("init the runtime");
+        let s = Stream::new(rt.device(round % 2).unwrap(), 0).unwrap();
+        let slow = Stream::new(rt.device((round + 1) % 2).unwrap(), 0).unwrap();
+        if round % 2 == 1 {
+            slow.enqueue(FnOp::shared("slow", OpKind::Compute, || {
+                std::thread::sleep(Duration::from_millis(20));
+                Ok(())
+            }))
+            .unwrap();
+        }
+        drop(rt);
+        let launcher = std::thread::spawn(move || {
+            let e = Event::new(false, false);
+            loop {
+                let op = FnOp::shared("noop", OpKind::Compute, || Ok(()));
+                if s.enqueue(op).is_err() || s.record(&e).is_err() {
+                    return true;
+                }
+                match e.synchronize(Some(Duration::from_secs(10))) {
+                    Ok(true) => {}
+                    Ok(false) => return false, // a record no engine will run
+                    Err(_) => return true,
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_micros(500 * (round as u64 % 5)));
+        runtime::shutdown();
+        assert!(
+            launcher.join().unwrap(),
+            "round {round}: a waiter hung after shutdown"
+        );
+    }
+}
