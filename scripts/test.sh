@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q "maturin>=1.5,<2" numpy pytest hypothesis
+# Optional: atheris runs the 10 s argument fuzz; without it that one test is skipped.
+python3 -m pip install -q atheris 2>/dev/null || echo "atheris not installable: its fuzz test will be skipped"
 cargo test --workspace
 rm -rf target/wheels
 maturin build --release -q -o target/wheels

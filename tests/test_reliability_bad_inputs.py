@@ -231,12 +231,9 @@ def build_cases():  # noqa: C901 - a table
         for vid, v in BAD_DEV_TYPE:
             add(C(f"{name}-device-type-{vid}", lambda e, f=f, v=v: f(v), TypeError, "device|index"))
     for name, f in dev_required.items():
-        if name in ("device_malloc", "Device"):
-            # lenient: None means the current device here (inconsistent with the other
-            # functions and with the stubs; reported, left alone)
-            add(C(f"{name}-device-None-current", lambda e, f=f: f(None), None))
-        else:
-            add(C(f"{name}-device-None", lambda e, f=f: f(None), TypeError, "device|index"))
+        # Regression: device_malloc(None, n) and Device(None) used to take None as the current
+        # device, unlike every other required device argument and the stubs.
+        add(C(f"{name}-device-None", lambda e, f=f: f(None), TypeError, "device|index"))
 
     def ctx(d):
         with runtime.Device(d):
@@ -919,6 +916,22 @@ def build_cases():  # noqa: C901 - a table
             lambda e: e.f32.__dlpack__(dl_device=(2, 0)),
             BufferError,
             "device",
+        )
+    )
+    # Regression: the device id of dl_device was ignored.
+    add(
+        C(
+            "__dlpack__-dl_device-cpu-id-3",
+            lambda e: e.f32.__dlpack__(dl_device=(1, 3)),
+            BufferError,
+            "device id 3",
+        )
+    )
+    add(
+        C(
+            "__dlpack__-dl_device-cpu-id-0-ok",
+            lambda e: e.f32.__dlpack__(dl_device=(1, 0)),
+            None,
         )
     )
     add(

@@ -600,6 +600,37 @@ def test_shutdown_runs_queued_python_kernels_and_the_work_behind_them():
     runtime.init(device_count=DEVICES, memory="256MiB")
 
 
+def test_init_racing_shutdown_returns_a_new_working_runtime():
+    """Regression: while shutdown drained, init() returned the dying runtime, and every call
+    after it failed. Now init waits for the shutdown (without the GIL: the drain runs a
+    Python kernel) and builds a new runtime."""
+    for _ in range(3):
+        s = runtime.Stream(0)
+        started = threading.Event()
+
+        def slow(started: threading.Event = started) -> None:
+            started.set()
+            time.sleep(0.05)
+
+        s.launch_host_func(slow)
+        assert started.wait(WAIT)
+        closer = threading.Thread(target=runtime.shutdown)
+        closer.start()
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:  # until the shutdown refuses new work
+            try:
+                runtime.Stream(0)
+            except (runtime.InvalidHandleError, runtime.NotInitializedError):
+                break
+        runtime.init(device_count=DEVICES, memory="256MiB")
+        closer.join(WAIT)
+        assert not closer.is_alive()
+        assert runtime.is_initialized()
+        b = runtime.to_device(np.arange(4, dtype=np.int32))
+        assert b.copy_to_host().tolist() == [0, 1, 2, 3]
+        FAULTS["init racing shutdown"] += 1
+
+
 def test_shutdown_while_another_thread_launches_and_waits():
     results: collections.Counter[str] = collections.Counter()
     for trial in range(30):

@@ -268,7 +268,7 @@ impl Event {
                 std::hint::spin_loop();
             }
         }
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = crate::stream::deadline_after(timeout);
         Ok(self.0.gate.wait_latest(target, deadline))
     }
 

@@ -104,3 +104,30 @@ fn loom_gate_host_wait_sees_completion() {
         completer.join().unwrap();
     });
 }
+
+/// The device's submission gate: a submitter that got in has pushed before `close` returns,
+/// and one that did not get in pushed nothing — the drain after `close` misses no command.
+#[test]
+fn loom_submit_gate_close_waits_for_admitted_submitters() {
+    use crate::device::gate::SubmitGate;
+    use crate::sync::{AtomicUsize, Ordering};
+    loom::model(|| {
+        let gate = Arc::new(SubmitGate::new());
+        let pushed = Arc::new(AtomicUsize::new(0));
+        let submitter = {
+            let (gate, pushed) = (gate.clone(), pushed.clone());
+            thread::spawn(move || match gate.enter() {
+                Some(_guard) => {
+                    pushed.fetch_add(1, Ordering::SeqCst);
+                    true
+                }
+                None => false,
+            })
+        };
+        gate.close();
+        let seen_by_drain = pushed.load(Ordering::SeqCst);
+        let admitted = submitter.join().unwrap();
+        assert_eq!(seen_by_drain, usize::from(admitted));
+        assert!(gate.enter().is_none());
+    });
+}

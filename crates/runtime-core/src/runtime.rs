@@ -3,8 +3,9 @@
 //!
 //! `init` is idempotent; `shutdown` marks every device dead (so new work is refused and old
 //! handles fail with `InvalidHandle`), waits for the queued work, stops the engines and drops
-//! the runtime's references to device memory. Memory still referenced by live views stays mapped until the last view
-//! goes away, so nothing can dangle. `init` works again after `shutdown`.
+//! the runtime's references to device memory. Memory still referenced by live views stays
+//! mapped until the last view goes away, so nothing can dangle. `init` works again after
+//! `shutdown`; an `init` racing a `shutdown` waits for it and builds a new runtime.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -92,6 +93,9 @@ pub struct Runtime {
     config: Config,
     devices: Vec<Device>,
     generation: u64,
+    /// Set by `shutdown` before it drains: the runtime stays installed (queued work may look it
+    /// up) but `init` must not hand it out.
+    closing: AtomicBool,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -114,6 +118,24 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 pub fn init(builder: &ConfigBuilder) -> Result<Arc<Runtime>> {
     let config = builder.build()?;
     let mut slot = RUNTIME.write();
+    // Fix: while `shutdown` drains, the dying runtime is still installed; `init` used to return
+    // it, and every call on it then failed. Wait until `shutdown` has taken it out (work
+    // queued on the dying runtime cannot wait for its own drain: it gets an error instead).
+    while let Some(rt) = slot
+        .as_ref()
+        .filter(|rt| rt.closing.load(Ordering::Acquire))
+    {
+        if crate::stream::engine::on_worker_thread() {
+            return Err(DeviceError::InvalidHandle {
+                what: format!("the runtime (generation {})", rt.generation),
+                why: "shutdown() is draining it, and init() from its own queued work would wait for itself".into(),
+            }
+            .into());
+        }
+        drop(slot);
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        slot = RUNTIME.write();
+    }
     if let Some(rt) = slot.as_ref() {
         let explicit = *builder != ConfigBuilder::default();
         if explicit && rt.config != config {
@@ -159,6 +181,7 @@ pub fn init(builder: &ConfigBuilder) -> Result<Arc<Runtime>> {
         config,
         devices,
         generation,
+        closing: AtomicBool::new(false),
     });
     *slot = Some(rt.clone());
     Ok(rt)
@@ -187,20 +210,19 @@ pub fn shutdown() {
     // so queued work that looks the runtime up while it runs (a Python kernel checks its
     // buffer arguments against the current runtime) failed with "the runtime was shut down",
     // and everything queued behind it on its stream was skipped: work queued before
-    // `shutdown()` was silently lost. Now: refuse new work first (streams check `alive`),
-    // drain with the runtime still installed, then take it out. The second drain pass
-    // catches submissions that passed their liveness check just before it was cleared.
+    // `shutdown()` was silently lost. Now: refuse new work first and wait for submissions
+    // already past their check (`Device::close`), drain with the runtime still installed,
+    // then take it out.
     let Some(rt) = RUNTIME.read().clone() else {
         return;
     };
+    rt.closing.store(true, Ordering::Release);
     for d in &rt.devices {
-        d.0.alive.store(false, Ordering::Release);
+        d.close();
     }
-    for _ in 0..2 {
-        for d in &rt.devices {
-            // Queued work finishes first; errors it raised are dropped with the runtime.
-            let _ = crate::stream::drain_device(d);
-        }
+    for d in &rt.devices {
+        // Queued work finishes first; errors it raised are dropped with the runtime.
+        let _ = crate::stream::drain_device(d);
     }
     {
         let mut slot = RUNTIME.write();
@@ -232,6 +254,11 @@ impl Runtime {
     /// Which `init` this is (1 for the first, 2 after one shutdown, ...).
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// Whether `shutdown` has begun on this runtime (it refuses new work and is draining).
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
     }
 
     /// A device by index.

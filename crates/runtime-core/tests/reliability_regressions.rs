@@ -155,3 +155,27 @@ fn float_scalar_two_to_the_63_does_not_fit_int64() {
     assert_eq!(i64::from_ne_bytes(out), i64::MAX);
     s.destroy().unwrap();
 }
+
+/// Waits with a timeout near `Duration::MAX` used to panic computing `Instant::now() + t`;
+/// such a timeout now means no limit.
+#[test]
+fn huge_timeouts_mean_no_limit() {
+    use runtime_core::event::Event;
+    let rt = init();
+    let s = Stream::new(rt.device(0).unwrap(), 0).unwrap();
+    let e = Event::new(false, false);
+    s.enqueue(stream::FnOp::shared(
+        "short",
+        stream::OpKind::Compute,
+        || {
+            std::thread::sleep(Duration::from_millis(5));
+            Ok(())
+        },
+    ))
+    .unwrap();
+    s.record(&e).unwrap();
+    assert!(s.synchronize(Some(Duration::MAX)).unwrap());
+    assert!(e.synchronize(Some(Duration::MAX)).unwrap());
+    assert!(stream::synchronize_all(Some(0), Some(Duration::MAX)).unwrap());
+    assert!(stream::synchronize_all(None, Some(Duration::MAX)).unwrap());
+}

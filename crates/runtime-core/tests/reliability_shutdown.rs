@@ -120,3 +120,46 @@ fn shutdown_racing_a_launcher_never_leaves_a_waiter_hanging() {
         );
     }
 }
+
+/// `init` called while `shutdown` drains waits for it and returns a new, working runtime
+/// (it used to return the dying one, on which every call failed).
+#[test]
+fn init_racing_shutdown_returns_a_new_runtime() {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let cfg = ConfigBuilder {
+        device_count: Some(1),
+        memory: Some("64MiB".into()),
+        profile: None,
+    };
+    for round in 0..5 {
+        let rt = runtime::init(&cfg).expect("init the runtime");
+        let old = rt.generation();
+        let s = Stream::new(rt.device(0).unwrap(), 0).unwrap();
+        let started = Arc::new(AtomicBool::new(false));
+        let flag = started.clone();
+        s.enqueue(FnOp::shared("slow", OpKind::Compute, move || {
+            flag.store(true, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(30));
+            Ok(())
+        }))
+        .unwrap();
+        while !started.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        let closer = std::thread::spawn(runtime::shutdown);
+        while !rt.is_closing() {
+            std::thread::yield_now();
+        }
+        let fresh = runtime::init(&cfg).expect("init after the racing shutdown");
+        closer.join().unwrap();
+        assert!(
+            fresh.generation() > old,
+            "round {round}: got the dying runtime"
+        );
+        assert!(!fresh.is_closing());
+        let s2 = Stream::new(fresh.device(0).unwrap(), 0).expect("the new runtime works");
+        s2.synchronize(None).unwrap();
+        drop((s, s2, rt, fresh));
+        runtime::shutdown();
+    }
+}

@@ -95,6 +95,18 @@ pub fn device_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<i64> {
     })
 }
 
+/// A required device argument: like [`resolve`] but `None` is a `TypeError` (it is not "the
+/// current device" where the signature says `Device | int`).
+pub fn resolve_required(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Device> {
+    // Fix: `device_malloc(None, n)` and `Device(None)` used to take None as the current device.
+    if obj.is_none() {
+        return Err(PyTypeError::new_err(format!(
+            "{arg} must be a runtime.Device or an int, got None"
+        )));
+    }
+    resolve(Some(obj), arg)
+}
+
 /// Resolve an optional device argument (`None` = the thread's current device).
 pub fn resolve(obj: Option<&Bound<'_, PyAny>>, arg: &str) -> PyResult<Device> {
     let r = rt::get().map_err(crate::errors::RtErr)?;
@@ -127,7 +139,7 @@ impl PyDevice {
 impl PyDevice {
     #[new]
     fn new(index: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let d = resolve(Some(index), "index")?;
+        let d = resolve_required(index, "index")?;
         Ok(PyDevice { index: d.index() })
     }
 
@@ -230,6 +242,7 @@ fn memory_info_impl(i: i64) -> PyResult<MemoryInfo> {
 #[pyfunction]
 #[pyo3(signature = (device_count=None, memory=None, profile=None))]
 pub fn init(
+    py: Python<'_>,
     device_count: Option<&Bound<'_, PyAny>>,
     memory: Option<&Bound<'_, PyAny>>,
     profile: Option<&Bound<'_, PyAny>>,
@@ -287,7 +300,9 @@ pub fn init(
         memory,
         profile,
     };
-    rt::init(&b).map_err(crate::errors::RtErr)?;
+    // Without the GIL: an init racing a shutdown waits for its drain, which may run Python
+    // kernels.
+    py.detach(|| rt::init(&b)).map_err(crate::errors::RtErr)?;
     Ok(())
 }
 

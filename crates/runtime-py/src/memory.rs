@@ -21,7 +21,7 @@ use runtime_core::runtime as rt;
 use runtime_core::stream::copy::{self, HostMemory};
 use runtime_core::stream::{Op, Stream};
 
-use crate::device::{device_arg, resolve, PyDevice};
+use crate::device::{device_arg, resolve, resolve_required, PyDevice};
 use crate::errors::{self, RtErr};
 use crate::stream::{sync_stream, PyStream};
 
@@ -358,9 +358,15 @@ impl PyDeviceBuffer {
             })?),
             _ => None,
         };
-        if let Some((t, _)) = dl_device {
+        if let Some((t, id)) = dl_device {
             if t != i64::from(crate::dlpack::KDL_CPU) {
                 return Err(PyBufferError::new_err(format!("DeviceBuffer memory is host memory (kDLCPU = 1); cannot export to device type {t}")));
+            }
+            // Fix: the device id was ignored; __dlpack_device__ says (kDLCPU, 0).
+            if id != 0 {
+                return Err(PyBufferError::new_err(format!(
+                    "dl_device: DeviceBuffer memory is exported as (kDLCPU = 1, device id 0); cannot export to device id {id}"
+                )));
             }
         }
         if copy == Some(true) {
@@ -703,7 +709,7 @@ pub fn device_malloc(
     device: &Bound<'_, PyAny>,
     size: &Bound<'_, PyAny>,
 ) -> PyResult<PyDeviceBuffer> {
-    let d = resolve(Some(device), "device")?;
+    let d = resolve_required(device, "device")?;
     let size = nonneg(size, "size")?;
     let gen = rt::get().map_err(RtErr)?.generation();
     let b = d.memory().allocate(size).map_err(RtErr)?;

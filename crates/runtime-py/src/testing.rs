@@ -2,12 +2,12 @@
 
 use pyo3::prelude::*;
 
-use crate::device::resolve;
+use crate::device::resolve_required;
 
 /// Make the `nth` allocation on `device` from now fail with OutOfMemoryError (0 disarms).
 #[pyfunction]
 pub fn _inject_alloc_failure(device: &Bound<'_, PyAny>, nth: u64) -> PyResult<()> {
-    resolve(Some(device), "device")?
+    resolve_required(device, "device")?
         .memory()
         .inject_alloc_failure(nth);
     Ok(())

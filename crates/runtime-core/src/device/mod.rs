@@ -2,16 +2,20 @@
 //! per-thread current device.
 //!
 //! * [`profile`]: the device models (`ascend910`, `host`).
+//! * `gate`: the submission gate that `shutdown` closes before it drains.
 //!
 //! A [`Device`] owns its [`DeviceMemory`] and the engines that
 //! run its streams (see [`crate::stream`]). Devices live as long as the runtime that created
 //! them; a `Device` handle checks on each use that its runtime is still alive.
 
+pub(crate) mod gate;
 pub mod profile;
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+pub(crate) use gate::GateGuard;
+use gate::SubmitGate;
 
 use crate::error::{DeviceError, Result};
 use crate::memory::DeviceMemory;
@@ -60,7 +64,8 @@ pub(crate) struct DeviceShared {
     pub(crate) memory: Arc<DeviceMemory>,
     pub(crate) engines: Engines,
     pub(crate) options: Arc<Options>,
-    pub(crate) alive: AtomicBool,
+    /// Open until shutdown: new work enters through it (see `gate`).
+    pub(crate) gate: SubmitGate,
     /// The default stream, created on first use.
     pub(crate) default_stream: parking_lot::Mutex<Option<Stream>>,
 }
@@ -95,7 +100,7 @@ impl Device {
             memory,
             engines: Engines::new(index, compute_engines),
             options,
-            alive: AtomicBool::new(true),
+            gate: SubmitGate::new(),
             default_stream: parking_lot::Mutex::new(None),
         }))
     }
@@ -107,15 +112,31 @@ impl Device {
 
     /// Fails with `InvalidHandle` if the runtime that made this device was shut down.
     pub fn check_alive(&self) -> Result<()> {
-        if self.0.alive.load(Ordering::Acquire) {
+        if self.0.gate.is_open() {
             Ok(())
         } else {
-            Err(DeviceError::InvalidHandle {
-                what: format!("Device({})", self.0.index),
-                why: "the runtime was shut down".into(),
-            }
-            .into())
+            Err(self.dead())
         }
+    }
+
+    fn dead(&self) -> crate::error::Error {
+        DeviceError::InvalidHandle {
+            what: format!("Device({})", self.0.index),
+            why: "the runtime was shut down".into(),
+        }
+        .into()
+    }
+
+    /// Begin a submission: fails like [`Device::check_alive`] once shutdown has begun; while
+    /// the guard lives, [`Device::close`] waits, so shutdown's drain covers the command.
+    pub(crate) fn enter_submit(&self) -> Result<GateGuard<'_>> {
+        self.0.gate.enter().ok_or_else(|| self.dead())
+    }
+
+    /// Refuse new work and wait for submissions already past their check (shutdown, before
+    /// it drains).
+    pub(crate) fn close(&self) {
+        self.0.gate.close();
     }
 
     /// Properties.

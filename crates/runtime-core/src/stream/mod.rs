@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
-use crate::device::Device;
+use crate::device::{Device, GateGuard};
 use crate::error::{DeviceError, Error, KernelFailure, Result, StreamError};
 use crate::event::{now_ns, Event};
 use crate::trace;
@@ -63,6 +63,13 @@ static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Every live stream, for `stream_synchronize` and shutdown.
 static STREAMS: Mutex<Option<HashMap<u64, Weak<StreamInner>>>> = Mutex::new(None);
+
+/// The deadline `timeout` from now; `None` (no limit) when there is no timeout or it reaches
+/// past what `Instant` can represent.
+// Fix: the waits computed `Instant::now() + timeout`, which panicked near `Duration::MAX`.
+pub(crate) fn deadline_after(timeout: Option<Duration>) -> Option<Instant> {
+    timeout.and_then(|t| Instant::now().checked_add(t))
+}
 
 pub(crate) struct StreamInner {
     pub(crate) id: u64,
@@ -193,6 +200,11 @@ impl Stream {
 
     /// Fails if the stream was destroyed or its runtime shut down.
     pub fn check(&self) -> Result<()> {
+        self.check_destroyed()?;
+        self.0.device.check_alive()
+    }
+
+    fn check_destroyed(&self) -> Result<()> {
         if self.0.destroyed.load(Ordering::Acquire) {
             return Err(DeviceError::InvalidHandle {
                 what: format!("Stream#{}", self.0.id),
@@ -200,7 +212,14 @@ impl Stream {
             }
             .into());
         }
-        self.0.device.check_alive()
+        Ok(())
+    }
+
+    /// [`Stream::check`] for a submission: the guard keeps shutdown from draining before the
+    /// command is pushed.
+    fn enter(&self) -> Result<GateGuard<'_>> {
+        self.check_destroyed()?;
+        self.0.device.enter_submit()
     }
 
     /// Queue an operation. In synchronous mode (`enableAsync` off) waits for it and raises
@@ -216,7 +235,7 @@ impl Stream {
     /// true when it was queued, false when it was captured. Callers that must release a lock
     /// (the Python bindings release the GIL) wait themselves in synchronous mode.
     pub fn enqueue(&self, op: Arc<dyn Op>) -> Result<bool> {
-        self.check()?;
+        let _submitting = self.enter()?;
         if let Some(nodes) = self.0.capture.lock().as_mut() {
             nodes.push(Node::Op(op));
             return Ok(false);
@@ -229,7 +248,7 @@ impl Stream {
     /// as submitted and completed; its error is reported by the next synchronisation as
     /// usual. Returns false, doing nothing, when the stream is busy: queue it instead.
     pub fn try_run_inline(&self, op: &Arc<dyn Op>) -> Result<bool> {
-        self.check()?;
+        let _submitting = self.enter()?;
         let s = &self.0;
         if s.capture.lock().is_some()
             || s.state
@@ -338,7 +357,7 @@ impl Stream {
         if s.done.reached(target) {
             return true;
         }
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = deadline_after(timeout);
         // A kernel or host function that waits for a stream holds its engine worker; if the
         // awaited stream is queued behind it (the serial engine has one worker), nobody else
         // would run it. Such a waiter runs the stream itself. Other callers only wait, so
@@ -357,7 +376,7 @@ impl Stream {
     /// Make this stream wait (on the device, without blocking the caller) until `event`'s
     /// latest record has completed. A never-recorded event is a no-op, as in CUDA.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
-        self.check()?;
+        let _submitting = self.enter()?;
         event.check()?;
         let id = event.0.recorded();
         if let Some(nodes) = self.0.capture.lock().as_mut() {
@@ -374,7 +393,7 @@ impl Stream {
     /// Record `event` on this stream: it completes when the stream reaches this point, with
     /// the time read then. On an idle stream it completes at once.
     pub fn record(&self, event: &Event) -> Result<()> {
-        self.check()?;
+        let _submitting = self.enter()?;
         event.check()?;
         if let Some(nodes) = self.0.capture.lock().as_mut() {
             nodes.push(Node::Record(event.0.clone()));
@@ -446,7 +465,7 @@ impl Stream {
 
     /// Queue a graph replay without waiting (see [`Stream::enqueue`]).
     pub fn enqueue_graph(&self, graph: &Graph) -> Result<bool> {
-        self.check()?;
+        let _submitting = self.enter()?;
         if let Some(nodes) = self.0.capture.lock().as_mut() {
             nodes.extend(graph.0.nodes.iter().cloned());
             return Ok(false);
@@ -705,14 +724,14 @@ fn live_streams(device: Option<usize>) -> Vec<Stream> {
     };
     all.into_iter()
         .filter(|s| device.is_none_or(|d| s.device.index() == d))
-        .filter(|s| s.device.0.alive.load(Ordering::Acquire))
+        .filter(|s| s.device.0.gate.is_open())
         .map(Stream)
         .collect()
 }
 
 /// Wait for every live stream (of `device`, or of all devices). Reports the first error.
 pub fn synchronize_all(device: Option<usize>, timeout: Option<Duration>) -> Result<bool> {
-    let deadline = timeout.map(|t| Instant::now() + t);
+    let deadline = deadline_after(timeout);
     let mut first_err = None;
     for s in live_streams(device) {
         let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
@@ -769,7 +788,7 @@ pub(crate) fn forget_streams(_generation: u64) {
     if let Some(map) = STREAMS.lock().as_mut() {
         map.retain(|_, w| match w.upgrade() {
             Some(s) => {
-                let alive = s.device.0.alive.load(Ordering::Acquire);
+                let alive = s.device.0.gate.is_open();
                 upgraded.push(s);
                 alive
             }
