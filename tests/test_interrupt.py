@@ -232,3 +232,25 @@ def test_interrupt_sync_mode_launch():
     s.synchronize(timeout=WAIT)
     assert_stream_usable(s)
     s.destroy()
+
+
+def test_interrupt_launch_waiting_for_backlog_room():
+    """A launch that waits for room in a full backlog (behind a blocked kernel) is a wait like
+    any other: Ctrl-C interrupts it, the launch itself stays queued and runs."""
+    s = runtime.Stream(0)
+    stop = threading.Event()
+    ran = []
+    s.launch_kernel(stepping_kernel(stop))
+    try:
+        for _ in range(runtime.MAX_QUEUED - 1):
+            s.launch_kernel(kernels.noop)
+        t0 = time.monotonic()
+        assert interrupted(lambda: s.launch_kernel(ran.append, (1,)))  # pending > MAX_QUEUED
+        assert time.monotonic() - t0 < WAIT / 2
+        assert not ran
+    finally:
+        stop.set()
+    s.synchronize(timeout=WAIT)
+    assert ran == [1]
+    assert_stream_usable(s)
+    s.destroy()

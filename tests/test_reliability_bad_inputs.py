@@ -1342,6 +1342,7 @@ def test_every_public_name_is_covered():
     no_input = {
         "kernels": "module (its kernels are covered as Kernel cases)",
         "__version__": "a string",
+        "MAX_QUEUED": "an int",
     }
     exceptions = {
         n

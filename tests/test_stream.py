@@ -1065,3 +1065,46 @@ def test_host_func_error_surfaces_as_kernel_error(stream):
         stream.synchronize(timeout=WAIT)
     assert isinstance(ei.value.__cause__, KeyError)
     assert ei.value.kernel.endswith("host_fails")
+
+
+# --- back-pressure ----------------------------------------------------------------------------
+
+
+def test_launch_waits_while_the_backlog_is_full(stream):
+    """Behind a blocked kernel, launches stop at MAX_QUEUED pending commands (the launch that
+    finds the backlog full waits, GIL released) and resume when it drains."""
+    gate = threading.Event()
+    stream.launch_kernel(gated(gate))
+    total = 2 * runtime.MAX_QUEUED + 10
+    launched = []
+
+    def launcher():
+        for i in range(total):
+            stream.launch_kernel(runtime.kernels.noop)
+            launched.append(i)
+
+    t = threading.Thread(target=launcher)
+    t.start()
+    deadline = time.monotonic() + WAIT
+    while len(launched) < runtime.MAX_QUEUED - 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.05)
+    # 1 blocked kernel + 1,024 launches pending; the 1,024th launch waits for room
+    assert len(launched) == runtime.MAX_QUEUED - 1
+    assert not stream.query()
+    gate.set()
+    t.join(WAIT)
+    assert not t.is_alive()
+    stream.synchronize(timeout=WAIT)
+    assert launched == list(range(total))
+
+
+def test_tight_loop_of_python_kernels_runs_all_in_order(stream):
+    """A launch loop that holds the GIL cannot starve queued Python kernels: with the backlog
+    full it waits with the GIL released, so they run."""
+    out = []
+    n = 3 * runtime.MAX_QUEUED
+    for i in range(n):
+        stream.launch_kernel(out.append, (i,))
+    stream.synchronize(timeout=WAIT)
+    assert out == list(range(n))

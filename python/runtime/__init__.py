@@ -15,6 +15,7 @@ import atexit as _atexit
 
 from . import kernels
 from ._runtime import (
+    MAX_QUEUED,
     ComputeInfo,
     Device,
     DeviceBuffer,
@@ -104,6 +105,7 @@ def memset_async(buf, value, stream, **kw) -> None:
 _atexit.register(shutdown)
 
 __all__ = [
+    "MAX_QUEUED",
     "ComputeInfo",
     "Device",
     "DeviceBuffer",

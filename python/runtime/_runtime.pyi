@@ -6,6 +6,7 @@ from typing import Any, TypeAlias, final
 import numpy as np
 
 __all__ = [
+    "MAX_QUEUED",
     "ComputeInfo",
     "Device",
     "DeviceBuffer",
@@ -59,6 +60,9 @@ __all__ = [
     "trace_start",
     "trace_stop",
 ]
+
+MAX_QUEUED: int
+"""Commands a stream holds before a launch waits for room (back-pressure, like CUDA's launch queue)."""
 
 class Error(RuntimeError): ...
 class NotInitializedError(Error): ...

@@ -210,3 +210,57 @@ fn dropping_streams_while_others_synchronize() {
         syncer.join().unwrap();
     });
 }
+
+/// Back-pressure: behind a blocked command, `launch` stops at `MAX_QUEUED` pending commands
+/// and resumes when the backlog drains; every launch runs, in order.
+#[test]
+fn launch_waits_while_the_backlog_is_full() {
+    let rt = init();
+    let s = Stream::new(rt.device(1).unwrap(), 0).unwrap();
+    let open = Arc::new(AtomicBool::new(false));
+    let gate = open.clone();
+    s.launch(FnOp::shared("gate", OpKind::Compute, move || {
+        while !gate.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }))
+    .unwrap();
+    let total = 2 * stream::MAX_QUEUED as usize + 100;
+    let launched = Arc::new(AtomicUsize::new(0));
+    let ran = Arc::new(AtomicUsize::new(0));
+    let launcher = {
+        let (s, launched, ran) = (s.clone(), launched.clone(), ran.clone());
+        std::thread::spawn(move || {
+            for i in 0..total {
+                let ran = ran.clone();
+                s.launch(FnOp::shared("count", OpKind::Compute, move || {
+                    // in order: the i-th command sees i commands before it
+                    assert_eq!(ran.fetch_add(1, Ordering::SeqCst), i);
+                    Ok(())
+                }))
+                .unwrap();
+                launched.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+    };
+    // The launcher fills the backlog and then waits: it cannot get past MAX_QUEUED launches
+    // while the gate is closed, however long we look.
+    while s.pending() <= stream::MAX_QUEUED {
+        std::thread::yield_now();
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(s.pending(), stream::MAX_QUEUED + 1);
+    // 1,024 launches are queued; the last of them is waiting in `launch` for room.
+    assert_eq!(
+        launched.load(Ordering::SeqCst),
+        stream::MAX_QUEUED as usize - 1
+    );
+    assert!(s.backlog_target().is_some());
+    open.store(true, Ordering::SeqCst);
+    within(Duration::from_secs(60), move || launcher.join().unwrap());
+    assert!(s.synchronize(Some(Duration::from_secs(60))).unwrap());
+    assert_eq!(ran.load(Ordering::SeqCst), total);
+    assert_eq!(s.pending(), 0);
+    assert!(s.backlog_target().is_none());
+}

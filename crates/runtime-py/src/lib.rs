@@ -23,6 +23,8 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     runtime_core::stream::engine::set_thread_wrapper(Arc::new(|body| {
         Python::attach(|py| py.detach(body));
     }));
+    // Commands a stream holds before a launch waits for room (back-pressure).
+    m.add("MAX_QUEUED", runtime_core::stream::MAX_QUEUED)?;
     m.add_class::<device::PyDevice>()?;
     m.add_class::<device::DeviceProperties>()?;
     m.add_class::<device::MemoryInfo>()?;

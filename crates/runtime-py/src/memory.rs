@@ -673,9 +673,8 @@ fn run_copy(
 ) -> PyResult<()> {
     match stream {
         Some(s) => {
-            s.enqueue(op).map_err(RtErr)?;
-            if s.is_sync_mode() {
-                sync_stream(py, &s, None)?;
+            if s.enqueue(op).map_err(RtErr)? {
+                crate::stream::after_enqueue(py, &s)?;
             }
             Ok(())
         }

@@ -236,8 +236,26 @@ fn native_args(py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<Vec<Kernel
 }
 
 fn launch_op(py: Python<'_>, s: &Stream, op: Arc<dyn Op>) -> PyResult<()> {
-    if s.enqueue(op).map_err(RtErr)? && s.is_sync_mode() {
-        sync_stream(py, s, None)?;
+    if s.enqueue(op).map_err(RtErr)? {
+        after_enqueue(py, s)?;
+    }
+    Ok(())
+}
+
+/// After a launch was queued: in synchronous mode wait for it and raise its error; otherwise
+/// wait (GIL released, Ctrl-C live) only while the stream's backlog is full
+/// (`Stream::backlog_target`).
+pub fn after_enqueue(py: Python<'_>, s: &Stream) -> PyResult<()> {
+    if s.is_sync_mode() {
+        return sync_stream(py, s, None);
+    }
+    if let Some(target) = s.backlog_target() {
+        wait::wait(
+            py,
+            || format!("{s:?}"),
+            None,
+            |slice| s.wait_for(target, Some(slice)),
+        )?;
     }
     Ok(())
 }
@@ -657,8 +675,8 @@ impl PyGraph {
     #[pyo3(signature = (stream=None))]
     fn launch(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let s = stream_or_current(stream)?;
-        if s.enqueue_graph(&self.inner).map_err(RtErr)? && s.is_sync_mode() {
-            sync_stream(py, &s, None)?;
+        if s.enqueue_graph(&self.inner).map_err(RtErr)? {
+            after_enqueue(py, &s)?;
         }
         Ok(())
     }

@@ -16,6 +16,9 @@ use crate::sync::{AtomicUsize, Ordering};
 
 const CLOSED: usize = 1 << (usize::BITS - 1);
 
+// Its own cache line: every launch on the device writes it, and the engines' state next to
+// it in `DeviceShared` is written by the workers.
+#[repr(align(128))]
 pub(crate) struct SubmitGate {
     /// `CLOSED` bit | submitters inside.
     state: AtomicUsize,

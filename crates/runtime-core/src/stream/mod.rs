@@ -42,6 +42,12 @@ use engine::{EngineKind, Engines};
 pub use graph::Graph;
 use graph::Node;
 
+/// Commands a stream holds before launching waits (CUDA's launch queue blocks at about a
+/// thousand pending launches too): a launcher that finds more pending waits until half of
+/// them have run, so a tight launch loop cannot queue without bound or starve the workers of
+/// the GIL that queued Python kernels need.
+pub const MAX_QUEUED: u64 = 1024;
+
 /// Highest (most urgent) stream priority. Lower numbers are more urgent, as in CUDA.
 pub const PRIORITY_HIGHEST: i32 = -3;
 /// Lowest stream priority, and the default.
@@ -83,6 +89,9 @@ pub(crate) struct StreamInner {
     head: Mutex<Option<Command>>,
     state: AtomicU8,
     done: Completion,
+    /// A lower bound of `done.completed()` seen by launchers: the back-pressure check reads
+    /// the engine-written counter only when this bound alone cannot rule a full backlog out.
+    completed_floor: AtomicU64,
     failed: AtomicBool,
     error: Mutex<Option<KernelFailure>>,
     destroyed: AtomicBool,
@@ -166,6 +175,7 @@ impl Stream {
             head: Mutex::new(None),
             state: AtomicU8::new(IDLE),
             done: Completion::new(),
+            completed_floor: AtomicU64::new(0),
             failed: AtomicBool::new(false),
             error: Mutex::new(None),
             destroyed: AtomicBool::new(false),
@@ -223,7 +233,8 @@ impl Stream {
     }
 
     /// Queue an operation. In synchronous mode (`enableAsync` off) waits for it and raises
-    /// its error here.
+    /// its error here; otherwise waits only while the stream holds more than [`MAX_QUEUED`]
+    /// commands (see [`Stream::backlog_target`]).
     pub fn launch(&self, op: Arc<dyn Op>) -> Result<()> {
         if self.enqueue(op)? {
             self.after_submit()?;
@@ -287,10 +298,43 @@ impl Stream {
 
     fn after_submit(&self) -> Result<()> {
         if self.0.device.0.options.is_async() {
+            if let Some(target) = self.backlog_target() {
+                self.wait_for(target, None);
+            }
             Ok(())
         } else {
             self.synchronize(None).map(|_| ())
         }
+    }
+
+    /// Commands queued on this stream and not yet completed.
+    pub fn pending(&self) -> u64 {
+        // `completed` first: read the other way round, a completion in between could make
+        // it exceed the earlier `submitted`.
+        let completed = self.0.done.completed();
+        self.0.done.submitted().saturating_sub(completed)
+    }
+
+    /// Back-pressure: when more than [`MAX_QUEUED`] commands are pending, the command count
+    /// a launcher should wait for (until half the backlog has run) before it launches again;
+    /// `None` when there is room, and always on an engine worker (a kernel that launches
+    /// must not stall the engine that would drain the backlog). [`Stream::launch`] waits by
+    /// itself; callers of [`Stream::enqueue`] that hold a lock (the Python bindings hold the
+    /// GIL, which queued Python kernels need) wait after releasing it.
+    pub fn backlog_target(&self) -> Option<u64> {
+        let s = &self.0;
+        let submitted = s.done.submitted();
+        // Fast path without touching the counter the engine writes (its cache line stays
+        // with the worker): `completed >= floor`, so this bound suffices most of the time.
+        if submitted.saturating_sub(s.completed_floor.load(Ordering::Relaxed)) <= MAX_QUEUED {
+            return None;
+        }
+        let completed = s.done.completed();
+        s.completed_floor.fetch_max(completed, Ordering::Relaxed);
+        if submitted.saturating_sub(completed) <= MAX_QUEUED || engine::on_worker_thread() {
+            return None;
+        }
+        Some(submitted - MAX_QUEUED / 2)
     }
 
     pub(crate) fn submit(&self, cmd: Command) {
