@@ -145,7 +145,6 @@ pub struct DeviceMemory {
     state: Mutex<PoolState>,
     options: Arc<Options>,
     scrub: Scrubber,
-    next_id: AtomicU64,
 }
 
 impl std::fmt::Debug for DeviceMemory {
@@ -199,7 +198,6 @@ impl DeviceMemory {
             }),
             options,
             scrub: Scrubber::default(),
-            next_id: AtomicU64::new(1),
         })
     }
 
@@ -258,7 +256,7 @@ impl DeviceMemory {
             .into());
         }
         let injected = self.injected_failure();
-        let (offset, block, kind, dirty) = {
+        let (offset, block, kind, dirty, id) = {
             let mut st = self.state.lock();
             let r = if injected {
                 None
@@ -306,6 +304,8 @@ impl DeviceMemory {
             st.requested += size;
             st.active += 1;
             st.num_allocs += 1;
+            // The allocation's id is its number (from 1): no atomic counter on this path.
+            let id = st.num_allocs;
             st.note_peaks();
             if trace::enabled() {
                 trace::push(trace::Record {
@@ -319,7 +319,8 @@ impl DeviceMemory {
                     },
                 });
             }
-            r
+            let (offset, block, kind, dirty) = r;
+            (offset, block, kind, dirty, id)
         };
         if dirty {
             // Ours now and not visible to anyone else: zero it before handing it out.
@@ -329,7 +330,6 @@ impl DeviceMemory {
                 self.arena.release(offset, block);
             }
         }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         Ok(Buffer(Arc::new(Allocation {
             mem: self.clone(),
             offset,
@@ -620,8 +620,7 @@ pub struct Allocation {
 
 impl Drop for Allocation {
     fn drop(&mut self) {
-        let mem = self.mem.clone();
-        mem.free_allocation(self);
+        self.mem.free_allocation(self);
     }
 }
 
