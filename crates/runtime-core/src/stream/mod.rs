@@ -3,6 +3,7 @@
 //! * [`command`]: the [`Op`] trait and the commands a stream carries.
 //! * [`engine`]: the worker threads (compute, copy and serial engines per device).
 //! * [`graph`]: capture and replay.
+//! * `panics`: a panicking op becomes a `KernelFailure` (message and location), quietly.
 //!
 //! A stream is a crossbeam channel of commands plus a small state machine
 //! (`IDLE -> QUEUED -> RUNNING -> IDLE`, or `RUNNING -> BLOCKED` while it waits for an event).
@@ -20,10 +21,10 @@ pub(crate) mod completion;
 pub mod copy;
 pub mod engine;
 pub mod graph;
+mod panics;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -649,14 +650,7 @@ fn run_op(s: &StreamInner, op: &dyn Op) {
         return; // skipped behind an unreported error
     }
     let t0 = trace::enabled().then(now_ns);
-    let result = catch_unwind(AssertUnwindSafe(|| op.run())).unwrap_or_else(|p| {
-        let msg = p
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_string())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "panic with a non-string payload".into());
-        Err(KernelFailure::new(op.name(), format!("panicked: {msg}")))
-    });
+    let result = panics::run_caught(op.name(), || op.run());
     if let Some(t0) = t0 {
         trace::push(trace::Record {
             name: op.name().to_string(),
