@@ -162,10 +162,27 @@ impl PyDeviceBuffer {
     }
 }
 
+/// numpy's own `TypeError` / `ValueError` with the argument's name in front (the original
+/// stays as `__cause__`); other exceptions pass through.
+fn naming(py: Python<'_>, arg: &str, e: PyErr) -> PyErr {
+    let text = format!("{arg}: {}", e.value(py));
+    let named = if e.is_instance_of::<PyTypeError>(py) {
+        PyTypeError::new_err(text)
+    } else if e.is_instance_of::<PyValueError>(py) {
+        PyValueError::new_err(text)
+    } else {
+        return e;
+    };
+    named.set_cause(py, Some(e));
+    named
+}
+
 fn parse_dtype(py: Python<'_>, dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
+    // Fix: numpy's message ("Cannot interpret '3' as a data type") did not name `dtype`.
     let name: String = numpy(py)?
         .getattr("dtype")?
-        .call1((dtype,))?
+        .call1((dtype,))
+        .map_err(|e| naming(py, "dtype", e))?
         .getattr("name")?
         .extract()?;
     DType::parse(&name).ok_or_else(|| {
@@ -985,7 +1002,11 @@ pub fn to_device<'py>(
     // `asarray(order="C")`, not `ascontiguousarray`: the latter turns 0-d arrays into 1-d.
     let kw = PyDict::new(py);
     kw.set_item("order", "C")?;
-    let arr = np.getattr("asarray")?.call((array,), Some(&kw))?;
+    // Fix: numpy's message for ragged or unconvertible data did not name `array`.
+    let arr = np
+        .getattr("asarray")?
+        .call((array,), Some(&kw))
+        .map_err(|e| naming(py, "array", e))?;
     let dtype = arr.getattr("dtype")?;
     let shape = arr.getattr("shape")?;
     let buf = Bound::new(py, empty(py, &shape, Some(&dtype), device)?)?;
