@@ -134,6 +134,19 @@ def test_environment_variables_configure_init():
     assert bad.returncode != 0 and "RUNTIME_DEVICE_COUNT" in bad.stderr
 
 
+def event_uses(e, s):
+    """Every call that uses event `e` (with stream `s`)."""
+    return [
+        e.query,
+        e.synchronize,
+        lambda: e.record(s),
+        lambda: e.wait(s),
+        lambda: s.wait_event(e),
+        lambda: e.elapsed_time(e),
+        lambda: e.timestamp_ns,
+    ]
+
+
 def test_old_handles_fail_after_shutdown_and_new_init_works():
     for _ in range(5):
         runtime.init(device_count=2, memory="64MiB")
@@ -149,7 +162,16 @@ def test_old_handles_fail_after_shutdown_and_new_init_works():
         with pytest.raises(runtime.InvalidHandleError):
             s.synchronize()
         with pytest.raises(runtime.InvalidHandleError):
-            runtime.Stream(1).wait_event(e) if False else s.launch_kernel(runtime.kernels.noop)
+            s.launch_kernel(runtime.kernels.noop)
+        # Regression: an event belongs to its runtime too (it used to keep working)
+        new_stream = runtime.Stream(1)
+        for use in event_uses(e, new_stream):
+            with pytest.raises(runtime.InvalidHandleError, match=r"Event#\d+ .*shut down"):
+                use()
+        e.destroy()  # letting go of a stale handle is fine
+        fresh = runtime.Event()
+        fresh.record(new_stream)
+        fresh.synchronize()
         dev.get_properties()  # a Device is an index: it refers to the new runtime's device 1
         runtime.shutdown()
 

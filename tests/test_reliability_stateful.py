@@ -897,6 +897,7 @@ class Machine(RuleBasedStateMachine):
         COUNTS["shutdowns"] += 1
         old_bufs = [h.obj for h in self.handles] + [h.obj for h in self.freed]
         old_streams = [s.obj for s in self.streams]
+        old_events = list(self.events)
         runtime.shutdown()  # waits for queued work; pending kernel errors are dropped
         for s in self.all_streams():
             s.poisoned = False
@@ -915,6 +916,10 @@ class Machine(RuleBasedStateMachine):
         for s in old_streams:
             with pytest.raises(runtime.InvalidHandleError):
                 s.launch_kernel(kernels.noop)
+        for e in old_events:  # events belong to their runtime as well
+            with pytest.raises(runtime.InvalidHandleError):
+                e.query()
+        self.events = []
         self.stale = (old_bufs + old_streams)[-8:]
         self.handles, self.freed, self.streams, self.destroyed, self.np_views = [], [], [], [], []
         self.defaults = [SModel(runtime.default_stream(d), d, default=True) for d in range(DEVICES)]

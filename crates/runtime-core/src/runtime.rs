@@ -109,6 +109,15 @@ impl std::fmt::Debug for Runtime {
 
 static RUNTIME: RwLock<Option<Arc<Runtime>>> = RwLock::new(None);
 static GENERATION: AtomicU64 = AtomicU64::new(0);
+/// The generation of the installed runtime, 0 when none: one load for handles that check
+/// they belong to the current runtime (see [`live_generation`]).
+static LIVE_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// The generation of the runtime installed now (0 when not initialised). A handle made under
+/// another generation belongs to a runtime that was shut down.
+pub fn live_generation() -> u64 {
+    LIVE_GENERATION.load(Ordering::Acquire)
+}
 
 /// Initialise the runtime; a no-op when it is already initialised with the same settings.
 ///
@@ -184,6 +193,7 @@ pub fn init(builder: &ConfigBuilder) -> Result<Arc<Runtime>> {
         closing: AtomicBool::new(false),
     });
     *slot = Some(rt.clone());
+    LIVE_GENERATION.store(generation, Ordering::Release);
     Ok(rt)
 }
 
@@ -230,6 +240,7 @@ pub fn shutdown() {
             return; // another thread's shutdown took it meanwhile
         }
         slot.take();
+        LIVE_GENERATION.store(0, Ordering::Release);
     }
     for d in &rt.devices {
         d.0.default_stream.lock().take();

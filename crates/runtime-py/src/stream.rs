@@ -456,7 +456,7 @@ impl PyStream {
     fn record_event(&self, enable_timing: bool) -> RtResult<PyEvent> {
         let e = Event::new(enable_timing, false);
         self.inner.record(&e)?;
-        Ok(PyEvent { inner: e })
+        Ok(PyEvent::made_now(e))
     }
 
     /// Start capturing work into a graph (see `end_capture`).
@@ -529,7 +529,7 @@ fn event_arg(obj: &Bound<'_, PyAny>) -> PyResult<Event> {
             ))
         })?
         .get()
-        .inner
+        .live()?
         .clone())
 }
 
@@ -537,6 +537,35 @@ fn event_arg(obj: &Bound<'_, PyAny>) -> PyResult<Event> {
 #[pyclass(name = "Event", module = "runtime", frozen, eq, hash, weakref)]
 pub struct PyEvent {
     inner: Event,
+    /// The runtime generation it was made under.
+    generation: u64,
+}
+
+impl PyEvent {
+    fn made_now(inner: Event) -> PyEvent {
+        PyEvent {
+            inner,
+            generation: rt::live_generation(),
+        }
+    }
+
+    /// The event, if the runtime that made it is still the installed one.
+    // Fix: events were not tied to a runtime: one made before a shutdown kept working after
+    // the next `init`, unlike buffers and streams (and unlike CUDA, where an event belongs to
+    // its context).
+    fn live(&self) -> RtResult<&Event> {
+        if rt::live_generation() == self.generation {
+            return Ok(&self.inner);
+        }
+        rt::get()?; // not initialised: NotInitializedError, as for every other call
+        Err(RtErr(
+            runtime_core::error::DeviceError::InvalidHandle {
+                what: format!("Event#{}", self.inner.id()),
+                why: "the runtime was shut down".into(),
+            }
+            .into(),
+        ))
+    }
 }
 
 impl PartialEq for PyEvent {
@@ -573,22 +602,20 @@ impl PyEvent {
         let t = flag(enable_timing, "enable_timing", true)?;
         let b = flag(blocking, "blocking", false)?;
         rt::get().map_err(RtErr)?;
-        Ok(PyEvent {
-            inner: Event::new(t, b),
-        })
+        Ok(PyEvent::made_now(Event::new(t, b)))
     }
 
     /// Record on `stream` (the current stream when None).
     #[pyo3(signature = (stream=None))]
     fn record(&self, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let s = stream_or_current(stream)?;
-        s.record(&self.inner).map_err(RtErr)?;
+        s.record(self.live()?).map_err(RtErr)?;
         Ok(())
     }
 
     /// Whether the latest record has completed (True if never recorded).
     fn query(&self) -> RtResult<bool> {
-        Ok(self.inner.query()?)
+        Ok(self.live()?.query()?)
     }
 
     /// Wait for the latest record (GIL released; Ctrl-C works; `timeout` in seconds).
@@ -596,10 +623,10 @@ impl PyEvent {
     fn synchronize(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let timeout = wait::timeout_obj(timeout)?; // Fix: see `wait::timeout_obj`
         wait::timeout_arg(timeout)?;
-        if self.inner.query().map_err(RtErr)? {
+        let e = self.live()?;
+        if e.query().map_err(RtErr)? {
             return Ok(());
         }
-        let e = &self.inner;
         let mut res = Ok(true);
         wait::wait(
             py,
@@ -617,7 +644,7 @@ impl PyEvent {
     #[pyo3(signature = (stream=None))]
     fn wait(&self, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let s = stream_or_current(stream)?;
-        s.wait_event(&self.inner).map_err(RtErr)?;
+        s.wait_event(self.live()?).map_err(RtErr)?;
         Ok(())
     }
 
@@ -625,13 +652,13 @@ impl PyEvent {
     /// completed, otherwise raises (NotReadyError while pending).
     fn elapsed_time(&self, end: &Bound<'_, PyAny>) -> PyResult<f64> {
         let e = event_arg(end)?;
-        Ok(self.inner.elapsed_time(&e).map_err(RtErr)?)
+        Ok(self.live()?.elapsed_time(&e).map_err(RtErr)?)
     }
 
     /// Completion time of the latest record, in ns of the runtime's monotonic clock.
     #[getter]
     fn timestamp_ns(&self) -> RtResult<u64> {
-        Ok(self.inner.timestamp_ns()?)
+        Ok(self.live()?.timestamp_ns()?)
     }
 
     #[getter]
