@@ -15,16 +15,20 @@ use runtime_core::stream::{FnOp, OpKind, Stream};
 
 static LOCK: Mutex<()> = Mutex::new(());
 
+fn init(device_count: u64) -> Arc<runtime::Runtime> {
+    runtime::init(&ConfigBuilder {
+        device_count: Some(device_count),
+        memory: Some("64MiB".into()),
+        profile: None,
+    })
+    .expect("init the runtime")
+}
+
 #[test]
 fn queued_work_runs_with_the_runtime_still_installed() {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for round in 0..3 {
-        let rt = runtime::init(&ConfigBuilder {
-            device_count: Some(2),
-            memory: Some("64MiB".into()),
-            profile: None,
-        })
-        .expect("init the runtime");
+        let rt = init(2);
         let generation = rt.generation();
         let saw_runtime = Arc::new(AtomicUsize::new(0));
         let ran_after = Arc::new(AtomicBool::new(false));
@@ -82,12 +86,7 @@ fn shutdown_racing_a_launcher_never_leaves_a_waiter_hanging() {
     use runtime_core::event::Event;
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for round in 0..30 {
-        let rt = runtime::init(&ConfigBuilder {
-            device_count: Some(2),
-            memory: Some("64MiB".into()),
-            profile: None,
-        })
-        .expect("init the runtime");
+        let rt = init(2);
         let s = Stream::new(rt.device(round % 2).unwrap(), 0).unwrap();
         let slow = Stream::new(rt.device((round + 1) % 2).unwrap(), 0).unwrap();
         if round % 2 == 1 {
@@ -126,13 +125,8 @@ fn shutdown_racing_a_launcher_never_leaves_a_waiter_hanging() {
 #[test]
 fn init_racing_shutdown_returns_a_new_runtime() {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let cfg = ConfigBuilder {
-        device_count: Some(1),
-        memory: Some("64MiB".into()),
-        profile: None,
-    };
     for round in 0..5 {
-        let rt = runtime::init(&cfg).expect("init the runtime");
+        let rt = init(1);
         let old = rt.generation();
         let s = Stream::new(rt.device(0).unwrap(), 0).unwrap();
         let started = Arc::new(AtomicBool::new(false));
@@ -150,7 +144,7 @@ fn init_racing_shutdown_returns_a_new_runtime() {
         while !rt.is_closing() {
             std::thread::yield_now();
         }
-        let fresh = runtime::init(&cfg).expect("init after the racing shutdown");
+        let fresh = init(1); // while the other thread's shutdown drains
         closer.join().unwrap();
         assert!(
             fresh.generation() > old,

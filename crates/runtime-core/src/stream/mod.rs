@@ -74,7 +74,7 @@ static STREAMS: Mutex<Option<HashMap<u64, Weak<StreamInner>>>> = Mutex::new(None
 /// The deadline `timeout` from now; `None` (no limit) when there is no timeout or it reaches
 /// past what `Instant` can represent.
 // Fix: the waits computed `Instant::now() + timeout`, which panicked near `Duration::MAX`.
-pub(crate) fn deadline_after(timeout: Option<Duration>) -> Option<Instant> {
+pub fn deadline_after(timeout: Option<Duration>) -> Option<Instant> {
     timeout.and_then(|t| Instant::now().checked_add(t))
 }
 
