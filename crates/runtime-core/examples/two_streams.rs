@@ -9,7 +9,7 @@ use std::sync::Arc;
 use runtime_core::config::ConfigBuilder;
 use runtime_core::error::{ArgError, KernelFailure};
 use runtime_core::event::Event;
-use runtime_core::kernel::{self, DType, Kernel, KernelArg, Tensor};
+use runtime_core::kernel::{self, Args, DType, Kernel, KernelArg, Tensor};
 use runtime_core::runtime;
 use runtime_core::stream::Stream;
 
@@ -23,26 +23,23 @@ impl Kernel for Square {
 
     fn check(&self, args: &[KernelArg]) -> Result<(), ArgError> {
         match args {
-            [KernelArg::Tensor(t)] if t.dtype == DType::F32 => Ok(()),
+            [KernelArg::Tensor(t)] if t.dtype() == DType::F32 => Ok(()),
             _ => Err(ArgError::new("args", "square takes one float32 tensor")),
         }
     }
 
-    fn run(&self, args: &[KernelArg]) -> Result<(), KernelFailure> {
-        let KernelArg::Tensor(t) = &args[0] else {
+    fn run(&self, args: &Args) -> Result<(), KernelFailure> {
+        let [KernelArg::Tensor(t)] = &args[..] else {
             unreachable!("checked")
         };
-        let mut bytes = vec![0u8; t.nbytes() as usize];
-        t.buffer
-            .read(t.offset, &mut bytes)
-            .map_err(|e| KernelFailure::new("square", e.to_string()))?;
-        for c in bytes.chunks_exact_mut(4) {
-            let v = f32::from_ne_bytes(c.try_into().expect("4 bytes"));
-            c.copy_from_slice(&(v * v).to_ne_bytes());
-        }
-        t.buffer
-            .write(t.offset, &bytes)
-            .map_err(|e| KernelFailure::new("square", e.to_string()))
+        let fail = |e: runtime_core::Error| KernelFailure::new("square", e.to_string());
+        let squares: Vec<f32> = t
+            .to_vec::<f32>()
+            .map_err(fail)?
+            .iter()
+            .map(|v| v * v)
+            .collect();
+        t.write(&squares).map_err(fail)
     }
 }
 

@@ -32,9 +32,13 @@
 //! # Ok::<(), runtime_core::error::Error>(())
 //! ```
 //!
-//! Unsafe code lives in [`memory::host`] (the mapping and raw copies), [`stream::copy`] (host
-//! memory behind raw pointers) and [`kernel::builtin`] (typed views for kernels); each block
-//! carries a `SAFETY:` comment.
+//! Soundness: no safe public function can cause undefined behaviour, whatever its arguments.
+//! Device memory is reached only through [`memory::Buffer`], whose methods check every range
+//! against the allocation; kernels see it only through [`kernel::Tensor`] (checked when built,
+//! fields private) and run only with [`kernel::Args`] that their own check accepted. Unsafe
+//! code lives in `memory::host` (the mapping and raw copies), [`memory`] (typed views),
+//! [`kernel`] (typed element copies), [`kernel::builtin`] (the gemm call) and [`stream::copy`]
+//! (host memory behind raw pointers); each block carries a `SAFETY:` comment.
 #![warn(missing_docs)]
 
 pub mod config;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use runtime_core::config::ConfigBuilder;
 use runtime_core::error::{ArgError, Error, KernelFailure, StreamError};
-use runtime_core::kernel::{self, DType, Kernel, KernelArg, Tensor};
+use runtime_core::kernel::{self, Args, DType, Kernel, KernelArg, Tensor};
 use runtime_core::runtime::{self, Runtime};
 use runtime_core::stream::Stream;
 
@@ -36,13 +36,13 @@ impl Kernel for Iota {
     fn check(&self, args: &[KernelArg]) -> Result<(), ArgError> {
         match args {
             [KernelArg::Tensor(t), KernelArg::Int(_), KernelArg::Int(_)]
-                if t.dtype == DType::I64 =>
+                if t.dtype() == DType::I64 =>
             {
                 Ok(())
             }
-            [KernelArg::Tensor(t), ..] if t.dtype != DType::I64 => Err(ArgError::new(
+            [KernelArg::Tensor(t), ..] if t.dtype() != DType::I64 => Err(ArgError::new(
                 "x",
-                format!("{}: x must be int64, got {}", self.name, t.dtype.name()),
+                format!("{}: x must be int64, got {}", self.name, t.dtype().name()),
             )),
             _ => Err(ArgError::new(
                 "args",
@@ -51,7 +51,7 @@ impl Kernel for Iota {
         }
     }
 
-    fn run(&self, args: &[KernelArg]) -> Result<(), KernelFailure> {
+    fn run(&self, args: &Args) -> Result<(), KernelFailure> {
         self.runs.fetch_add(1, Ordering::SeqCst);
         let (KernelArg::Tensor(t), KernelArg::Int(start), KernelArg::Int(step)) =
             (&args[0], &args[1], &args[2])
@@ -64,11 +64,8 @@ impl Kernel for Iota {
                 "step must not be zero",
             ));
         }
-        let bytes: Vec<u8> = (0..t.len() as i64)
-            .flat_map(|i| (start + i * step).to_ne_bytes())
-            .collect();
-        t.buffer
-            .write(t.offset, &bytes)
+        let values: Vec<i64> = (0..t.len() as i64).map(|i| start + i * step).collect();
+        t.write(&values)
             .map_err(|e| KernelFailure::new(self.name.clone(), e.to_string()))
     }
 }

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use runtime_core::config::ConfigBuilder;
 use runtime_core::error::{Error, MemoryError};
-use runtime_core::memory::{buddy::Buddy, slab, Buffer, DeviceMemory};
+use runtime_core::memory::{self, Buffer, DeviceMemory, SMALL_MAX};
 use runtime_core::runtime;
 
 const CAPACITY: u64 = 4 << 20;
@@ -50,10 +50,7 @@ fn memory() -> (MutexGuard<'static, ()>, Arc<DeviceMemory>) {
 
 /// Bytes the allocator consumes for a request of `size` bytes.
 fn block_of(size: u64) -> u64 {
-    match slab::class_of(size) {
-        Some(c) => slab::class_size(c),
-        None => Buddy::new(PAGE, PAGE).rounded_size(size),
-    }
+    memory::block_size(size)
 }
 
 /// Reads the input a few bytes at a time; `None` at the end.
@@ -95,8 +92,8 @@ fn decode_size(inp: &mut Input<'_>) -> Option<u64> {
     let v = u64::from(inp.u16()?);
     Some(match sel % 6 {
         0 => v % 600,                                 // small slab classes, including 0
-        1 => v % (slab::SLAB_MAX + 1),                // any slab class
-        2 => slab::SLAB_MAX - 8 + v % 17,             // the slab / buddy edge
+        1 => v % (SMALL_MAX + 1),                     // any slab class
+        2 => SMALL_MAX - 8 + v % 17,                  // the slab / buddy edge
         3 => PAGE * (1 + v % 64) + v % 3,             // page multiples and just above
         4 => (v << 4) % (1 << 20),                    // large, up to 1 MiB
         _ => CAPACITY / 2 + (v % 3) * (CAPACITY / 4), // too large once others are live
@@ -160,11 +157,7 @@ pub fn run(data: &[u8]) {
                             // legitimate only if it really does not fit: the capacity, or no
                             // free block large enough (a slab span, or the power-of-two block
                             // an exact allocation is carved from)
-                            let need = if size <= slab::SLAB_MAX {
-                                slab::span_size(slab::class_of(size).unwrap())
-                            } else {
-                                block_of(size).next_power_of_two()
-                            };
+                            let need = memory::fresh_block_size(size);
                             assert!(
                                 block_of(size) > free || largest_free < need,
                                 "spurious out-of-memory for {size} bytes: free {free}, largest free block {largest_free}, need {need}"

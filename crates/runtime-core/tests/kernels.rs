@@ -832,6 +832,89 @@ fn tensor_views_are_checked() {
     assert_eq!((t.len(), t.nbytes()), (7, 56));
 }
 
+/// A view one allocation past the end of a small buffer is refused even though the device's
+/// address space continues there (the check is against the allocation, not the arena).
+#[test]
+fn kernel_arguments_outside_their_allocation_or_misaligned_are_refused() {
+    let c = Ctx::new();
+    let small = c.alloc(64);
+    let _neighbour = c.alloc(64);
+    for (offset, dtype, len) in [
+        (4096, DType::F32, 1),
+        (64, DType::U8, 1),
+        (0, DType::F32, 17),
+        (u64::MAX - 3, DType::F32, 1),
+    ] {
+        match Tensor::new(small.clone(), offset, dtype, vec![len]) {
+            Err(Error::Memory(MemoryError::OutOfBounds { size: 64, .. })) => {}
+            other => panic!("offset {offset}, {len} x {dtype:?}: {other:?}"),
+        }
+    }
+    for (offset, dtype) in [(1, DType::F32), (4, DType::F64), (2, DType::I32)] {
+        match Tensor::new(small.clone(), offset, dtype, vec![1]) {
+            Err(Error::Arg(e)) => assert_eq!(e.arg, "offset"),
+            other => panic!("offset {offset}, {dtype:?}: {other:?}"),
+        }
+    }
+}
+
+/// `Kernel::run` only takes arguments checked by that same kernel: a kernel that accepts
+/// anything cannot hand partly overlapping views to a built-in that relies on its own check.
+#[test]
+fn a_builtin_refuses_arguments_checked_by_another_kernel() {
+    struct Lax;
+    impl kernel::Kernel for Lax {
+        fn name(&self) -> &str {
+            "lax"
+        }
+        fn check(&self, _: &[KernelArg]) -> Result<(), ArgError> {
+            Ok(())
+        }
+        fn run(&self, _: &kernel::Args) -> Result<(), runtime_core::error::KernelFailure> {
+            Ok(())
+        }
+    }
+    let c = Ctx::new();
+    let b = c.alloc(64);
+    let overlapping = vec![
+        tensor::<f32>(&b, 0, &[8]),
+        tensor::<f32>(&b, 1, &[8]),
+        tensor::<f32>(&b, 2, &[8]),
+    ];
+    let add = kernel::find("add").unwrap();
+    match kernel::Args::check(&*add, overlapping.clone()) {
+        Err(e) => assert_eq!(e.arg, "a"),
+        Ok(_) => panic!("partly overlapping views passed add's check"),
+    }
+    let laundered = kernel::Args::check(&Lax, overlapping).unwrap();
+    assert!(laundered.checked_by(&Lax) && !laundered.checked_by(&*add));
+    let failure = add.run(&laundered).unwrap_err();
+    assert!(
+        failure.to_string().contains("checked by another kernel"),
+        "{failure}"
+    );
+}
+
+/// Raw typed views check the allocation's bounds and the alignment in every build.
+#[test]
+fn raw_views_are_checked_against_the_allocation() {
+    let c = Ctx::new();
+    let b = c.alloc(64);
+    let _neighbour = c.alloc(64);
+    let past_end = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: nothing else uses `b`; the call must panic before making a slice.
+        unsafe { b.slice::<f32>(0, 17).len() }
+    }));
+    assert!(past_end.is_err());
+    let misaligned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: as above.
+        unsafe { b.slice::<f64>(4, 1).len() }
+    }));
+    assert!(misaligned.is_err());
+    // SAFETY: as above; in bounds and aligned.
+    assert_eq!(unsafe { b.slice::<f64>(8, 7) }, &[0.0; 7]);
+}
+
 #[test]
 fn builtins_are_registered() {
     let names = kernel::names();

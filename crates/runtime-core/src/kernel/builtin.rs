@@ -25,7 +25,7 @@
 use std::sync::Arc;
 
 use crate::error::{ArgError, KernelFailure};
-use crate::kernel::{DType, Kernel, KernelArg, Tensor};
+use crate::kernel::{Args, DType, Kernel, KernelArg, Tensor};
 
 /// All built-in kernels.
 pub fn all() -> Vec<Arc<dyn Kernel>> {
@@ -50,7 +50,7 @@ enum Builtin {
 }
 
 /// Element types the arithmetic kernels support.
-trait Elem: std::marker::Copy + Send + Sync + 'static {
+trait Elem: crate::memory::Element {
     fn from_f64(v: f64) -> Self;
     fn from_i64(v: i64) -> Self;
     fn add(self, o: Self) -> Self;
@@ -410,7 +410,13 @@ impl Kernel for Builtin {
         }
     }
 
-    fn run(&self, args: &[KernelArg]) -> Result<(), KernelFailure> {
+    fn run(&self, args: &Args) -> Result<(), KernelFailure> {
+        if !args.checked_by(self) {
+            return Err(KernelFailure::new(
+                self.name(),
+                "the arguments were checked by another kernel",
+            ));
+        }
         match self {
             Builtin::Noop => {}
             Builtin::Copy => {

@@ -16,7 +16,7 @@ use std::sync::{Arc, LazyLock};
 use parking_lot::RwLock;
 
 use crate::error::{arg_error, ArgError, KernelFailure, Result};
-use crate::memory::Buffer;
+use crate::memory::{Buffer, Element};
 use crate::stream::{Op, OpKind, Stream};
 
 /// Element types kernels understand.
@@ -73,21 +73,31 @@ impl DType {
     }
 }
 
-/// A typed, C-contiguous view of part of a buffer.
+/// A typed, C-contiguous view of part of a buffer: the only way a kernel sees device memory.
+///
+/// Built only by [`Tensor::new`], which checks that the view lies inside its allocation and
+/// is aligned for its element type; the fields are private, so that holds for every `Tensor`:
+///
+/// ```compile_fail
+/// # use runtime_core::kernel::{DType, Tensor};
+/// # fn f(buffer: runtime_core::memory::Buffer) {
+/// let t = Tensor { buffer, offset: 4096, dtype: DType::F32, shape: vec![16] };
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Tensor {
-    /// The buffer (kept alive by this argument).
-    pub buffer: Buffer,
-    /// Byte offset into the buffer.
-    pub offset: u64,
-    /// Element type.
-    pub dtype: DType,
-    /// Shape (C order).
-    pub shape: Vec<usize>,
+    buffer: Buffer,
+    offset: u64,
+    dtype: DType,
+    shape: Vec<usize>,
 }
 
 impl Tensor {
-    /// A view; checks alignment and that it fits in the buffer (overflow included).
+    /// A view of `shape` elements of `dtype` at byte `offset` of `buffer`; checks alignment
+    /// and that it fits in the buffer (overflow included).
+    ///
+    /// # Errors
+    /// `ArgError` naming `offset` (misaligned, or past the end) or `shape` (too large).
     pub fn new(buffer: Buffer, offset: u64, dtype: DType, shape: Vec<usize>) -> Result<Tensor> {
         let count = shape
             .iter()
@@ -113,6 +123,26 @@ impl Tensor {
         })
     }
 
+    /// The buffer (kept alive by this argument).
+    pub fn buffer(&self) -> &Buffer {
+        &self.buffer
+    }
+
+    /// Byte offset into the buffer.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Shape (C order).
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
     /// Number of elements.
     pub fn len(&self) -> usize {
         self.shape.iter().product()
@@ -133,6 +163,62 @@ impl Tensor {
         let start = self.buffer.as_ptr() as usize + self.offset as usize;
         (start, start + self.nbytes() as usize)
     }
+
+    /// Copy the elements out (synchronous, not stream ordered: call it from a kernel's `run`
+    /// or after synchronising).
+    ///
+    /// # Errors
+    /// `ArgError` naming `T` when its size is not the tensor's item size.
+    pub fn to_vec<T: Element + Default>(&self) -> Result<Vec<T>> {
+        self.same_size::<T>()?;
+        let mut out = vec![T::default(); self.len()];
+        // SAFETY: `out` is a fresh vector of exactly `nbytes` bytes; `Element` types have no
+        // padding, so viewing it as bytes is valid.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), self.nbytes() as usize)
+        };
+        self.buffer.read(self.offset, bytes)?;
+        Ok(out)
+    }
+
+    /// Overwrite the elements with `values` (synchronous, not stream ordered).
+    ///
+    /// # Errors
+    /// `ArgError` when the item size or the number of values does not match.
+    pub fn write<T: Element>(&self, values: &[T]) -> Result<()> {
+        self.same_size::<T>()?;
+        if values.len() != self.len() {
+            return Err(arg_error(
+                "values",
+                format!(
+                    "{} values for a tensor of {} elements",
+                    values.len(),
+                    self.len()
+                ),
+            ));
+        }
+        // SAFETY: `values` is a valid slice; `Element` types have no padding, so its bytes
+        // are initialised.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), size_of_val(values))
+        };
+        self.buffer.write(self.offset, bytes)
+    }
+
+    fn same_size<T: Element>(&self) -> Result<()> {
+        if size_of::<T>() == self.dtype.size() {
+            Ok(())
+        } else {
+            Err(arg_error(
+                "T",
+                format!(
+                    "{}-byte elements for a {} tensor",
+                    size_of::<T>(),
+                    self.dtype.name()
+                ),
+            ))
+        }
+    }
 }
 
 /// A kernel argument.
@@ -146,14 +232,69 @@ pub enum KernelArg {
     Int(i64),
 }
 
+/// Arguments that passed a kernel's [`Kernel::check`]: the only value [`Kernel::run`]
+/// accepts. Built only by [`Args::check`] (which [`prepare`] and [`launch`] call), and it
+/// remembers which kernel checked it, so a kernel can rely on its own check:
+///
+/// ```compile_fail
+/// # use runtime_core::kernel::Args;
+/// let args = Args { args: vec![], checked_by: 0 };
+/// ```
+#[derive(Debug)]
+pub struct Args {
+    args: Vec<KernelArg>,
+    /// Address of the kernel whose `check` accepted `args`.
+    checked_by: usize,
+}
+
+impl Args {
+    /// Run `kernel.check(&args)` and, if it passes, wrap the arguments.
+    ///
+    /// # Errors
+    /// The check's `ArgError`.
+    pub fn check<K: Kernel + ?Sized>(kernel: &K, args: Vec<KernelArg>) -> Result<Args, ArgError> {
+        kernel.check(&args)?;
+        Ok(Args {
+            args,
+            checked_by: address(kernel),
+        })
+    }
+
+    /// Whether `kernel` (this very object) is the one whose check accepted these arguments.
+    pub fn checked_by<K: Kernel + ?Sized>(&self, kernel: &K) -> bool {
+        self.checked_by == address(kernel)
+    }
+
+    /// The arguments.
+    pub fn as_slice(&self) -> &[KernelArg] {
+        &self.args
+    }
+}
+
+impl std::ops::Deref for Args {
+    type Target = [KernelArg];
+    fn deref(&self) -> &[KernelArg] {
+        &self.args
+    }
+}
+
+fn address<K: ?Sized>(kernel: &K) -> usize {
+    (kernel as *const K).cast::<()>() as usize
+}
+
 /// A kernel that can be launched on a stream by name.
+///
+/// `check` runs on the launching thread; `run` gets the same arguments, wrapped in [`Args`],
+/// on the stream's executor. A kernel whose `run` depends on its check for soundness (the
+/// built-ins do: they build typed views that must not partly overlap) verifies
+/// [`Args::checked_by`] first.
 pub trait Kernel: Send + Sync {
     /// Registry name.
     fn name(&self) -> &str;
     /// Validate the arguments at launch time (on the caller's thread).
     fn check(&self, args: &[KernelArg]) -> Result<(), ArgError>;
-    /// Run with arguments that passed [`Kernel::check`]. May panic; the executor catches it.
-    fn run(&self, args: &[KernelArg]) -> Result<(), KernelFailure>;
+    /// Run with arguments that passed a check. May panic; the executor catches it.
+    fn run(&self, args: &Args) -> Result<(), KernelFailure>;
 }
 
 static REGISTRY: LazyLock<RwLock<HashMap<String, Arc<dyn Kernel>>>> = LazyLock::new(|| {
@@ -197,7 +338,7 @@ pub fn find(name: &str) -> Result<Arc<dyn Kernel>> {
 
 struct KernelOp {
     kernel: Arc<dyn Kernel>,
-    args: Vec<KernelArg>,
+    args: Args,
 }
 
 impl Op for KernelOp {
@@ -228,8 +369,8 @@ pub fn prepare(
     kernel: Arc<dyn Kernel>,
     args: Vec<KernelArg>,
 ) -> Result<Arc<dyn Op>> {
-    kernel.check(&args)?;
-    for a in &args {
+    let args = Args::check(&*kernel, args)?;
+    for a in args.iter() {
         if let KernelArg::Tensor(t) = a {
             if t.buffer.device() != stream.device().index() {
                 return Err(arg_error(
@@ -266,7 +407,7 @@ pub mod testing {
         fn check(&self, _args: &[KernelArg]) -> Result<(), ArgError> {
             Ok(())
         }
-        fn run(&self, args: &[KernelArg]) -> Result<(), KernelFailure> {
+        fn run(&self, args: &super::Args) -> Result<(), KernelFailure> {
             let what = format!("injected fault ({} args)", args.len());
             if self.panic {
                 panic!("{what}");

@@ -198,11 +198,13 @@ impl Buddy {
         self.free_region(offset, size)
     }
 
+    #[cfg(test)]
     /// Managed bytes: the constructor's capacity rounded down to a multiple of `min_block`.
     pub fn capacity(&self) -> u64 {
         self.capacity
     }
 
+    #[cfg(test)]
     /// Bytes currently free (tracked, `O(1)`).
     pub fn free_bytes(&self) -> u64 {
         self.free_bytes

@@ -73,20 +73,21 @@ impl Arena {
         Ok(Arena { base, len })
     }
 
+    #[cfg(test)]
     /// Capacity in bytes.
     pub fn len(&self) -> u64 {
         self.len
     }
 
-    /// Whether the arena is empty (never: devices have at least 1 MiB).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Address of `offset`.
+    /// Address of `offset` (at most one past the end of the mapping; checked).
     pub fn ptr(&self, offset: u64) -> *mut u8 {
-        debug_assert!(offset <= self.len);
-        // SAFETY: offset is within the mapping (checked by callers, asserted in debug).
+        assert!(
+            offset <= self.len,
+            "arena offset {offset} outside {} bytes",
+            self.len
+        );
+        // SAFETY: `offset <= len` (checked above), so the result stays inside the mapping or
+        // one past its end.
         unsafe { self.base.as_ptr().add(offset as usize) }
     }
 
@@ -226,27 +227,31 @@ impl Arena {
         unsafe { copy_bytes(self.ptr(offset), dst, len) }
     }
 
-    /// A typed shared view of `[offset, offset + count * size_of::<T>())`.
+    /// A typed shared view of the `bytes` bytes at `offset`, as `count` elements of `T`.
     ///
     /// # Safety
-    /// The range must lie inside a live allocation, be aligned for `T`, and no mutable
-    /// reference to it may exist while the slice lives. `T` must be valid for any bit pattern.
-    pub unsafe fn slice<T: Copy>(&self, offset: u64, count: usize) -> &[T] {
-        self.check(offset, (count * size_of::<T>()) as u64);
-        debug_assert!((self.ptr(offset) as usize).is_multiple_of(align_of::<T>()));
-        // SAFETY: the caller upholds the contract above.
+    /// `bytes == count * size_of::<T>()`; the range lies inside one live allocation, is
+    /// aligned for `T`, and no byte of it is written while the slice lives. `T` is valid for
+    /// every bit pattern.
+    pub(crate) unsafe fn slice<T: Copy>(&self, offset: u64, bytes: u64, count: usize) -> &[T] {
+        self.check(offset, bytes);
+        // SAFETY: inside the mapping (checked); the caller upholds the rest of the contract.
         unsafe { std::slice::from_raw_parts(self.ptr(offset).cast::<T>(), count) }
     }
 
     /// A typed exclusive view; see [`Arena::slice`].
     ///
     /// # Safety
-    /// As for [`Arena::slice`], and no other reference to the range may exist while it lives.
+    /// As for [`Arena::slice`], and no other access to the range happens while it lives.
     #[allow(clippy::mut_from_ref)]
-    pub unsafe fn slice_mut<T: Copy>(&self, offset: u64, count: usize) -> &mut [T] {
-        self.check(offset, (count * size_of::<T>()) as u64);
-        debug_assert!((self.ptr(offset) as usize).is_multiple_of(align_of::<T>()));
-        // SAFETY: the caller upholds the contract above.
+    pub(crate) unsafe fn slice_mut<T: Copy>(
+        &self,
+        offset: u64,
+        bytes: u64,
+        count: usize,
+    ) -> &mut [T] {
+        self.check(offset, bytes);
+        // SAFETY: as for `slice`, and the caller guarantees exclusivity.
         unsafe { std::slice::from_raw_parts_mut(self.ptr(offset).cast::<T>(), count) }
     }
 }

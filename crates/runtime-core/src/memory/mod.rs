@@ -1,10 +1,21 @@
 //! Device memory: the allocator of one virtual device and the reference-counted buffers it
 //! hands out.
 //!
-//! * [`buddy`]: power-of-two blocks over the device's address space (large allocations, and
-//!   the spans the slab carves up). Offsets only; no `unsafe`.
-//! * [`slab`]: size classes up to [`slab::SLAB_MAX`] carved from buddy spans. No `unsafe`.
-//! * [`host`]: the reserved, lazily committed mapping behind a device; the only `unsafe`.
+//! * `buddy` (crate-private): power-of-two blocks over the device's address space (large
+//!   allocations, and the spans the slab carves up). Offsets only; no `unsafe`.
+//! * `slab` (crate-private): size classes up to [`SMALL_MAX`] carved from buddy spans. No
+//!   `unsafe`.
+//! * `host` (crate-private): the reserved, lazily committed mapping behind a device; raw
+//!   copies and typed views, every range checked against the mapping.
+//!
+//! The public API is [`DeviceMemory`] (one device's allocator), [`Buffer`] (a reference to
+//! one allocation) and its methods, which check every range against the allocation, never
+//! against the device: no safe call can reach outside a live allocation. The allocators and
+//! the mapping are not reachable from outside the crate:
+//!
+//! ```compile_fail
+//! use runtime_core::memory::host::Arena;
+//! ```
 //!
 //! Invariants:
 //! * Every byte the allocator hands out reads as zero. Free space in the buddy is zero
@@ -18,9 +29,9 @@
 //! * `reserved` is everything taken from the buddy (live blocks, cached blocks, slab spans);
 //!   `allocated` is what live buffers consume; `cached = reserved - allocated`.
 
-pub mod buddy;
-pub mod host;
-pub mod slab;
+pub(crate) mod buddy;
+pub(crate) mod host;
+pub(crate) mod slab;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,6 +47,46 @@ use crate::trace;
 use buddy::Buddy;
 use host::{Arena, PAGE};
 use slab::{Slab, SlabAlloc, SLAB_MAX};
+
+/// Largest request served from the slab's size classes; larger ones get page-multiple blocks.
+pub const SMALL_MAX: u64 = SLAB_MAX;
+
+/// Bytes the allocator consumes for a request of `size` bytes: its slab class, or its size
+/// rounded up to whole pages.
+pub fn block_size(size: u64) -> u64 {
+    match slab::class_of(size) {
+        Some(c) => slab::class_size(c),
+        None => size.checked_next_multiple_of(PAGE).unwrap_or(u64::MAX),
+    }
+}
+
+/// The smallest free block of the device's address space a request of `size` bytes needs
+/// when no cached block or partly used slab span can serve it: a slab span for small
+/// requests, the power-of-two block an exact allocation is carved from for large ones.
+pub fn fresh_block_size(size: u64) -> u64 {
+    match slab::class_of(size) {
+        Some(c) => slab::span_size(c),
+        None => block_size(size)
+            .checked_next_power_of_two()
+            .unwrap_or(u64::MAX),
+    }
+}
+
+/// Element types a typed view of device memory may have: plain numbers, valid for every bit
+/// pattern and without padding. Sealed: the list is the crate's.
+pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed {}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+macro_rules! elements {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Element for $t {}
+    )*};
+}
+elements!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64);
 
 /// Largest cached block the scrubber zeroes by writing (keeping its pages committed); larger
 /// blocks are zeroed by releasing their pages.
@@ -754,24 +805,62 @@ impl Buffer {
         Ok(())
     }
 
+    /// Check that a typed view of `count` elements of `T` at byte `offset` lies inside this
+    /// allocation and is aligned for `T`, and return its byte length.
+    fn view_range<T: Element>(&self, offset: u64, count: usize) -> u64 {
+        let bytes = count
+            .checked_mul(size_of::<T>())
+            .and_then(|b| u64::try_from(b).ok());
+        let inside = bytes.is_some_and(|b| offset.checked_add(b).is_some_and(|e| e <= self.0.size));
+        assert!(
+            inside,
+            "typed view of {count} x {} bytes at offset {offset} outside {:?}",
+            size_of::<T>(),
+            self
+        );
+        let addr = self.as_ptr() as usize + offset as usize;
+        assert!(
+            addr.is_multiple_of(align_of::<T>()),
+            "typed view at offset {offset} of {self:?} is not aligned to {} bytes",
+            align_of::<T>()
+        );
+        bytes.unwrap_or(0)
+    }
+
     /// Typed shared view of `count` elements at byte `offset`.
     ///
+    /// # Panics
+    /// When the range is not inside this allocation or not aligned for `T` (checked in every
+    /// build).
+    ///
     /// # Safety
-    /// No exclusive reference to the range may exist while the slice lives; `offset` must be
-    /// aligned for `T`; `T` valid for any bit pattern.
-    pub unsafe fn slice<T: Copy>(&self, offset: u64, count: usize) -> &[T] {
-        // SAFETY: forwarded contract; the allocation is alive as long as `self`.
-        unsafe { self.0.mem.arena.slice(self.0.offset + offset, count) }
+    /// No exclusive reference to any byte of the range may exist while the slice lives, and
+    /// nothing may write those bytes meanwhile (another stream, a host view, a copy): the
+    /// caller orders its accesses with streams and events.
+    pub unsafe fn slice<T: Element>(&self, offset: u64, count: usize) -> &[T] {
+        let bytes = self.view_range::<T>(offset, count);
+        // SAFETY: the range is inside this live allocation and aligned (checked above); `T`
+        // is valid for every bit pattern (`Element`); the caller guarantees no aliasing write.
+        unsafe { self.0.mem.arena.slice(self.0.offset + offset, bytes, count) }
     }
 
     /// Typed exclusive view of `count` elements at byte `offset`.
     ///
+    /// # Panics
+    /// As for [`Buffer::slice`].
+    ///
     /// # Safety
-    /// No other reference to the range may exist while the slice lives; alignment and bit
-    /// validity as for [`Buffer::slice`].
+    /// No other reference to any byte of the range may exist while the slice lives, and
+    /// nothing else may read or write those bytes meanwhile.
     #[allow(clippy::mut_from_ref)]
-    pub unsafe fn slice_mut<T: Copy>(&self, offset: u64, count: usize) -> &mut [T] {
-        // SAFETY: forwarded contract; the allocation is alive as long as `self`.
-        unsafe { self.0.mem.arena.slice_mut(self.0.offset + offset, count) }
+    pub unsafe fn slice_mut<T: Element>(&self, offset: u64, count: usize) -> &mut [T] {
+        let bytes = self.view_range::<T>(offset, count);
+        // SAFETY: as for `slice`, and the caller guarantees exclusivity.
+        unsafe {
+            self.0
+                .mem
+                .arena
+                .slice_mut(self.0.offset + offset, bytes, count)
+        }
     }
 }

@@ -67,6 +67,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// buddy allocator.
 pub const SLAB_MAX: u64 = 32 * 1024;
 
+#[cfg(test)]
 /// Every slab object starts at a multiple of this many bytes.
 pub const SLAB_ALIGN: u64 = 64;
 
@@ -416,6 +417,7 @@ impl Slab {
         taken
     }
 
+    #[cfg(test)]
     /// Removes one empty span and returns it as `(offset, span_size)`, `None` if there is none.
     ///
     /// Takes the lowest-address empty span of the highest class that has one; span sizes grow
@@ -439,16 +441,19 @@ impl Slab {
         self.allocated
     }
 
+    #[cfg(test)]
     /// Sum of the sizes of all spans held (partial, full and empty).
     pub fn reserved_bytes(&self) -> u64 {
         self.reserved
     }
 
+    #[cfg(test)]
     /// Number of live objects.
     pub fn live_objects(&self) -> usize {
         self.live
     }
 
+    #[cfg(test)]
     /// Number of cached empty spans (`O(NUM_CLASSES)`).
     pub fn empty_span_count(&self) -> usize {
         self.empty.iter().map(BTreeSet::len).sum()
