@@ -177,6 +177,10 @@ pub enum StreamError {
     /// An operation that is not allowed in the current state.
     #[error("{0}")]
     Invalid(String),
+    /// Several streams failed before one barrier (`synchronize_all`): every error, each
+    /// reported once.
+    #[error("{} streams failed: {}", .0.len(), .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Multiple(Vec<Error>),
 }
 
 /// Bad arguments (mapped to `ValueError`).
@@ -217,6 +221,18 @@ pub enum Error {
     /// See [`ArgError`].
     #[error(transparent)]
     Arg(#[from] ArgError),
+}
+
+impl Error {
+    /// No error for an empty list, the error itself for one, [`StreamError::Multiple`] for
+    /// several.
+    pub fn collect(mut errors: Vec<Error>) -> Result<()> {
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.pop().expect("one error")),
+            _ => Err(StreamError::Multiple(errors).into()),
+        }
+    }
 }
 
 impl From<KernelFailure> for Error {

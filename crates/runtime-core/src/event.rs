@@ -13,19 +13,20 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use crate::clock::now_ns;
 use crate::error::{DeviceError, Result, StreamError};
-use crate::stream::{unblock, StreamInner};
 use crate::sync::{AtomicU64, Condvar, Mutex, Ordering};
 
-static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
 static NEXT_EVENT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
-/// Nanoseconds on the runtime's monotonic clock (shared by all devices).
-pub fn now_ns() -> u64 {
-    EPOCH.elapsed().as_nanos() as u64
+/// What parks on an event until one of its records completes: a stream blocked on a wait.
+/// Events sit below streams, so they only know this much about them.
+pub(crate) trait Wake: Send + Sync {
+    /// The record this waiter waited for has completed: continue.
+    fn wake(self: Arc<Self>);
 }
 
 /// The completion state of an event's records and the streams parked on them. Generic over
@@ -150,7 +151,7 @@ pub(crate) struct EventInner {
     timing: bool,
     blocking: bool,
     recorded: AtomicU64,
-    gate: Gate<Arc<StreamInner>>,
+    gate: Gate<Arc<dyn Wake>>,
     destroyed: AtomicBool,
 }
 
@@ -167,8 +168,8 @@ impl EventInner {
     /// Complete record `id` now (stream order reached it).
     pub(crate) fn complete(&self, id: u64) {
         let ts = self.timing.then(now_ns);
-        for s in self.gate.complete(id, ts) {
-            unblock(&s);
+        for w in self.gate.complete(id, ts) {
+            w.wake();
         }
     }
 
@@ -176,10 +177,10 @@ impl EventInner {
     pub(crate) fn park_unless_complete(
         &self,
         id: u64,
-        s: &Arc<StreamInner>,
+        waiter: Arc<dyn Wake>,
         on_block: impl FnOnce(),
     ) -> bool {
-        self.gate.park_unless_complete(id, s.clone(), on_block)
+        self.gate.park_unless_complete(id, waiter, on_block)
     }
 }
 
@@ -268,7 +269,7 @@ impl Event {
                 std::hint::spin_loop();
             }
         }
-        let deadline = crate::stream::deadline_after(timeout);
+        let deadline = crate::clock::deadline_after(timeout);
         Ok(self.0.gate.wait_latest(target, deadline))
     }
 

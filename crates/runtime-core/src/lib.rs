@@ -41,6 +41,7 @@
 //! (host memory behind raw pointers); each block carries a `SAFETY:` comment.
 #![warn(missing_docs)]
 
+pub mod clock;
 pub mod config;
 pub mod device;
 pub mod error;

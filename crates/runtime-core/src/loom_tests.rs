@@ -109,7 +109,7 @@ fn loom_gate_host_wait_sees_completion() {
 /// and one that did not get in pushed nothing — the drain after `close` misses no command.
 #[test]
 fn loom_submit_gate_close_waits_for_admitted_submitters() {
-    use crate::device::gate::SubmitGate;
+    use crate::stream::gate::SubmitGate;
     use crate::sync::{AtomicUsize, Ordering};
     loom::model(|| {
         let gate = Arc::new(SubmitGate::new());

@@ -14,65 +14,15 @@ use parking_lot::RwLock;
 
 use crate::config::{Config, ConfigBuilder};
 use crate::device::{Device, DeviceProperties};
-use crate::error::{arg_error, DeviceError, Error, Result};
+use crate::error::{arg_error, DeviceError, Error, Result, StreamError};
 use crate::memory::DeviceMemory;
+use crate::stream::Executor;
 
-/// Process-wide runtime options (`set_option`). They outlive `shutdown`.
-#[derive(Debug)]
-pub struct Options {
-    /// `enableMemoryReuse`: cache freed blocks for reuse.
-    pub memory_reuse: AtomicBool,
-    /// `enablePipelining`: copies run on a per-device copy engine beside compute.
-    pub pipelining: AtomicBool,
-    /// `enableAsync`: launches and copies return before they have run.
-    pub asynchronous: AtomicBool,
-}
-
-/// The option names `set_option` accepts.
-pub const OPTION_NAMES: &[&str] = &["enableMemoryReuse", "enablePipelining", "enableAsync"];
-
-impl Options {
-    fn new() -> Self {
-        let blocking = std::env::var("RUNTIME_LAUNCH_BLOCKING").is_ok_and(|v| v.trim() == "1");
-        Options {
-            memory_reuse: AtomicBool::new(true),
-            pipelining: AtomicBool::new(true),
-            asynchronous: AtomicBool::new(!blocking),
-        }
-    }
-
-    fn flag(&self, name: &str) -> Result<&AtomicBool> {
-        match name {
-            "enableMemoryReuse" => Ok(&self.memory_reuse),
-            "enablePipelining" => Ok(&self.pipelining),
-            "enableAsync" => Ok(&self.asynchronous),
-            _ => Err(arg_error(
-                "name",
-                format!(
-                    "unknown option {name:?}; valid options: {}",
-                    OPTION_NAMES.join(", ")
-                ),
-            )),
-        }
-    }
-
-    /// Whether launches are asynchronous.
-    pub fn is_async(&self) -> bool {
-        self.asynchronous.load(Ordering::Relaxed)
-    }
-}
-
-static OPTIONS: std::sync::LazyLock<Arc<Options>> =
-    std::sync::LazyLock::new(|| Arc::new(Options::new()));
-
-/// The process-wide options.
-pub fn options() -> &'static Arc<Options> {
-    &OPTIONS
-}
+pub use crate::config::{get_option, options, Options, OPTION_NAMES};
 
 /// Set an option by name. Turning `enableMemoryReuse` off also releases the caches.
 pub fn set_option(name: &str, value: bool) -> Result<()> {
-    OPTIONS.flag(name)?.store(value, Ordering::SeqCst);
+    options().set(name, value)?;
     if name == "enableMemoryReuse" && !value {
         if let Ok(rt) = get() {
             for d in &rt.devices {
@@ -81,11 +31,6 @@ pub fn set_option(name: &str, value: bool) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Read an option by name.
-pub fn get_option(name: &str) -> Result<bool> {
-    Ok(OPTIONS.flag(name)?.load(Ordering::SeqCst))
 }
 
 /// An initialised runtime.
@@ -127,9 +72,9 @@ pub fn live_generation() -> u64 {
 pub fn init(builder: &ConfigBuilder) -> Result<Arc<Runtime>> {
     let config = builder.build()?;
     let mut slot = RUNTIME.write();
-    // Fix: while `shutdown` drains, the dying runtime is still installed; `init` used to return
-    // it, and every call on it then failed. Wait until `shutdown` has taken it out (work
-    // queued on the dying runtime cannot wait for its own drain: it gets an error instead).
+    // While `shutdown` drains, the dying runtime is still installed: wait until it has been
+    // taken out (work queued on the dying runtime cannot wait for its own drain: it gets an
+    // error instead).
     while let Some(rt) = slot
         .as_ref()
         .filter(|rt| rt.closing.load(Ordering::Acquire))
@@ -178,13 +123,8 @@ pub fn init(builder: &ConfigBuilder) -> Result<Arc<Runtime>> {
             memory_bandwidth: p.memory_bandwidth,
             profile: p.name.to_string(),
         };
-        devices.push(Device::new(
-            index,
-            props,
-            Arc::new(memory),
-            opts.clone(),
-            compute_engines,
-        ));
+        let exec = Executor::new(index, compute_engines, opts.clone());
+        devices.push(Device::new(index, props, Arc::new(memory), exec));
     }
     let rt = Arc::new(Runtime {
         config,
@@ -216,23 +156,19 @@ pub fn is_initialized() -> bool {
 /// Shut the runtime down: wait for queued work, stop engines, invalidate all handles.
 /// A no-op when not initialised.
 pub fn shutdown() {
-    // Fix: the runtime used to be taken out of `RUNTIME` before the queued work was drained,
-    // so queued work that looks the runtime up while it runs (a Python kernel checks its
-    // buffer arguments against the current runtime) failed with "the runtime was shut down",
-    // and everything queued behind it on its stream was skipped: work queued before
-    // `shutdown()` was silently lost. Now: refuse new work first and wait for submissions
-    // already past their check (`Device::close`), drain with the runtime still installed,
+    // Refuse new work first and wait for submissions already past their check (the gate),
+    // drain with the runtime still installed (queued work may look it up while it runs),
     // then take it out.
     let Some(rt) = RUNTIME.read().clone() else {
         return;
     };
     rt.closing.store(true, Ordering::Release);
     for d in &rt.devices {
-        d.close();
+        d.executor().close();
     }
     for d in &rt.devices {
         // Queued work finishes first; errors it raised are dropped with the runtime.
-        let _ = crate::stream::drain_device(d);
+        d.executor().drain();
     }
     {
         let mut slot = RUNTIME.write();
@@ -244,11 +180,35 @@ pub fn shutdown() {
     }
     for d in &rt.devices {
         d.0.default_stream.lock().take();
-        d.0.engines.stop();
+        d.executor().stop();
         d.memory().empty_cache();
         d.memory().close();
     }
-    crate::stream::forget_streams(rt.generation);
+    crate::device::reset_thread_state();
+}
+
+/// The all-streams barrier (`stream_synchronize`): wait for every stream of every device and
+/// report every error raised since each stream's last synchronisation, each once
+/// (`StreamError::Multiple` when several streams failed). `Ok(false)` on timeout.
+///
+/// # Errors
+/// `NotInitialized`; the streams' errors.
+pub fn synchronize_all(timeout: Option<std::time::Duration>) -> Result<bool> {
+    let rt = get()?;
+    let deadline = crate::clock::deadline_after(timeout);
+    let mut errors = Vec::new();
+    for d in &rt.devices {
+        match d
+            .executor()
+            .synchronize_all(crate::clock::time_left(deadline))
+        {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
+            Err(Error::Stream(StreamError::Multiple(es))) => errors.extend(es),
+            Err(e) => errors.push(e),
+        }
+    }
+    Error::collect(errors).map(|()| true)
 }
 
 impl Runtime {

@@ -1,6 +1,6 @@
 //! Timeline tracing: while on, every command's enqueue, start and end (per stream and
 //! device), every event record, and every allocation and free are recorded with timestamps
-//! from the shared clock ([`crate::event::now_ns`]).
+//! from the shared clock ([`crate::clock::now_ns`]).
 //!
 //! When tracing is off the hot paths pay one relaxed atomic load. The Python layer turns the
 //! records into a Chrome / Perfetto trace-event file (`runtime.profile("trace.json")`).

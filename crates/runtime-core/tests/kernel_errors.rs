@@ -13,7 +13,7 @@ use runtime_core::config::ConfigBuilder;
 use runtime_core::error::{Error, KernelFailure, StreamError};
 use runtime_core::event::Event;
 use runtime_core::runtime::{self, Runtime};
-use runtime_core::stream::{self, FnOp, Op, OpKind, Stream};
+use runtime_core::stream::{FnOp, Op, OpKind, Stream};
 
 static LOCK: Mutex<()> = Mutex::new(());
 
@@ -202,8 +202,8 @@ fn device_and_global_synchronize_report_the_error() {
     assert!(dev.synchronize(None).unwrap());
 
     s.launch(panicking_op()).unwrap();
-    expect_kernel_error(stream::synchronize_all(None, None), "panicky_kernel", &s);
-    assert!(stream::synchronize_all(None, None).unwrap());
+    expect_kernel_error(runtime::synchronize_all(None), "panicky_kernel", &s);
+    assert!(runtime::synchronize_all(None).unwrap());
     assert!(s.synchronize(None).unwrap());
 }
 

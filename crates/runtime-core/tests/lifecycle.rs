@@ -8,11 +8,12 @@ use std::sync::{Arc, Barrier, Mutex, MutexGuard};
 use std::time::Duration;
 
 use runtime_core::config::ConfigBuilder;
+use runtime_core::device;
 use runtime_core::error::{DeviceError, Error};
 use runtime_core::event::Event;
 use runtime_core::kernel::{self, DType, KernelArg, Tensor};
 use runtime_core::runtime::{self, Runtime};
-use runtime_core::stream::{self, FnOp, Op, OpKind, Stream};
+use runtime_core::stream::{FnOp, Op, OpKind, Stream};
 
 static LOCK: Mutex<()> = Mutex::new(());
 
@@ -118,7 +119,7 @@ fn shutdown_invalidates_old_handles_and_init_works_again() {
     assert!(is_invalid_handle(dev.default_stream()));
     assert!(is_invalid_handle(dev.synchronize(None)));
     assert!(is_invalid_handle(Stream::new(&dev, 0)));
-    assert!(is_invalid_handle(stream::current(&dev)));
+    assert!(is_invalid_handle(device::current_stream(&dev)));
     for st in [&s, &default] {
         assert!(is_invalid_handle(st.check()));
         assert!(is_invalid_handle(st.query()));
@@ -234,7 +235,7 @@ fn shutdown_drops_errors_of_queued_work() {
     let rt = init();
     let s = Stream::new(rt.device(0).unwrap(), 0).unwrap();
     assert!(s.synchronize(None).unwrap());
-    assert!(stream::synchronize_all(None, None).unwrap());
+    assert!(runtime::synchronize_all(None).unwrap());
 }
 
 #[test]
@@ -264,9 +265,9 @@ fn current_device_is_per_thread() {
                 }
                 assert_eq!(runtime::current_device().unwrap().index(), i as usize);
                 // Work on the current device's current stream.
-                let s = stream::current(&dev).unwrap();
+                let s = device::current_stream(&dev).unwrap();
                 assert!(s.is_default());
-                assert_eq!(s.device().index(), i as usize);
+                assert_eq!(s.device_index(), i as usize);
                 let buf = dev.memory().allocate(4 * 8).unwrap();
                 assert_eq!(buf.device(), i as usize);
                 let x = Tensor::new(buf.clone(), 0, DType::I32, vec![8]).unwrap();
@@ -298,17 +299,17 @@ fn current_stream_is_per_thread_and_device() {
     let rt = init();
     let dev = rt.device(1).unwrap();
     let mine = Stream::new(dev, 0).unwrap();
-    assert!(stream::current(dev).unwrap().is_default());
-    assert!(stream::set_current(dev, Some(mine.clone())).is_none());
-    assert_eq!(stream::current(dev).unwrap(), mine);
+    assert!(device::current_stream(dev).unwrap().is_default());
+    assert!(device::set_current_stream(dev, Some(mine.clone())).is_none());
+    assert_eq!(device::current_stream(dev).unwrap(), mine);
     let d = dev.clone();
-    std::thread::spawn(move || assert!(stream::current(&d).unwrap().is_default()))
+    std::thread::spawn(move || assert!(device::current_stream(&d).unwrap().is_default()))
         .join()
         .unwrap();
     // A destroyed current stream falls back to the default one.
     mine.destroy().unwrap();
-    assert!(stream::current(dev).unwrap().is_default());
-    assert_eq!(stream::set_current(dev, None), Some(mine));
+    assert!(device::current_stream(dev).unwrap().is_default());
+    assert_eq!(device::set_current_stream(dev, None), Some(mine));
 }
 
 #[test]
@@ -327,7 +328,7 @@ fn options_outlive_shutdown() {
         s.launch(slow_count(&n)).unwrap();
     }
     let buf = rt.device(0).unwrap().memory().allocate(16).unwrap();
-    s.launch(stream::copy::memset(&buf, 0, 16, 3).unwrap())
+    s.launch(runtime_core::stream::copy::memset(&buf, 0, 16, 3).unwrap())
         .unwrap();
     assert!(s.synchronize(None).unwrap());
     assert_eq!(n.load(Ordering::SeqCst), 5);

@@ -50,7 +50,7 @@ fn barrier_racing_with_stream_destroy_reports_no_invalid_handle() {
         && start.elapsed() < Duration::from_secs(60)
     {
         let r = if barriers.is_multiple_of(2) {
-            stream::synchronize_all(None, Some(Duration::from_secs(30)))
+            runtime::synchronize_all(Some(Duration::from_secs(30)))
         } else {
             dev.synchronize(Some(Duration::from_secs(30)))
         };
@@ -113,7 +113,7 @@ fn barrier_waits_for_work_accepted_before_a_destroy() {
         stop.store(true, Ordering::Relaxed);
         let accepted: u64 = launchers.into_iter().map(|l| l.join().unwrap()).sum();
         let done = if trial % 2 == 0 {
-            stream::synchronize_all(None, Some(Duration::from_secs(60)))
+            runtime::synchronize_all(Some(Duration::from_secs(60)))
         } else {
             dev.synchronize(Some(Duration::from_secs(60)))
         };
@@ -176,6 +176,10 @@ fn huge_timeouts_mean_no_limit() {
     s.record(&e).unwrap();
     assert!(s.synchronize(Some(Duration::MAX)).unwrap());
     assert!(e.synchronize(Some(Duration::MAX)).unwrap());
-    assert!(stream::synchronize_all(Some(0), Some(Duration::MAX)).unwrap());
-    assert!(stream::synchronize_all(None, Some(Duration::MAX)).unwrap());
+    assert!(rt
+        .device(0)
+        .unwrap()
+        .synchronize(Some(Duration::MAX))
+        .unwrap());
+    assert!(runtime::synchronize_all(Some(Duration::MAX)).unwrap());
 }

@@ -17,7 +17,7 @@ use proptest::test_runner::Config;
 use runtime_core::config::ConfigBuilder;
 use runtime_core::event::Event;
 use runtime_core::runtime::{self, Runtime};
-use runtime_core::stream::{self, FnOp, OpKind, Stream};
+use runtime_core::stream::{FnOp, OpKind, Stream};
 
 fn init() -> Arc<Runtime> {
     runtime::init(&ConfigBuilder {
@@ -189,7 +189,7 @@ fn run_program(
     for s in &m.streams {
         prop_assert!(s.synchronize(None).unwrap());
     }
-    prop_assert!(stream::synchronize_all(None, None).unwrap());
+    prop_assert!(runtime::synchronize_all(None).unwrap());
     for s in &m.streams {
         let (submitted, completed) = s.counters();
         prop_assert_eq!(submitted, completed);

@@ -101,7 +101,7 @@ fn eight_threads_launch_on_own_and_shared_streams() {
             h.join().unwrap();
         }
         assert!(shared.synchronize(None).unwrap());
-        assert!(stream::synchronize_all(None, None).unwrap());
+        assert!(runtime::synchronize_all(None).unwrap());
         assert!(
             !out_of_order.load(Ordering::SeqCst),
             "an op ran out of order"

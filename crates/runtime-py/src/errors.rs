@@ -139,6 +139,7 @@ pub fn to_pyerr(py: Python<'_>, e: Error) -> PyErr {
         Error::Stream(StreamError::Timeout { .. }) => err_of(py, &c.timeout, msg),
         Error::Stream(StreamError::NotReady { .. }) => err_of(py, &c.not_ready, msg),
         Error::Stream(StreamError::Invalid(_)) => err_of(py, &c.invalid_operation, msg),
+        Error::Stream(StreamError::Multiple(errors)) => several(py, errors),
         Error::Stream(StreamError::Kernel(k)) => {
             let err = err_of(py, &c.kernel, msg);
             let v = err.value(py);
@@ -150,6 +151,25 @@ pub fn to_pyerr(py: Python<'_>, e: Error) -> PyErr {
             err
         }
     }
+}
+
+/// Several streams failed before one barrier: the first error, carrying all of them (itself
+/// included) in its `errors` attribute and the others' messages as notes (PEP 678), so that
+/// `except runtime.KernelError` still catches it and nothing is lost.
+fn several(py: Python<'_>, errors: Vec<Error>) -> PyErr {
+    let all: Vec<PyErr> = errors.into_iter().map(|e| to_pyerr(py, e)).collect();
+    let Some(first) = all.first().map(|e| e.clone_ref(py)) else {
+        return err_of(py, &classes(py).base, "no error".into());
+    };
+    let v = first.value(py);
+    for other in &all[1..] {
+        let note = format!("also failed: {}", other.value(py));
+        let _ = v.call_method1("add_note", (note,));
+    }
+    let objects: Vec<Bound<'_, PyAny>> =
+        all.iter().map(|e| e.value(py).clone().into_any()).collect();
+    let _ = v.setattr("errors", objects);
+    first
 }
 
 /// A kernel failure payload holding the Python exception.

@@ -698,9 +698,9 @@ fn run_copy(
         None => {
             let r = rt::get().map_err(RtErr)?;
             let d = r.device(device as i64).map_err(RtErr)?;
-            let s = runtime_core::stream::current(d).map_err(RtErr)?;
+            let s = runtime_core::device::current_stream(d).map_err(RtErr)?;
             if let Some(p) = peer.filter(|&p| p != device) {
-                let ps = runtime_core::stream::current(r.device(p as i64).map_err(RtErr)?)
+                let ps = runtime_core::device::current_stream(r.device(p as i64).map_err(RtErr)?)
                     .map_err(RtErr)?;
                 // (A stream being captured has nothing pending to order after.)
                 if !ps.is_capturing() {

@@ -94,7 +94,7 @@ pub fn stream_or_current(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Stream> {
             .clone()),
         _ => {
             let d = resolve(None, "device")?;
-            Ok(runtime_core::stream::current(&d).map_err(RtErr)?)
+            Ok(runtime_core::device::current_stream(&d).map_err(RtErr)?)
         }
     }
 }
@@ -338,7 +338,7 @@ impl PyStream {
 
     #[getter]
     fn device(&self) -> PyDevice {
-        PyDevice::from_index(self.inner.device().index())
+        PyDevice::from_index(self.inner.device_index())
     }
 
     #[getter]
@@ -488,8 +488,11 @@ impl PyStream {
     fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
         let s = &slf.get().inner;
         s.check().map_err(RtErr)?;
-        let prev = runtime_core::stream::set_current(s.device(), Some(s.clone()));
-        STREAM_STACK.with(|st| st.borrow_mut().push((s.device().clone(), prev)));
+        let d = rt::get()
+            .and_then(|r| r.device(s.device_index() as i64).cloned())
+            .map_err(RtErr)?;
+        let prev = runtime_core::device::set_current_stream(&d, Some(s.clone()));
+        STREAM_STACK.with(|st| st.borrow_mut().push((d, prev)));
         Ok(slf)
     }
 
@@ -500,7 +503,7 @@ impl PyStream {
         _tb: Option<&Bound<'_, PyAny>>,
     ) {
         if let Some((d, prev)) = STREAM_STACK.with(|st| st.borrow_mut().pop()) {
-            runtime_core::stream::set_current(&d, prev);
+            runtime_core::device::set_current_stream(&d, prev);
         }
     }
 
@@ -513,7 +516,7 @@ impl PyStream {
         format!(
             "runtime.Stream(id={}, device={}, priority={}{dead})",
             self.inner.id(),
-            self.inner.device().index(),
+            self.inner.device_index(),
             self.inner.priority()
         )
     }
@@ -741,7 +744,7 @@ pub fn stream_synchronize(py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) ->
         || "stream_synchronize".to_string(),
         timeout,
         |slice| {
-            res = runtime_core::stream::synchronize_all(None, Some(slice));
+            res = runtime_core::runtime::synchronize_all(Some(slice));
             !matches!(res, Ok(false))
         },
     )?;
@@ -754,7 +757,7 @@ pub fn stream_synchronize(py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) ->
 pub fn current_stream(device: Option<&Bound<'_, PyAny>>) -> PyResult<PyStream> {
     let d = resolve(device, "device")?;
     Ok(PyStream {
-        inner: runtime_core::stream::current(&d).map_err(RtErr)?,
+        inner: runtime_core::device::current_stream(&d).map_err(RtErr)?,
     })
 }
 

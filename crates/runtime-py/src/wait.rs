@@ -57,7 +57,7 @@ where
 {
     let limit = timeout_arg(timeout)?;
     // Fix: `Instant + Duration` panics on overflow; a deadline past the clock's range is none.
-    let deadline = runtime_core::stream::deadline_after(limit);
+    let deadline = runtime_core::clock::deadline_after(limit);
     loop {
         let slice = match deadline {
             None => SLICE,

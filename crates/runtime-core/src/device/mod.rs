@@ -1,27 +1,23 @@
-//! Virtual devices: what a device is (properties, its memory, its execution engines) and the
-//! per-thread current device.
+//! Virtual devices: what a device is (properties, its memory, its executor and default
+//! stream) and the per-thread current device and current streams.
 //!
-//! * [`profile`]: the device models (`ascend910`, `host`).
-//! * `gate`: the submission gate that `shutdown` closes before it drains.
+//! A [`Device`] owns its [`DeviceMemory`] and its [`Executor`] (the engines that run its
+//! streams, and the registry of those streams). Devices live as long as the runtime that
+//! created them; a `Device` handle checks on each use that its runtime is still alive.
 //!
-//! A [`Device`] owns its [`DeviceMemory`] and the engines that
-//! run its streams (see [`crate::stream`]). Devices live as long as the runtime that created
-//! them; a `Device` handle checks on each use that its runtime is still alive.
+//! Per-thread state (current device, current stream per device) is reset for every thread
+//! by [`reset_thread_state`], which `shutdown` calls: a thread's state is tagged with the
+//! reset count it was set under and reads as the default once that count moves on.
 
-pub(crate) mod gate;
-pub mod profile;
-
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-pub(crate) use gate::GateGuard;
-use gate::SubmitGate;
-
-use crate::error::{DeviceError, Result};
+pub use crate::config::profile;
+use crate::error::Result;
 use crate::memory::DeviceMemory;
-use crate::runtime::Options;
-use crate::stream::engine::Engines;
-use crate::stream::Stream;
+use crate::stream::{Executor, Stream};
 
 /// What a device reports about itself.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,10 +58,7 @@ pub(crate) struct DeviceShared {
     pub(crate) index: usize,
     pub(crate) props: DeviceProperties,
     pub(crate) memory: Arc<DeviceMemory>,
-    pub(crate) engines: Engines,
-    pub(crate) options: Arc<Options>,
-    /// Open until shutdown: new work enters through it (see `gate`).
-    pub(crate) gate: SubmitGate,
+    pub(crate) exec: Arc<Executor>,
     /// The default stream, created on first use.
     pub(crate) default_stream: parking_lot::Mutex<Option<Stream>>,
 }
@@ -91,16 +84,13 @@ impl Device {
         index: usize,
         props: DeviceProperties,
         memory: Arc<DeviceMemory>,
-        options: Arc<Options>,
-        compute_engines: usize,
+        exec: Executor,
     ) -> Device {
         Device(Arc::new(DeviceShared {
             index,
             props,
             memory,
-            engines: Engines::new(index, compute_engines),
-            options,
-            gate: SubmitGate::new(),
+            exec: Arc::new(exec),
             default_stream: parking_lot::Mutex::new(None),
         }))
     }
@@ -112,31 +102,12 @@ impl Device {
 
     /// Fails with `InvalidHandle` if the runtime that made this device was shut down.
     pub fn check_alive(&self) -> Result<()> {
-        if self.0.gate.is_open() {
-            Ok(())
-        } else {
-            Err(self.dead())
-        }
+        self.0.exec.check_alive()
     }
 
-    fn dead(&self) -> crate::error::Error {
-        DeviceError::InvalidHandle {
-            what: format!("Device({})", self.0.index),
-            why: "the runtime was shut down".into(),
-        }
-        .into()
-    }
-
-    /// Begin a submission: fails like [`Device::check_alive`] once shutdown has begun; while
-    /// the guard lives, [`Device::close`] waits, so shutdown's drain covers the command.
-    pub(crate) fn enter_submit(&self) -> Result<GateGuard<'_>> {
-        self.0.gate.enter().ok_or_else(|| self.dead())
-    }
-
-    /// Refuse new work and wait for submissions already past their check (shutdown, before
-    /// it drains).
-    pub(crate) fn close(&self) {
-        self.0.gate.close();
+    /// The device's executor (engines, submission gate, stream registry).
+    pub fn executor(&self) -> &Arc<Executor> {
+        &self.0.exec
     }
 
     /// Properties.
@@ -151,7 +122,7 @@ impl Device {
             fpeak: p.fpeak,
             cores: p.cores,
             clock_rate: p.clock_rate,
-            compute_engines: self.0.engines.compute_workers(),
+            compute_engines: self.0.exec.compute_workers(),
         }
     }
 
@@ -167,28 +138,95 @@ impl Device {
         if let Some(s) = slot.as_ref() {
             return Ok(s.clone());
         }
-        let s = Stream::new_internal(self, 0, true)?;
+        let s = Stream::new_internal(&self.0.exec, 0, true)?;
         *slot = Some(s.clone());
         Ok(s)
     }
 
-    /// Wait until every stream of this device has finished its queued work.
+    /// Wait until every stream of this device has finished its queued work; report every
+    /// stream's error (see [`Executor::synchronize_all`]). `Ok(false)` on timeout.
     pub fn synchronize(&self, timeout: Option<std::time::Duration>) -> Result<bool> {
         self.check_alive()?;
-        crate::stream::synchronize_all(Some(self.0.index), timeout)
+        self.0.exec.synchronize_all(timeout)
     }
 }
 
+impl Stream {
+    /// Create a stream on `device` with `priority` in `PRIORITY_HIGHEST..=PRIORITY_LOWEST`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a priority out of range; `InvalidHandle` after shutdown.
+    pub fn new(device: &Device, priority: i32) -> Result<Stream> {
+        Stream::on(&device.0.exec, priority)
+    }
+}
+
+/// Bumped by [`reset_thread_state`]; thread state set under an older count is stale.
+static RESETS: AtomicU64 = AtomicU64::new(0);
+
 thread_local! {
-    static CURRENT_DEVICE: Cell<usize> = const { Cell::new(0) };
+    static CURRENT_DEVICE: Cell<(u64, usize)> = const { Cell::new((0, 0)) };
+    static CURRENT_STREAMS: RefCell<(u64, HashMap<usize, Stream>)> =
+        RefCell::new((0, HashMap::new()));
+}
+
+/// Forget every thread's current device and current streams (they read as device 0 and the
+/// default streams afterwards). `shutdown` calls it.
+pub fn reset_thread_state() {
+    RESETS.fetch_add(1, Ordering::AcqRel);
+    // This thread's streams are dropped now rather than at its next use.
+    let _ = CURRENT_STREAMS.try_with(|c| std::mem::take(&mut *c.borrow_mut()));
 }
 
 /// The calling thread's current device index (default 0).
 pub fn current_device_index() -> usize {
-    CURRENT_DEVICE.with(Cell::get)
+    let (epoch, index) = CURRENT_DEVICE.with(Cell::get);
+    if epoch == RESETS.load(Ordering::Acquire) {
+        index
+    } else {
+        0
+    }
 }
 
 /// Set the calling thread's current device index (validated by the caller).
 pub(crate) fn set_current_device_index(i: usize) {
-    CURRENT_DEVICE.with(|c| c.set(i));
+    CURRENT_DEVICE.with(|c| c.set((RESETS.load(Ordering::Acquire), i)));
+}
+
+/// The calling thread's current stream on `device`: the one set by [`set_current_stream`],
+/// or the device's default stream.
+pub fn current_stream(device: &Device) -> Result<Stream> {
+    let epoch = RESETS.load(Ordering::Acquire);
+    let s = CURRENT_STREAMS.with(|c| {
+        let c = c.borrow();
+        (c.0 == epoch)
+            .then(|| c.1.get(&device.index()).cloned())
+            .flatten()
+    });
+    match s {
+        Some(s) if Arc::ptr_eq(s.executor(), &device.0.exec) && !s.is_destroyed() => Ok(s),
+        _ => device.default_stream(),
+    }
+}
+
+/// Make `stream` the calling thread's current stream on `device` (`None` restores the
+/// default); returns the previous one.
+pub fn set_current_stream(device: &Device, stream: Option<Stream>) -> Option<Stream> {
+    let epoch = RESETS.load(Ordering::Acquire);
+    // The displaced map (stale after a reset) is dropped after the borrow ends.
+    let (prev, _stale) = CURRENT_STREAMS.with(|c| {
+        let mut c = c.borrow_mut();
+        let stale = if c.0 == epoch {
+            HashMap::new()
+        } else {
+            c.0 = epoch;
+            std::mem::take(&mut c.1)
+        };
+        let prev = match stream {
+            Some(s) => c.1.insert(device.index(), s),
+            None => c.1.remove(&device.index()),
+        };
+        (prev, stale)
+    });
+    prev
 }

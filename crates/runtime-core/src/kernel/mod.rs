@@ -372,14 +372,14 @@ pub fn prepare(
     let args = Args::check(&*kernel, args)?;
     for a in args.iter() {
         if let KernelArg::Tensor(t) = a {
-            if t.buffer.device() != stream.device().index() {
+            if t.buffer.device() != stream.device_index() {
                 return Err(arg_error(
                     "args",
                     format!(
                         "{:?} lives on device {}, but the stream runs on device {}",
                         t.buffer,
                         t.buffer.device(),
-                        stream.device().index()
+                        stream.device_index()
                     ),
                 ));
             }

@@ -276,19 +276,6 @@ fn swap_configured() -> bool {
 
 /// Copies of at least this many bytes are split across the copy helpers.
 const PARALLEL_COPY_MIN: usize = 512 << 10;
-/// Copies larger than this run on one thread: splitting pays while the data is largely
-/// cache-resident, but for DRAM-bound copies two threads on two vCPUs measured slower here
-/// (64 MiB: 8.3 ms split vs 6.8 ms on one thread). `RUNTIME_COPY_SPLIT_MAX` overrides it.
-fn parallel_copy_max() -> usize {
-    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MAX.get_or_init(|| {
-        std::env::var("RUNTIME_COPY_SPLIT_MAX")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(8 << 20)
-    })
-}
-
 /// Smallest piece a split copy hands to one thread.
 const COPY_CHUNK_MIN: usize = 256 << 10;
 /// How long an idle copy helper spins for the next job before it sleeps.
@@ -362,7 +349,7 @@ fn copy_pool() -> &'static CopyPool {
 /// # Safety
 /// `src` valid for `len` reads, `dst` valid for `len` writes, the ranges do not overlap.
 unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
-    let pool = if (PARALLEL_COPY_MIN..=parallel_copy_max()).contains(&len) {
+    let pool = if (PARALLEL_COPY_MIN..=crate::config::copy_split_max()).contains(&len) {
         Some(copy_pool())
     } else {
         None

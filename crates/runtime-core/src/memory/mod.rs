@@ -40,9 +40,9 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::clock::now_ns;
+use crate::config::Options;
 use crate::error::{MemoryError, Result};
-use crate::event::now_ns;
-use crate::runtime::Options;
 use crate::trace;
 use buddy::Buddy;
 use host::{Arena, PAGE};
@@ -291,7 +291,7 @@ impl DeviceMemory {
     }
 
     fn reuse(&self) -> bool {
-        self.options.memory_reuse.load(Ordering::Relaxed)
+        self.options.memory_reuse()
     }
 
     /// Allocate `size` zeroed bytes.

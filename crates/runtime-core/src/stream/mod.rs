@@ -2,7 +2,12 @@
 //!
 //! * [`command`]: the [`Op`] trait and the commands a stream carries.
 //! * [`engine`]: the worker threads (compute, copy and serial engines per device).
+//! * [`executor`]: what a stream needs of its device: engines, submission gate, options and
+//!   the registry of the device's streams.
+//! * `gate`: the submission gate that `shutdown` closes before it drains.
 //! * [`graph`]: capture and replay.
+//! * `completion`: the submitted/completed counters and the wait on them.
+//! * [`copy`]: stream-ordered copies and memsets between host memory and device buffers.
 //! * `panics`: a panicking op becomes a `KernelFailure` (message and location), quietly.
 //!
 //! A stream is a crossbeam channel of commands plus a small state machine
@@ -20,26 +25,28 @@ pub mod command;
 pub(crate) mod completion;
 pub mod copy;
 pub mod engine;
+pub mod executor;
+pub(crate) mod gate;
 pub mod graph;
 mod panics;
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
-use crate::device::{Device, GateGuard};
-use crate::error::{DeviceError, Error, KernelFailure, Result, StreamError};
-use crate::event::{now_ns, Event};
+use crate::clock::{deadline_after, now_ns};
+use crate::error::{DeviceError, KernelFailure, Result, StreamError};
+use crate::event::{Event, Wake};
 use crate::trace;
 use command::Command;
 pub use command::{FnOp, Op, OpKind};
 use completion::Completion;
 use engine::{EngineKind, Engines};
+pub use executor::Executor;
+use gate::GateGuard;
 pub use graph::Graph;
 use graph::Node;
 
@@ -68,19 +75,9 @@ const TIME_SLICE: Duration = Duration::from_millis(1);
 
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
-/// Every live stream, for `stream_synchronize` and shutdown.
-static STREAMS: Mutex<Option<HashMap<u64, Weak<StreamInner>>>> = Mutex::new(None);
-
-/// The deadline `timeout` from now; `None` (no limit) when there is no timeout or it reaches
-/// past what `Instant` can represent.
-// Fix: the waits computed `Instant::now() + timeout`, which panicked near `Duration::MAX`.
-pub fn deadline_after(timeout: Option<Duration>) -> Option<Instant> {
-    timeout.and_then(|t| Instant::now().checked_add(t))
-}
-
 pub(crate) struct StreamInner {
     pub(crate) id: u64,
-    pub(crate) device: Device,
+    pub(crate) exec: Arc<Executor>,
     pub(crate) priority: i32,
     pub(crate) level: usize,
     is_default: bool,
@@ -101,9 +98,13 @@ pub(crate) struct StreamInner {
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
-        if let Some(map) = STREAMS.lock().as_mut() {
-            map.remove(&self.id);
-        }
+        self.exec.unregister(self.id);
+    }
+}
+
+impl Wake for StreamInner {
+    fn wake(self: Arc<Self>) {
+        unblock(&self);
     }
 }
 
@@ -126,7 +127,7 @@ impl std::fmt::Debug for Stream {
             f,
             "Stream#{}(device {}, priority {})",
             self.0.id,
-            self.0.device.index(),
+            self.0.exec.device(),
             self.0.priority
         )
     }
@@ -145,16 +146,22 @@ enum Step {
 }
 
 impl Stream {
-    /// Create a stream on `device` with `priority` in `PRIORITY_HIGHEST..=PRIORITY_LOWEST`.
+    /// Create a stream on the device `exec` executes for, with `priority` in
+    /// `PRIORITY_HIGHEST..=PRIORITY_LOWEST`. `Stream::new(&device, priority)`, defined by the
+    /// device layer above this one, does this for a device.
     ///
     /// # Errors
     /// `InvalidArgument` for a priority out of range; `InvalidHandle` after shutdown.
-    pub fn new(device: &Device, priority: i32) -> Result<Stream> {
-        Self::new_internal(device, priority, false)
+    pub fn on(exec: &Arc<Executor>, priority: i32) -> Result<Stream> {
+        Self::new_internal(exec, priority, false)
     }
 
-    pub(crate) fn new_internal(device: &Device, priority: i32, is_default: bool) -> Result<Stream> {
-        device.check_alive()?;
+    pub(crate) fn new_internal(
+        exec: &Arc<Executor>,
+        priority: i32,
+        is_default: bool,
+    ) -> Result<Stream> {
+        exec.check_alive()?;
         if !(PRIORITY_HIGHEST..=PRIORITY_LOWEST).contains(&priority) {
             return Err(crate::error::arg_error(
                 "priority",
@@ -167,7 +174,7 @@ impl Stream {
         let id = NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed);
         let inner = Arc::new(StreamInner {
             id,
-            device: device.clone(),
+            exec: exec.clone(),
             priority,
             level: (priority - PRIORITY_HIGHEST) as usize,
             is_default,
@@ -182,10 +189,7 @@ impl Stream {
             destroyed: AtomicBool::new(false),
             capture: Mutex::new(None),
         });
-        STREAMS
-            .lock()
-            .get_or_insert_with(HashMap::new)
-            .insert(id, Arc::downgrade(&inner));
+        exec.register(&inner);
         Ok(Stream(inner))
     }
 
@@ -194,9 +198,14 @@ impl Stream {
         self.0.id
     }
 
-    /// The device.
-    pub fn device(&self) -> &Device {
-        &self.0.device
+    /// The index of the stream's device.
+    pub fn device_index(&self) -> usize {
+        self.0.exec.device()
+    }
+
+    /// The executor of the stream's device.
+    pub fn executor(&self) -> &Arc<Executor> {
+        &self.0.exec
     }
 
     /// Priority.
@@ -212,7 +221,7 @@ impl Stream {
     /// Fails if the stream was destroyed or its runtime shut down.
     pub fn check(&self) -> Result<()> {
         self.check_destroyed()?;
-        self.0.device.check_alive()
+        self.0.exec.check_alive()
     }
 
     fn check_destroyed(&self) -> Result<()> {
@@ -230,7 +239,7 @@ impl Stream {
     /// command is pushed.
     fn enter(&self) -> Result<GateGuard<'_>> {
         self.check_destroyed()?;
-        self.0.device.enter_submit()
+        self.0.exec.enter_submit()
     }
 
     /// Queue an operation. In synchronous mode (`enableAsync` off) waits for it and raises
@@ -284,7 +293,7 @@ impl Stream {
 
     /// Whether synchronous mode (`enableAsync` off) is in force for this stream's runtime.
     pub fn is_sync_mode(&self) -> bool {
-        !self.0.device.0.options.is_async()
+        !self.0.exec.options.is_async()
     }
 
     /// Commands submitted so far: a target for [`Stream::wait_for`].
@@ -298,7 +307,7 @@ impl Stream {
     }
 
     fn after_submit(&self) -> Result<()> {
-        if self.0.device.0.options.is_async() {
+        if self.0.exec.options.is_async() {
             if let Some(target) = self.backlog_target() {
                 self.wait_for(target, None);
             }
@@ -515,8 +524,7 @@ impl Stream {
             nodes.extend(graph.0.nodes.iter().cloned());
             return Ok(false);
         }
-        // Fix: bind the graph's records and waits to record numbers at launch (see
-        // `GraphInner::bind`).
+        // Records and waits are bound to record numbers now, at launch (`GraphInner::bind`).
         self.submit(Command::Graph(graph.0.bind(), 0));
         Ok(true)
     }
@@ -556,7 +564,7 @@ fn trace_enqueue(s: &StreamInner, cmd: &Command) {
     };
     trace::push(trace::Record {
         name,
-        device: s.device.index(),
+        device: s.exec.device(),
         stream: s.id,
         ts_ns: now_ns(),
         phase: trace::Phase::Enqueue,
@@ -565,9 +573,8 @@ fn trace_enqueue(s: &StreamInner, cmd: &Command) {
 
 /// Queue a stream that just became ready on the engine its next command wants.
 fn schedule(s: &Arc<StreamInner>, kind: Option<OpKind>) {
-    let pipelining = s.device.0.options.pipelining.load(Ordering::Relaxed);
-    let target = Engines::target(pipelining, kind).unwrap_or(EngineKind::Compute);
-    s.device.0.engines.get(target).push(s.clone());
+    let target = Engines::target(s.exec.options.pipelining(), kind).unwrap_or(EngineKind::Compute);
+    s.exec.engines.get(target).push(s.clone());
 }
 
 /// Give up ownership of a stream; re-take it if commands arrived meanwhile.
@@ -615,22 +622,21 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
             }
         }
         if let Runner::Engine(mine) = runner {
-            let pipelining = s.device.0.options.pipelining.load(Ordering::Relaxed);
-            if let Some(want) = Engines::target(pipelining, cmd.kind()) {
+            if let Some(want) = Engines::target(s.exec.options.pipelining(), cmd.kind()) {
                 if want != mine {
                     *s.head.lock() = Some(cmd);
                     s.state.store(QUEUED, Ordering::SeqCst);
-                    s.device.0.engines.get(want).push(s.clone());
+                    s.exec.engines.get(want).push(s.clone());
                     return;
                 }
             }
             ran += 1;
             if (ran >= SLICE || began.elapsed() >= TIME_SLICE)
-                && s.device.0.engines.get(mine).has_waiting(s.level)
+                && s.exec.engines.get(mine).has_waiting(s.level)
             {
                 *s.head.lock() = Some(cmd);
                 s.state.store(QUEUED, Ordering::SeqCst);
-                s.device.0.engines.get(mine).push(s.clone());
+                s.exec.engines.get(mine).push(s.clone());
                 return;
             }
         }
@@ -654,7 +660,7 @@ fn run_op(s: &StreamInner, op: &dyn Op) {
     if let Some(t0) = t0 {
         trace::push(trace::Record {
             name: op.name().to_string(),
-            device: s.device.index(),
+            device: s.exec.device(),
             stream: s.id,
             ts_ns: t0,
             phase: trace::Phase::Run {
@@ -685,7 +691,7 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
             if trace::enabled() {
                 trace::push(trace::Record {
                     name: format!("record(Event#{})", ev.id),
-                    device: s.device.index(),
+                    device: s.exec.device(),
                     stream: s.id,
                     ts_ns: now_ns(),
                     phase: trace::Phase::Record,
@@ -694,7 +700,7 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
             Step::Done
         }
         Command::Wait(ev, id) => {
-            if ev.park_unless_complete(id, s, || {
+            if ev.park_unless_complete(id, s.clone(), || {
                 *s.head.lock() = Some(Command::Wait(ev.clone(), id));
                 s.state.store(BLOCKED, Ordering::SeqCst);
             }) {
@@ -714,7 +720,7 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
                     Node::Wait(ev) => {
                         let id = ev.recorded();
                         if id != 0
-                            && !ev.park_unless_complete(id, s, || {
+                            && !ev.park_unless_complete(id, s.clone(), || {
                                 *s.head.lock() = Some(Command::Graph(g.clone(), i));
                                 s.state.store(BLOCKED, Ordering::SeqCst);
                             })
@@ -725,7 +731,7 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
                     // Records and waits bound at launch (`GraphInner::bind`).
                     Node::RecordId(ev, id) => ev.complete(*id),
                     Node::WaitId(ev, id) => {
-                        if !ev.park_unless_complete(*id, s, || {
+                        if !ev.park_unless_complete(*id, s.clone(), || {
                             *s.head.lock() = Some(Command::Graph(g.clone(), i));
                             s.state.store(BLOCKED, Ordering::SeqCst);
                         }) {
@@ -748,117 +754,4 @@ pub(crate) fn unblock(s: &Arc<StreamInner>) {
         let kind = s.head.lock().as_ref().and_then(Command::kind);
         schedule(s, kind);
     }
-}
-
-fn live_streams(device: Option<usize>) -> Vec<Stream> {
-    // Fix: upgrade under the lock, but filter (and so drop handles) only after releasing it.
-    // An upgraded handle can be the last one when its owner drops the stream meanwhile, and
-    // `StreamInner::drop` takes `STREAMS`: dropping it under the lock deadlocked.
-    let all: Vec<Arc<StreamInner>> = {
-        let map = STREAMS.lock();
-        map.as_ref()
-            .map(|m| m.values().filter_map(Weak::upgrade).collect())
-            .unwrap_or_default()
-    };
-    all.into_iter()
-        .filter(|s| device.is_none_or(|d| s.device.index() == d))
-        .filter(|s| s.device.0.gate.is_open())
-        .map(Stream)
-        .collect()
-}
-
-/// Wait for every live stream (of `device`, or of all devices). Reports the first error.
-pub fn synchronize_all(device: Option<usize>, timeout: Option<Duration>) -> Result<bool> {
-    let deadline = deadline_after(timeout);
-    let mut first_err = None;
-    for s in live_streams(device) {
-        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        // Fix: a launch that another thread got accepted just before a `destroy` took effect
-        // may still be queued when `destroy` returns; the barrier used to skip destroyed
-        // streams, so no call could wait for that work. Wait for it (its errors belong to
-        // `destroy`'s caller and are not reported here).
-        if s.is_destroyed() {
-            if !s.wait_for(s.submitted(), left) {
-                return Ok(false);
-            }
-            continue;
-        }
-        match s.synchronize(left) {
-            Ok(true) => {}
-            Ok(false) => return Ok(false),
-            // Fix: another thread may destroy the stream between the `is_destroyed` check
-            // above and `synchronize`; the barrier then saw "InvalidHandle: destroyed" for a
-            // stream its caller never named. Such a stream is treated as destroyed above.
-            Err(Error::Device(DeviceError::InvalidHandle { .. })) if s.is_destroyed() => {
-                if !s.wait_for(s.submitted(), left) {
-                    return Ok(false);
-                }
-            }
-            Err(e) => {
-                first_err.get_or_insert(e);
-            }
-        }
-    }
-    first_err.map_or(Ok(true), Err)
-}
-
-/// Wait for all work of a device (used by shutdown). Errors are returned, not raised.
-pub(crate) fn drain_device(d: &Device) -> Result<bool> {
-    // Fix: `shutdown` now marks the devices dead (so new work is refused) before it drains,
-    // and `live_streams` skips dead devices: drain every registered stream of the device.
-    let all: Vec<Arc<StreamInner>> = {
-        let map = STREAMS.lock();
-        map.as_ref()
-            .map(|m| m.values().filter_map(Weak::upgrade).collect())
-            .unwrap_or_default()
-    };
-    for s in all.into_iter().filter(|s| s.device == *d).map(Stream) {
-        let target = s.0.done.submitted();
-        s.wait_for(target, None);
-    }
-    Ok(true)
-}
-
-/// Drop the registry's entries of dead devices (after shutdown).
-pub(crate) fn forget_streams(_generation: u64) {
-    // Fix: keep the upgraded handles until the lock is released (see `live_streams`).
-    let mut upgraded = Vec::new();
-    if let Some(map) = STREAMS.lock().as_mut() {
-        map.retain(|_, w| match w.upgrade() {
-            Some(s) => {
-                let alive = s.device.0.gate.is_open();
-                upgraded.push(s);
-                alive
-            }
-            None => false,
-        });
-    }
-    drop(upgraded);
-    CURRENT.with(|c| c.borrow_mut().clear());
-}
-
-thread_local! {
-    static CURRENT: RefCell<HashMap<usize, Stream>> = RefCell::new(HashMap::new());
-}
-
-/// The calling thread's current stream on `device`: the one set by [`set_current`], or the
-/// device's default stream.
-pub fn current(device: &Device) -> Result<Stream> {
-    let s = CURRENT.with(|c| c.borrow().get(&device.index()).cloned());
-    match s {
-        Some(s) if s.0.device == *device && !s.is_destroyed() => Ok(s),
-        _ => device.default_stream(),
-    }
-}
-
-/// Make `stream` the calling thread's current stream on its device (`None` restores the
-/// default); returns the previous one.
-pub fn set_current(device: &Device, stream: Option<Stream>) -> Option<Stream> {
-    CURRENT.with(|c| {
-        let mut m = c.borrow_mut();
-        match stream {
-            Some(s) => m.insert(device.index(), s),
-            None => m.remove(&device.index()),
-        }
-    })
 }

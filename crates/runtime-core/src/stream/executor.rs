@@ -1,0 +1,157 @@
+//! The execution side of one device, as streams see it: its engines (worker threads), its
+//! submission gate, the process options, and the registry of its live streams.
+//!
+//! A device owns one [`Executor`]; every stream of the device holds it. Streams need nothing
+//! else from their device, so this module, not `device`, is what they depend on.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::engine::Engines;
+use super::gate::{GateGuard, SubmitGate};
+use super::{Stream, StreamInner};
+use crate::clock::{deadline_after, time_left};
+use crate::config::Options;
+use crate::error::{DeviceError, Error, Result};
+
+/// Engines, submission gate, options and stream registry of one device.
+pub struct Executor {
+    device: usize,
+    pub(crate) engines: Engines,
+    pub(crate) options: Arc<Options>,
+    /// Open until shutdown: new work enters through it (see `gate`).
+    gate: SubmitGate,
+    /// Every live stream of the device, for the device barrier and shutdown's drain.
+    streams: Mutex<HashMap<u64, Weak<StreamInner>>>,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Executor(device {})", self.device)
+    }
+}
+
+impl Executor {
+    /// Start the engines of device `device` (`compute_workers` compute threads).
+    pub(crate) fn new(device: usize, compute_workers: usize, options: Arc<Options>) -> Executor {
+        Executor {
+            device,
+            engines: Engines::new(device, compute_workers),
+            options,
+            gate: SubmitGate::new(),
+            streams: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The device index.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// Compute worker threads.
+    pub fn compute_workers(&self) -> usize {
+        self.engines.compute_workers()
+    }
+
+    /// The process options this device runs under.
+    pub fn options(&self) -> &Arc<Options> {
+        &self.options
+    }
+
+    /// Whether the device still takes work (its runtime has not begun shutting down).
+    pub fn is_open(&self) -> bool {
+        self.gate.is_open()
+    }
+
+    /// Fails with `InvalidHandle` once the runtime that made this device began shutting down.
+    pub fn check_alive(&self) -> Result<()> {
+        if self.gate.is_open() {
+            Ok(())
+        } else {
+            Err(self.dead())
+        }
+    }
+
+    fn dead(&self) -> Error {
+        DeviceError::InvalidHandle {
+            what: format!("Device({})", self.device),
+            why: "the runtime was shut down".into(),
+        }
+        .into()
+    }
+
+    /// Begin a submission: fails like [`Executor::check_alive`] once shutdown has begun;
+    /// while the guard lives, [`Executor::close`] waits, so shutdown's drain covers it.
+    pub(crate) fn enter_submit(&self) -> Result<GateGuard<'_>> {
+        self.gate.enter().ok_or_else(|| self.dead())
+    }
+
+    /// Refuse new work and wait for submissions already past their check.
+    pub(crate) fn close(&self) {
+        self.gate.close();
+    }
+
+    /// Stop the engines (after the drain).
+    pub(crate) fn stop(&self) {
+        self.engines.stop();
+    }
+
+    pub(crate) fn register(&self, s: &Arc<StreamInner>) {
+        self.streams.lock().insert(s.id, Arc::downgrade(s));
+    }
+
+    pub(crate) fn unregister(&self, id: u64) {
+        self.streams.lock().remove(&id);
+    }
+
+    /// The live streams. Handles are upgraded under the lock but returned, and so dropped,
+    /// after it is released: an upgraded handle can be the last one when its owner drops
+    /// the stream meanwhile, and dropping a stream takes this lock.
+    pub(crate) fn streams(&self) -> Vec<Stream> {
+        let all: Vec<Arc<StreamInner>> = self
+            .streams
+            .lock()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        all.into_iter().map(Stream).collect()
+    }
+
+    /// Wait for every live stream of the device; report every error raised since each
+    /// stream's last synchronisation (each once). Returns `Ok(false)` on timeout.
+    ///
+    /// A destroyed stream's queued work is waited for too (a launch accepted just before
+    /// `destroy` took effect may still be queued), but its errors belong to `destroy`'s
+    /// caller and are not reported here.
+    ///
+    /// # Errors
+    /// The first failed stream's error; every error when several failed
+    /// (`StreamError::Multiple`).
+    pub fn synchronize_all(&self, timeout: Option<Duration>) -> Result<bool> {
+        let deadline = deadline_after(timeout);
+        let mut errors = Vec::new();
+        for s in self.streams() {
+            if !s.wait_for(s.submitted(), time_left(deadline)) {
+                return Ok(false);
+            }
+            if s.is_destroyed() {
+                continue;
+            }
+            match s.take_error() {
+                Ok(()) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+        Error::collect(errors).map(|()| true)
+    }
+
+    /// Wait for all queued work of the device, errors dropped (shutdown, after `close`).
+    pub(crate) fn drain(&self) {
+        for s in self.streams() {
+            s.wait_for(s.submitted(), None);
+        }
+    }
+}
