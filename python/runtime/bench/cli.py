@@ -1,15 +1,21 @@
-"""``python -m runtime bench``: the flags, and the run from peers to printed report."""
+"""``python -m runtime bench``: the flags, and the run from peers to printed report.
+
+Bad input (an unknown row or peer, an unreadable ``--from-json`` file, an output path that
+cannot be written, arguments ``runtime.init`` refuses) is one ``runtime._cli.UsageError`` line
+on stderr and exit code 2, checked before anything is measured where it can be.
+"""
 
 from __future__ import annotations
 
 import argparse
 import gc
 import json
-import sys
 import time
 
 import runtime as rt
 
+from .._cli import ArgumentParser, UsageError, check_writable, fail_write, guard
+from .._cli import init as _cli_init
 from .config import PEERS, SEED_US, SYSTEMS, Config
 from .peers import Peers, _loadavg, machine_info
 from .plot import write_plot
@@ -18,10 +24,22 @@ from .rows import rows_for
 from .run import Progress, run_rows
 from .timing import timer_floor_ns
 
+PROG = "python -m runtime bench"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return n
+
 
 def _parser():
-    ap = argparse.ArgumentParser(
-        prog="python -m runtime bench",
+    ap = ArgumentParser(
+        prog=PROG,
         description=(
             "Measure the runtime's seed table (stream create, event record, alloc 1 MiB, free, "
             "memcpy H2D/D2H/D2D at 1 MiB and 64 MiB, idle synchronize) and executor rows (no-op "
@@ -55,7 +73,7 @@ def _parser():
     )
     ap.add_argument(
         "--reps",
-        type=int,
+        type=_positive_int,
         default=None,
         help="repetitions of the latency rows (default 300, quick 20)",
     )
@@ -73,47 +91,97 @@ def _parser():
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = _parser().parse_args(argv)
-    if a.from_json:
-        with open(a.from_json) as f:
+    return guard(PROG, _main, argv)
+
+
+def _load_run(path: str) -> dict:
+    """A saved run (``--json``) for ``--from-json``; anything else is a ``UsageError``."""
+    try:
+        with open(path, encoding="utf-8") as f:
             doc = json.load(f)
+    except OSError as e:
+        raise UsageError(f"--from-json {path}: cannot read: {e.strerror or e}") from e
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise UsageError(f"--from-json {path}: not valid JSON ({e})") from e
+    want = {"rows": list, "targets": list, "machine": dict}
+    if not isinstance(doc, dict) or any(not isinstance(doc.get(k), t) for k, t in want.items()):
+        raise UsageError(
+            f"--from-json {path}: not a benchmark result (needs 'rows', 'targets' and "
+            "'machine', as written by --json)"
+        )
+    return doc
+
+
+def _render_saved(a) -> int:
+    doc = _load_run(a.from_json)
+    try:
         if a.markdown:
-            print(render_markdown(doc))
+            text = render_markdown(doc)
         else:
-            print(render_table(doc["rows"], list(SYSTEMS), doc["machine"]))
-            print()
-            print(render_targets(doc["targets"]))
-        if a.plot:
-            err = write_plot(a.plot, doc["rows"], doc["machine"])
-            print(f"plot: {err}" if err else f"wrote {a.plot}")
-        return 0
+            table = render_table(doc["rows"], list(SYSTEMS), doc["machine"])
+            text = f"{table}\n\n{render_targets(doc['targets'])}"
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise UsageError(
+            f"--from-json {a.from_json}: not a benchmark result ({type(e).__name__}: {e})"
+        ) from e
+    print(text)
+    if a.plot:
+        _plot(a.plot, doc["rows"], doc["machine"])
+    return 0
+
+
+def _plot(path: str, rows: list[dict], machine: dict) -> None:
+    try:
+        err = write_plot(path, rows, machine)
+    except OSError as e:
+        fail_write(path, "--plot", e)
+    print(f"plot: {err}" if err else f"wrote {path}")
+
+
+def _select_rows(rows: list, spec: str) -> list:
+    """The rows ``--rows`` names; a name that matches no row is a ``UsageError``."""
+    subs = [s.strip() for s in spec.split(",") if s.strip()]
+
+    def hit(r, s):
+        s = s.lower()
+        return s in r.title.lower() or s.replace(" ", "_") in r.key
+
+    unmatched = [s for s in subs if not any(hit(r, s) for r in rows)]
+    if unmatched or not subs:
+        bad = ", ".join(repr(s) for s in unmatched or [spec])
+        names = ", ".join(r.key for r in rows)
+        raise UsageError(f"--rows: no row matches {bad}; rows: {names}")
+    return [r for r in rows if any(hit(r, s) for s in subs)]
+
+
+def _main(argv: list[str] | None) -> int:
+    a = _parser().parse_args(argv)
+    for flag, path in (("--json", a.json), ("--plot", a.plot)):
+        if path and not (flag == "--json" and a.from_json):
+            check_writable(path, flag)
+    if a.from_json:
+        return _render_saved(a)
     cfg = Config(a.quick, a.reps)
     wanted = (
         [] if a.peers.strip() == "none" else [p.strip() for p in a.peers.split(",") if p.strip()]
     )
     bad = [p for p in wanted if p not in PEERS]
     if bad:
-        print(f"bench: unknown peer(s) {bad}; choose from {', '.join(PEERS)}", file=sys.stderr)
-        return 2
+        raise UsageError(
+            f"--peers: unknown peer(s) {', '.join(repr(p) for p in bad)}; "
+            f"choose from {', '.join(PEERS)}, or 'none'"
+        )
     rows = rows_for(cfg)
     if a.rows:
-        subs = [s.strip().lower() for s in a.rows.split(",") if s.strip()]
-        rows = [
-            r
-            for r in rows
-            if any(s in r.title.lower() or s.replace(" ", "_") in r.key for s in subs)
-        ]
+        rows = _select_rows(rows, a.rows)
     if a.list:
         for r in rows:
             print(f"{r.key:<24} {r.title}")
         return 0
-    if not rows:
-        print("bench: no row matches --rows", file=sys.stderr)
-        return 2
 
     started_here = not rt.is_initialized()
     if started_here:
-        rt.init()
+        _cli_init()
     t_start = time.monotonic()
     try:
         peers = Peers(wanted)
@@ -170,10 +238,12 @@ def main(argv: list[str] | None = None) -> int:
             "rows": results,
             "targets": targets,
         }
-        with open(a.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        try:
+            with open(a.json, "w") as f:
+                json.dump(doc, f, indent=1)
+        except OSError as e:
+            fail_write(a.json, "--json", e)
         print(f"\nwrote {a.json}")
     if a.plot:
-        err = write_plot(a.plot, results, machine)
-        print(f"plot: {err}" if err else f"wrote {a.plot}")
+        _plot(a.plot, results, machine)
     return rc
