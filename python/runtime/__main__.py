@@ -1,15 +1,18 @@
 """Command line: ``python -m runtime`` shows the devices (an npu-smi-like table).
 
 Sub-commands: ``bench`` (the seed's performance table beside the peers), ``trace-plot``.
+Bad input on any of them is one ``python -m runtime...: error: ...`` line on stderr and exit
+code 2 (``runtime._cli``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 import runtime
+
+from . import _cli
 
 
 def _gib(n: float) -> str:
@@ -47,6 +50,9 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+PROG = "python -m runtime"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
@@ -57,8 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         from . import trace
 
         return trace.plot_main(argv[1:])
-    ap = argparse.ArgumentParser(
-        prog="python -m runtime",
+    return _cli.guard(PROG, _show_devices, argv)
+
+
+def _show_devices(argv: list[str] | None) -> int:
+    ap = _cli.ArgumentParser(
+        prog=PROG,
         description="Show the runtime's virtual devices. Sub-commands: 'bench' (performance "
         "table beside the peers; see 'python -m runtime bench --help'), 'trace-plot TRACE.json OUT.png'.",
     )
@@ -73,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.version:
         print(f"runtime {runtime.__version__}")
         return 0
-    runtime.init(device_count=a.device_count, memory=a.memory, profile=a.profile)
+    _cli.init(device_count=a.device_count, memory=a.memory, profile=a.profile)
     try:
         rows = device_rows()
         print(json.dumps(rows, indent=2) if a.json else table(rows))

@@ -7,7 +7,6 @@ writes a Chrome / Perfetto trace-event file (open it in ui.perfetto.dev or chrom
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -106,18 +105,61 @@ def profile(path: str | os.PathLike[str] | None = None) -> Iterator[list[dict[st
                 json.dump(to_chrome(records), f)
 
 
+class TraceFileError(ValueError):
+    """A trace file that cannot be read, is not JSON, or holds no command spans to draw."""
+
+
+def load_spans(trace_path: str) -> list[dict[str, Any]]:
+    """The command spans (``"ph": "X"``) of a Chrome trace file, checked for what ``plot`` uses."""
+    try:
+        with open(trace_path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise TraceFileError(f"{trace_path}: cannot read: {e.strerror or e}") from e
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise TraceFileError(f"{trace_path}: not valid JSON ({e})") from e
+    events = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(events, list):
+        raise TraceFileError(
+            f"{trace_path}: not a trace (no 'traceEvents' list, as runtime.profile() writes)"
+        )
+    spans = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    for span in spans:
+        if not (
+            isinstance(span.get("name"), str)
+            and number(span.get("ts"))
+            and number(span.get("dur"))
+            and isinstance(span.get("pid"), int)
+            and isinstance(span.get("tid"), int)
+        ):
+            raise TraceFileError(
+                f"{trace_path}: not a runtime trace (a command span lacks a name, ts, dur, "
+                "pid or tid)"
+            )
+    if not spans:
+        raise TraceFileError(f"{trace_path}: no command spans to draw")
+    return spans
+
+
 def plot(trace_path: str, out_path: str) -> None:
-    """Draw a trace file's command spans as a timeline picture, one lane per stream."""
+    """Draw a trace file's command spans as a timeline picture, one lane per stream.
+
+    Raises ``TraceFileError`` for a file that holds no such spans, ``ImportError`` without
+    matplotlib.
+    """
+    _draw(load_spans(trace_path), os.path.basename(trace_path), out_path)
+
+
+def _draw(spans: list[dict[str, Any]], title: str, out_path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    with open(trace_path, encoding="utf-8") as f:
-        events = json.load(f)["traceEvents"]
-    spans = [e for e in events if e.get("ph") == "X"]
-    if not spans:
-        raise SystemExit(f"{trace_path}: no command spans to draw")
     t0 = min(e["ts"] for e in spans)
     lanes = sorted({(e["pid"], e["tid"]) for e in spans})
     names = sorted({e["name"] for e in spans})
@@ -138,19 +180,44 @@ def plot(trace_path: str, out_path: str) -> None:
         loc="upper right",
         fontsize="small",
     )
-    ax.set_title(os.path.basename(trace_path))
+    ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(out_path, dpi=110)
+    try:
+        fig.savefig(out_path, dpi=110)
+    finally:
+        plt.close(fig)
 
 
-def plot_main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(
+def plot_main(argv: list[str] | None) -> int:
+    from . import _cli
+
+    return _cli.guard("python -m runtime trace-plot", _plot_main, argv)
+
+
+def _plot_main(argv: list[str] | None) -> int:
+    from . import _cli
+
+    ap = _cli.ArgumentParser(
         prog="python -m runtime trace-plot",
         description="Draw a runtime trace (Chrome JSON) as a timeline PNG, one lane per stream.",
     )
     ap.add_argument("trace", help="trace file written by runtime.profile()")
     ap.add_argument("out", help="output PNG path")
     a = ap.parse_args(argv)
-    plot(a.trace, a.out)
+    try:
+        spans = load_spans(a.trace)
+    except TraceFileError as e:
+        raise _cli.UsageError(str(e)) from e
+    _cli.check_writable(a.out, "")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        raise _cli.UsageError(
+            "drawing a trace needs matplotlib, which is not installed: pip install matplotlib"
+        ) from e
+    try:
+        _draw(spans, os.path.basename(a.trace), a.out)
+    except OSError as e:
+        _cli.fail_write(a.out, "", e)
     print(f"wrote {a.out}")
     return 0

@@ -1,0 +1,52 @@
+"""What the benchmark compares and how hard: the systems, the seed's figures, ``Config``.
+
+Owns the constants every other module shares (``SYSTEMS``, ``PEERS``, ``MiB``, ``SEED_US``), the
+``NotApplicable`` signal a row raises for a system with no equivalent, and the sizes and
+repetition counts of a run.
+"""
+
+from __future__ import annotations
+
+SYSTEMS = ("runtime", "numpy", "pyopencl", "torch", "stdlib")
+PEERS = SYSTEMS[1:]
+
+MiB = 1 << 20
+
+# The seed's figures (measured on Ascend 910), in microseconds. memcpy: 500 us per MiB.
+SEED_US = {
+    "stream create": 10.0,
+    "event record": 1.0,
+    "alloc 1 MiB": 100.0,
+    "memcpy per MiB": 500.0,
+    "sync idle": 1.0,
+}
+
+
+class NotApplicable(Exception):
+    """The system has no equivalent of this row (the reason is shown)."""
+
+
+class Config:
+    """Sizes and repetition counts; ``quick`` shrinks everything for a smoke run."""
+
+    def __init__(self, quick: bool, reps: int | None = None):
+        self.quick = quick
+        self.reps = reps or (20 if quick else 300)  # latency rows
+        self.warmup = 3 if quick else 30
+        self.budget_s = 0.15 if quick else 2.0  # per latency cell, after the minimum reps
+        self.min_reps = 5
+        self.batch = 8  # ops per sample in latency rows
+        self.big = (16 if quick else 64) * MiB  # the "large copy" size
+        self.big_reps = 8 if quick else 40
+        self.n_launch = 2000 if quick else 10_000  # native no-op launches per sample
+        self.n_pylaunch = 500 if quick else 2000  # Python-callable launches per sample
+        self.loop_reps = 4 if quick else 10  # samples of the N-launch rows
+        self.graph_nodes = 100
+        self.graph_replays = 20 if quick else 100  # replays per amortised sample
+        self.pipe_chunks = 8
+        self.pipe_chunk = (1 if quick else 4) * MiB
+        self.pipe_reps = 5 if quick else 20
+        self.mm_n = 128 if quick else 256
+        self.mm_per_stream = 8 if quick else 32
+        self.mm_streams = 4
+        self.mm_reps = 3 if quick else 9

@@ -1,0 +1,242 @@
+"""The command line (``python -m runtime``, ``bench``, ``trace-plot``) answers bad input with
+one line on stderr and exit code 2, never a traceback; good input still works.
+
+Each case runs the CLI in its own interpreter, from a scratch directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+# Runs main() with matplotlib made unimportable, whether or not it is installed.
+NO_MATPLOTLIB = (
+    "import sys; sys.modules['matplotlib'] = None; "
+    "from runtime.__main__ import main; sys.exit(main(sys.argv[1:]))"
+)
+
+GOOD_TRACE = {
+    "traceEvents": [
+        {"name": "scale", "ph": "X", "pid": 0, "tid": 1, "ts": 10.0, "dur": 5.0},
+        {"name": "memcpy_d2h", "ph": "X", "pid": 0, "tid": 2, "ts": 12.0, "dur": 3.0},
+    ]
+}
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNTIME_")}
+    env.update(extra)
+    return env
+
+
+def run_cli(cwd, *args: str, env=None, code: str | None = None) -> subprocess.CompletedProcess:
+    head = [sys.executable, "-c", code] if code else [sys.executable, "-m", "runtime"]
+    return subprocess.run(
+        head + list(args),
+        cwd=cwd,
+        env=env or _env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def assert_usage_error(out: subprocess.CompletedProcess, *needles: str) -> str:
+    """Exit code 2, exactly one non-empty stderr line, no traceback; returns that line."""
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, out.stderr
+    line = lines[0]
+    assert line.startswith("python -m runtime"), line
+    assert ": error: " in line, line
+    for needle in needles:
+        assert needle in line, (needle, line)
+    return line
+
+
+def write(path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+# --- python -m runtime: whatever runtime.init refuses ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--profile", "unknown"], ["unknown", "ascend910", "host"]),
+        (["--memory", "lots"], ["lots"]),
+        (["--device-count", "0"], ["device_count", "0"]),
+        (["--device-count", "-1"], ["device_count", "-1"]),
+        (["--device-count", "1000"], ["device_count", "1000"]),
+        (["--device-count", "x"], ["--device-count", "'x'"]),
+        (["--no-such-flag"], ["--no-such-flag"]),
+    ],
+)
+def test_devices_bad_arguments(tmp_path, args, needles):
+    assert_usage_error(run_cli(tmp_path, *args), *needles)
+
+
+def test_devices_bad_environment(tmp_path):
+    out = run_cli(tmp_path, env=_env(RUNTIME_DEVICE_COUNT="many"))
+    assert_usage_error(out, "RUNTIME_DEVICE_COUNT", "many")
+
+
+def test_devices_good_arguments(tmp_path):
+    out = run_cli(tmp_path, "--device-count", "2", "--profile", "host", "--json")
+    assert out.returncode == 0, out.stderr
+    assert [d["index"] for d in json.loads(out.stdout)] == [0, 1]
+    out = run_cli(tmp_path, "--version")
+    assert out.returncode == 0 and out.stdout.startswith("runtime ")
+
+
+# --- python -m runtime bench -----------------------------------------------------------------
+
+
+def test_bench_unknown_row_lists_the_rows(tmp_path):
+    line = assert_usage_error(run_cli(tmp_path, "bench", "--rows", "nosuchrow"), "'nosuchrow'")
+    for key in ("stream_create", "copy_h2d_1m", "graph_replay_sync", "matmul_streams_4"):
+        assert key in line
+
+
+def test_bench_one_unknown_row_among_good_ones(tmp_path):
+    line = assert_usage_error(run_cli(tmp_path, "bench", "--rows", "copy,NoSuchRow"), "NoSuchRow")
+    assert "'copy'" not in line
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--peers", "nosuchpeer"], ["nosuchpeer", "numpy", "pyopencl", "torch", "stdlib"]),
+        (["--reps", "0"], ["--reps", "'0'"]),
+        (["--reps", "-3"], ["--reps", "'-3'"]),
+        (["--reps", "many"], ["--reps", "'many'"]),
+        (["--no-such-flag"], ["--no-such-flag"]),
+    ],
+)
+def test_bench_bad_arguments(tmp_path, args, needles):
+    assert_usage_error(run_cli(tmp_path, "bench", *args), *needles)
+
+
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+def test_bench_output_in_a_missing_folder(tmp_path, flag):
+    path = str(tmp_path / "nosuchdir" / "out")
+    out = run_cli(tmp_path, "bench", "--quick", "--peers", "none", flag, path)
+    assert_usage_error(out, flag, path, "no such directory")
+    assert out.stdout == ""  # refused before anything was measured
+
+
+def test_bench_json_path_is_a_folder(tmp_path):
+    out = run_cli(tmp_path, "bench", "--quick", "--peers", "none", "--json", str(tmp_path))
+    assert_usage_error(out, "--json", str(tmp_path), "directory")
+
+
+def test_bench_bad_environment(tmp_path):
+    out = run_cli(
+        tmp_path,
+        "bench",
+        "--quick",
+        "--peers",
+        "none",
+        "--rows",
+        "stream create",
+        env=_env(RUNTIME_DEVICE_PROFILE="nosuchprofile"),
+    )
+    assert_usage_error(out, "nosuchprofile")
+
+
+@pytest.mark.parametrize(
+    "content, needles",
+    [
+        (None, ["No such file"]),
+        ("not json {", ["not valid JSON"]),
+        ('{"a": 1}', ["not a benchmark result"]),
+        ("[1, 2]", ["not a benchmark result"]),
+        ('{"rows": [{"title": "x"}], "targets": [], "machine": {}}', ["not a benchmark result"]),
+    ],
+    ids=["missing", "not-json", "not-a-run", "a-list", "malformed-row"],
+)
+def test_bench_bad_from_json(tmp_path, content, needles):
+    path = tmp_path / "run.json"
+    if content is not None:
+        path.write_text(content)
+    out = run_cli(tmp_path, "bench", "--from-json", str(path))
+    assert_usage_error(out, "--from-json", str(path), *needles)
+
+
+def test_bench_round_trip_through_json(tmp_path):
+    """A tiny real run writes JSON that --from-json renders again (table and markdown)."""
+    path = str(tmp_path / "run.json")
+    common = ["bench", "--quick", "--peers", "none", "--no-progress"]
+    out = run_cli(tmp_path, *common, "--rows", "stream create", "--json", path)
+    assert out.returncode == 0, out.stderr
+    assert "stream create" in out.stdout and f"wrote {path}" in out.stdout
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert [r["key"] for r in doc["rows"]] == ["stream_create"]
+    for extra in ([], ["--markdown"]):
+        again = run_cli(tmp_path, "bench", "--from-json", path, *extra)
+        assert again.returncode == 0, again.stderr
+        assert "stream create" in again.stdout
+
+
+def test_bench_list_selects_rows(tmp_path):
+    out = run_cli(tmp_path, "bench", "--quick", "--list", "--rows", "copy")
+    assert out.returncode == 0, out.stderr
+    keys = [line.split()[0] for line in out.stdout.splitlines()]
+    assert keys and all(k.startswith("copy_") for k in keys)
+
+
+# --- python -m runtime trace-plot ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content, needles",
+    [
+        (None, ["cannot read"]),
+        ("not json {", ["not valid JSON"]),
+        ('{"a": 1}', ["not a trace"]),
+        ('{"traceEvents": []}', ["no command spans"]),
+        (
+            '{"traceEvents": [{"ph": "X", "name": "k", "pid": 0, "tid": 1}]}',
+            ["not a runtime trace"],
+        ),
+    ],
+    ids=["missing", "not-json", "no-events", "no-spans", "span-without-times"],
+)
+def test_trace_plot_bad_trace(tmp_path, content, needles):
+    path = tmp_path / "trace.json"
+    if content is not None:
+        path.write_text(content)
+    out = run_cli(tmp_path, "trace-plot", str(path), str(tmp_path / "out.png"))
+    assert_usage_error(out, str(path), *needles)
+
+
+def test_trace_plot_without_matplotlib(tmp_path):
+    trace = write(tmp_path / "trace.json", json.dumps(GOOD_TRACE))
+    out = run_cli(tmp_path, "trace-plot", trace, str(tmp_path / "out.png"), code=NO_MATPLOTLIB)
+    assert_usage_error(out, "matplotlib", "pip install matplotlib")
+    assert not (tmp_path / "out.png").exists()
+
+
+def test_trace_plot_output_in_a_missing_folder(tmp_path):
+    trace = write(tmp_path / "trace.json", json.dumps(GOOD_TRACE))
+    path = str(tmp_path / "nosuchdir" / "out.png")
+    assert_usage_error(run_cli(tmp_path, "trace-plot", trace, path), path, "no such directory")
+
+
+def test_trace_plot_missing_arguments(tmp_path):
+    assert_usage_error(run_cli(tmp_path, "trace-plot"), "trace", "out")
+
+
+def test_trace_plot_draws_a_good_trace(tmp_path):
+    pytest.importorskip("matplotlib")
+    trace = write(tmp_path / "trace.json", json.dumps(GOOD_TRACE))
+    out = run_cli(tmp_path, "trace-plot", trace, str(tmp_path / "out.png"))
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "out.png").stat().st_size > 0
