@@ -153,6 +153,9 @@ pub(crate) struct EventInner {
     recorded: AtomicU64,
     gate: Gate<Arc<dyn Wake>>,
     destroyed: AtomicBool,
+    /// The runtime generation the event belongs to; 0 until first used under one when it
+    /// was made with no runtime live.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl EventInner {
@@ -211,7 +214,13 @@ impl Event {
             recorded: AtomicU64::new(0),
             gate: Gate::new(),
             destroyed: AtomicBool::new(false),
+            generation: std::sync::atomic::AtomicU64::new(crate::generation::live()),
         }))
+    }
+
+    /// The runtime generation the event belongs to (0: not yet used under one).
+    pub fn generation(&self) -> u64 {
+        self.0.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Event id.
@@ -229,16 +238,36 @@ impl Event {
         self.0.blocking
     }
 
-    /// Fails if destroyed.
+    /// Fails if destroyed, if no runtime is live, or if the runtime it belongs to was shut
+    /// down (an event made with no runtime live belongs to the first one it is used under).
     pub fn check(&self) -> Result<()> {
-        if self.0.destroyed.load(Ordering::Acquire) {
+        let invalid = |why: &str| -> Result<()> {
             Err(DeviceError::InvalidHandle {
                 what: format!("Event#{}", self.0.id),
-                why: "it was destroyed".into(),
+                why: why.into(),
             }
             .into())
-        } else {
+        };
+        if self.0.destroyed.load(Ordering::Acquire) {
+            return invalid("it was destroyed");
+        }
+        let live = crate::generation::live();
+        if live == 0 {
+            return Err(DeviceError::NotInitialized.into());
+        }
+        let mine = match self.0.generation.compare_exchange(
+            0,
+            live,
+            std::sync::atomic::Ordering::AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+        ) {
+            Ok(_) => live,
+            Err(g) => g,
+        };
+        if mine == live {
             Ok(())
+        } else {
+            invalid("the runtime was shut down")
         }
     }
 

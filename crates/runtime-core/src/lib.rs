@@ -46,6 +46,7 @@ pub mod config;
 pub mod device;
 pub mod error;
 pub mod event;
+pub mod generation;
 pub mod kernel;
 pub mod memory;
 pub mod runtime;

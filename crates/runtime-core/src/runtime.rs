@@ -7,7 +7,7 @@
 //! mapped until the last view goes away, so nothing can dangle. `init` works again after
 //! `shutdown`; an `init` racing a `shutdown` waits for it and builds a new runtime.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -53,15 +53,10 @@ impl std::fmt::Debug for Runtime {
 }
 
 static RUNTIME: RwLock<Option<Arc<Runtime>>> = RwLock::new(None);
-static GENERATION: AtomicU64 = AtomicU64::new(0);
-/// The generation of the installed runtime, 0 when none: one load for handles that check
-/// they belong to the current runtime (see [`live_generation`]).
-static LIVE_GENERATION: AtomicU64 = AtomicU64::new(0);
-
 /// The generation of the runtime installed now (0 when not initialised). A handle made under
 /// another generation belongs to a runtime that was shut down.
 pub fn live_generation() -> u64 {
-    LIVE_GENERATION.load(Ordering::Acquire)
+    crate::generation::live()
 }
 
 /// Initialise the runtime; a no-op when it is already initialised with the same settings.
@@ -103,7 +98,7 @@ pub fn init(builder: &ConfigBuilder) -> Result<Arc<Runtime>> {
         }
         return Ok(rt.clone());
     }
-    let generation = GENERATION.fetch_add(1, Ordering::SeqCst) + 1;
+    let generation = crate::generation::next();
     let opts = options().clone();
     let compute_engines = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
@@ -123,7 +118,7 @@ pub fn init(builder: &ConfigBuilder) -> Result<Arc<Runtime>> {
             memory_bandwidth: p.memory_bandwidth,
             profile: p.name.to_string(),
         };
-        let exec = Executor::new(index, compute_engines, opts.clone());
+        let exec = Executor::new(index, generation, compute_engines, opts.clone());
         devices.push(Device::new(index, props, Arc::new(memory), exec));
     }
     let rt = Arc::new(Runtime {
@@ -133,7 +128,7 @@ pub fn init(builder: &ConfigBuilder) -> Result<Arc<Runtime>> {
         closing: AtomicBool::new(false),
     });
     *slot = Some(rt.clone());
-    LIVE_GENERATION.store(generation, Ordering::Release);
+    crate::generation::install(generation);
     Ok(rt)
 }
 
@@ -176,7 +171,7 @@ pub fn shutdown() {
             return; // another thread's shutdown took it meanwhile
         }
         slot.take();
-        LIVE_GENERATION.store(0, Ordering::Release);
+        crate::generation::clear();
     }
     for d in &rt.devices {
         d.0.default_stream.lock().take();

@@ -105,6 +105,13 @@ fn shutdown_invalidates_old_handles_and_init_works_again() {
     let buf = dev.memory().allocate(64).unwrap();
     buf.write(0, &[9; 64]).unwrap();
     s.record(&e).unwrap();
+    s.begin_capture().unwrap();
+    s.launch(FnOp::shared("captured", OpKind::Compute, || Ok(())))
+        .unwrap();
+    let graph = s.end_capture().unwrap();
+    s.launch_graph(&graph).unwrap();
+    assert!(s.synchronize(None).unwrap());
+    let x = Tensor::new(buf.clone(), 0, DType::F32, vec![16]).unwrap();
     drop(rt);
 
     runtime::shutdown();
@@ -132,20 +139,26 @@ fn shutdown_invalidates_old_handles_and_init_works_again() {
             OpKind::Compute,
             || Ok(())
         ))));
-        let x = Tensor::new(buf.clone(), 0, DType::F32, vec![16]).unwrap();
         assert!(is_invalid_handle(kernel::launch(
             st,
             kernel::find("fill").unwrap(),
-            vec![KernelArg::Tensor(x), KernelArg::Float(1.0)],
+            vec![KernelArg::Tensor(x.clone()), KernelArg::Float(1.0)],
         )));
     }
     assert!(is_invalid_handle(default.destroy()));
-    // Events are not tied to a runtime; a completed one stays completed.
-    assert!(e.query().unwrap());
-    // Memory still referenced stays readable.
+    // Events and buffers belong to their runtime too (the buffer's memory stays mapped
+    // while the handle lives, so nothing dangles, but every use is refused).
+    assert!(is_not_initialized(e.query()));
     let mut back = [0u8; 64];
-    buf.read(0, &mut back).unwrap();
-    assert_eq!(back, [9; 64]);
+    assert!(is_invalid_handle(buf.read(0, &mut back)));
+    assert!(is_invalid_handle(buf.write(0, &back)));
+    assert!(is_invalid_handle(buf.fill(0, 64, 1)));
+    assert!(is_invalid_handle(Tensor::new(
+        buf.clone(),
+        0,
+        DType::F32,
+        vec![16]
+    )));
 
     // init again: a new generation with working devices; old handles stay dead.
     let rt = init();
@@ -155,16 +168,32 @@ fn shutdown_invalidates_old_handles_and_init_works_again() {
     assert!(is_invalid_handle(s.query()));
     assert!(is_invalid_handle(dev.check_alive()));
     let s2 = Stream::new(dev2, 0).unwrap();
+    assert!(is_invalid_handle(e.query()));
+    assert!(is_invalid_handle(s2.record(&e)));
+    assert!(is_invalid_handle(s2.wait_event(&e)));
+    assert!(is_invalid_handle(s2.launch_graph(&graph)));
+    assert!(is_invalid_handle(buf.read(0, &mut back)));
+    let e2 = Event::new(true, false);
     let n = Arc::new(AtomicUsize::new(0));
     s2.launch(slow_count(&n)).unwrap();
-    s2.record(&e).unwrap();
+    s2.record(&e2).unwrap();
     assert!(s2.synchronize(None).unwrap());
+    assert!(e2.query().unwrap());
     assert_eq!(n.load(Ordering::SeqCst), 1);
     let d2 = dev2.default_stream().unwrap();
     assert!(d2 != default);
     d2.launch(slow_count(&n)).unwrap();
     assert!(dev2.synchronize(None).unwrap());
     assert_eq!(n.load(Ordering::SeqCst), 2);
+    // A graph captured on device 0 is refused on device 1, as a kernel argument would be.
+    s2.begin_capture().unwrap();
+    s2.launch(slow_count(&n)).unwrap();
+    let g0 = s2.end_capture().unwrap();
+    let other = Stream::new(rt.device(1).unwrap(), 0).unwrap();
+    match other.launch_graph(&g0) {
+        Err(Error::Arg(a)) => assert_eq!(a.arg, "graph"),
+        r => panic!("cross-device graph launch: {r:?}"),
+    }
     drop(buf);
 }
 
@@ -216,7 +245,8 @@ fn shutdown_waits_for_queued_work() {
     }
     assert_eq!(default_count.load(Ordering::SeqCst), per_stream);
     assert_eq!(after_wait.load(Ordering::SeqCst), per_stream);
-    assert!(e.query().unwrap());
+    // The event belongs to the runtime that is gone.
+    assert!(is_not_initialized(e.query()));
     for s in &kept {
         assert!(is_invalid_handle(s.query()));
     }
@@ -338,4 +368,42 @@ fn options_outlive_shutdown() {
     runtime::set_option("enablePipelining", true).unwrap();
     assert!(runtime::set_option("noSuchOption", true).is_err());
     assert!(runtime::get_option("noSuchOption").is_err());
+}
+
+/// After `shutdown`, every thread's current device and current streams are reset, not only
+/// the calling thread's: a new runtime with fewer devices starts each thread on device 0.
+#[test]
+fn shutdown_resets_every_threads_current_device_and_stream() {
+    let _s = session();
+    let rt = init();
+    let dev1 = rt.device(1).unwrap().clone();
+    let mine = Stream::new(&dev1, 0).unwrap();
+    let (to_worker, from_main) = std::sync::mpsc::channel::<()>();
+    let (to_main, from_worker) = std::sync::mpsc::channel::<(usize, bool)>();
+    let worker = std::thread::spawn(move || {
+        runtime::set_device(1).unwrap();
+        device::set_current_stream(&dev1, Some(mine));
+        to_main
+            .send((device::current_device_index(), false))
+            .unwrap();
+        from_main.recv().unwrap(); // the main thread shut down and re-initialised
+        let index = device::current_device_index();
+        let rt = runtime::get().unwrap();
+        let default = device::current_stream(rt.device(0).unwrap())
+            .unwrap()
+            .is_default();
+        to_main.send((index, default)).unwrap();
+    });
+    assert_eq!(from_worker.recv().unwrap(), (1, false));
+    drop(rt);
+    runtime::shutdown();
+    runtime::init(&ConfigBuilder {
+        device_count: Some(1),
+        ..settings()
+    })
+    .unwrap();
+    to_worker.send(()).unwrap();
+    assert_eq!(from_worker.recv().unwrap(), (0, true));
+    worker.join().unwrap();
+    assert_eq!(runtime::current_device().unwrap().index(), 0);
 }

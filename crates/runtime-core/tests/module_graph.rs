@@ -10,7 +10,17 @@ use std::path::{Path, PathBuf};
 
 /// Bottom to top: a module may refer only to modules listed before it.
 const LAYERS: &[&str] = &[
-    "clock", "error", "sync", "trace", "config", "memory", "event", "stream", "device", "kernel",
+    "clock",
+    "generation",
+    "error",
+    "sync",
+    "trace",
+    "config",
+    "memory",
+    "event",
+    "stream",
+    "device",
+    "kernel",
     "runtime",
 ];
 

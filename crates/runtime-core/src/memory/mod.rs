@@ -734,8 +734,28 @@ impl Buffer {
         Arc::strong_count(&self.0)
     }
 
-    /// Check that `[offset, offset + count)` lies inside the buffer, overflow included.
+    /// Fails with `InvalidHandle` once the runtime the buffer was allocated under has been
+    /// shut down (its memory stays mapped while the buffer lives, but is no longer usable).
+    pub fn check(&self) -> Result<()> {
+        if self.0.mem.closed.load(Ordering::Acquire) {
+            return Err(crate::error::DeviceError::InvalidHandle {
+                what: format!(
+                    "DeviceBuffer#{} (device {}, {} bytes)",
+                    self.0.id,
+                    self.device(),
+                    self.0.size
+                ),
+                why: "the runtime was shut down since it was allocated".into(),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Check that the buffer is live ([`Buffer::check`]) and that `[offset, offset + count)`
+    /// lies inside it, overflow included.
     pub fn check_range(&self, arg: &'static str, offset: u64, count: u64) -> Result<()> {
+        self.check()?;
         match offset.checked_add(count) {
             Some(end) if end <= self.0.size => Ok(()),
             _ => Err(MemoryError::OutOfBounds {

@@ -20,6 +20,8 @@ use crate::error::{DeviceError, Error, Result};
 /// Engines, submission gate, options and stream registry of one device.
 pub struct Executor {
     device: usize,
+    /// The runtime generation the device belongs to.
+    generation: u64,
     pub(crate) engines: Engines,
     pub(crate) options: Arc<Options>,
     /// Open until shutdown: new work enters through it (see `gate`).
@@ -36,9 +38,15 @@ impl std::fmt::Debug for Executor {
 
 impl Executor {
     /// Start the engines of device `device` (`compute_workers` compute threads).
-    pub(crate) fn new(device: usize, compute_workers: usize, options: Arc<Options>) -> Executor {
+    pub(crate) fn new(
+        device: usize,
+        generation: u64,
+        compute_workers: usize,
+        options: Arc<Options>,
+    ) -> Executor {
         Executor {
             device,
+            generation,
             engines: Engines::new(device, compute_workers),
             options,
             gate: SubmitGate::new(),
@@ -49,6 +57,11 @@ impl Executor {
     /// The device index.
     pub fn device(&self) -> usize {
         self.device
+    }
+
+    /// The generation of the runtime the device belongs to.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Compute worker threads.

@@ -24,17 +24,21 @@ pub(crate) enum Node {
 
 pub(crate) struct GraphInner {
     pub(crate) nodes: Vec<Node>,
+    /// The device it was captured on.
+    pub(crate) device: usize,
+    /// The runtime generation it was captured under.
+    pub(crate) generation: u64,
 }
 
 impl GraphInner {
     /// The nodes to run for one launch, with records and waits bound to record numbers now.
     ///
-    /// Fix: records and waits used to take their record numbers when the replay ran, not when
-    /// the graph was launched. A wait then picked up records queued after the launch (on its
-    /// own stream, behind the graph: a deadlock), and a `wait_event` on another stream after
-    /// the launch missed the graph's record. Binding at launch makes a replay behave exactly
-    /// like submitting the captured commands at that moment, as `Stream::record` and
-    /// `Stream::wait_event` do. Graphs without records or waits are shared as they are.
+    /// Binding at launch, not when the replay runs, makes a replay behave exactly like
+    /// submitting the captured commands at that moment, as `Stream::record` and
+    /// `Stream::wait_event` do: a wait never picks up a record queued after the launch (on
+    /// its own stream, behind the graph, that would deadlock), and a `wait_event` on another
+    /// stream after the launch sees the graph's record. Graphs without records or waits are
+    /// shared as they are.
     pub(crate) fn bind(self: &Arc<Self>) -> Arc<GraphInner> {
         if !self
             .nodes
@@ -56,7 +60,11 @@ impl GraphInner {
                 other => Some(other.clone()),
             })
             .collect();
-        Arc::new(GraphInner { nodes })
+        Arc::new(GraphInner {
+            nodes,
+            device: self.device,
+            generation: self.generation,
+        })
     }
 }
 
@@ -71,8 +79,42 @@ impl std::fmt::Debug for Graph {
 }
 
 impl Graph {
-    pub(crate) fn new(nodes: Vec<Node>) -> Graph {
-        Graph(Arc::new(GraphInner { nodes }))
+    pub(crate) fn new(nodes: Vec<Node>, device: usize, generation: u64) -> Graph {
+        Graph(Arc::new(GraphInner {
+            nodes,
+            device,
+            generation,
+        }))
+    }
+
+    /// The device it was captured on.
+    pub fn device(&self) -> usize {
+        self.0.device
+    }
+
+    /// Fails with `InvalidHandle` when the runtime it was captured under was shut down, and
+    /// with an argument error (as for a kernel argument on another device) when `exec` runs
+    /// another device.
+    pub fn check_for(&self, exec: &super::Executor) -> crate::error::Result<()> {
+        if !crate::generation::is_live(self.0.generation) || exec.generation() != self.0.generation
+        {
+            return Err(crate::error::DeviceError::InvalidHandle {
+                what: format!("{self:?}"),
+                why: "the runtime was shut down".into(),
+            }
+            .into());
+        }
+        if exec.device() != self.0.device {
+            return Err(crate::error::arg_error(
+                "graph",
+                format!(
+                    "{self:?} was captured on device {}, but the stream runs on device {}",
+                    self.0.device,
+                    exec.device()
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Number of captured steps.

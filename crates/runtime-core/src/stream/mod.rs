@@ -506,7 +506,11 @@ impl Stream {
                 self.0.id
             ))
         })?;
-        Ok(Graph::new(nodes))
+        Ok(Graph::new(
+            nodes,
+            self.0.exec.device(),
+            self.0.exec.generation(),
+        ))
     }
 
     /// Replay `graph` on this stream as one command.
@@ -520,6 +524,7 @@ impl Stream {
     /// Queue a graph replay without waiting (see [`Stream::enqueue`]).
     pub fn enqueue_graph(&self, graph: &Graph) -> Result<bool> {
         let _submitting = self.enter()?;
+        graph.check_for(&self.0.exec)?;
         if let Some(nodes) = self.0.capture.lock().as_mut() {
             nodes.extend(graph.0.nodes.iter().cloned());
             return Ok(false);
