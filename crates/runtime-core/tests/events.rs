@@ -293,3 +293,30 @@ fn destroyed_event_is_an_invalid_handle() {
         );
     }
 }
+
+/// Once an event recorded as a stream's last command has completed, the stream is idle:
+/// `query` never says false in the instant between the event's completion and the stream's
+/// own count (and `synchronize` of the stream still implies the event has completed).
+#[test]
+fn an_event_recorded_last_completing_means_its_stream_is_idle() {
+    let rt = init();
+    let s = stream(&rt, 0);
+    for i in 0..2000 {
+        let e = Event::new(false, i % 2 == 0);
+        s.launch(FnOp::shared("tiny", OpKind::Compute, || Ok(())))
+            .unwrap();
+        s.record(&e).unwrap();
+        if i % 3 == 0 {
+            assert!(s.synchronize(None).unwrap());
+            assert!(
+                e.query().unwrap(),
+                "round {i}: stream synchronised, event pending"
+            );
+        } else {
+            while !e.query().unwrap() {
+                std::hint::spin_loop();
+            }
+            assert!(s.query().unwrap(), "round {i}: event done, stream busy");
+        }
+    }
+}

@@ -90,6 +90,10 @@ pub(crate) struct StreamInner {
     /// A lower bound of `done.completed()` seen by launchers: the back-pressure check reads
     /// the engine-written counter only when this bound alone cannot rule a full backlog out.
     completed_floor: AtomicU64,
+    /// The number (1-based, in submission order) of the event record the runner is
+    /// completing: between the event's completion and the stream's counter, `query` waits
+    /// for the counter, so an event completed as the last command implies an idle stream.
+    recording: AtomicU64,
     failed: AtomicBool,
     error: Mutex<Option<KernelFailure>>,
     destroyed: AtomicBool,
@@ -184,6 +188,7 @@ impl Stream {
             state: AtomicU8::new(IDLE),
             done: Completion::new(),
             completed_floor: AtomicU64::new(0),
+            recording: AtomicU64::new(0),
             failed: AtomicBool::new(false),
             error: Mutex::new(None),
             destroyed: AtomicBool::new(false),
@@ -364,9 +369,23 @@ impl Stream {
     }
 
     /// Whether everything queued so far has run (an idle stream answers from two atomics).
+    /// Once an event recorded as the stream's last command has completed, this is true.
     pub fn query(&self) -> Result<bool> {
         self.check()?;
-        Ok(self.0.done.is_idle())
+        let s = &self.0;
+        let submitted = s.done.submitted();
+        if s.done.reached(submitted) {
+            return Ok(true);
+        }
+        if s.recording.load(Ordering::SeqCst) == submitted {
+            // The last command is a record the runner is completing right now (between two
+            // statements, without blocking): wait for its count.
+            while !s.done.reached(submitted) {
+                std::thread::yield_now();
+            }
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     /// Wait until everything queued so far has run, then report (and clear) the first error
@@ -692,6 +711,7 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
             Step::Done
         }
         Command::Record(ev, id) => {
+            s.recording.store(s.done.completed() + 1, Ordering::SeqCst);
             ev.complete(id);
             if trace::enabled() {
                 trace::push(trace::Record {
