@@ -177,6 +177,16 @@ pub enum StreamError {
     /// An operation that is not allowed in the current state.
     #[error("{0}")]
     Invalid(String),
+    /// A call that would wait for a capturing stream's work (which is only being recorded):
+    /// a synchronize, a barrier, a blocking copy or memset. CUDA's
+    /// `cudaErrorStreamCaptureImplicit` / `cudaErrorStreamCaptureUnsupported`.
+    #[error("{what} on Stream#{stream}, which is capturing: it would wait for work that is only being recorded (call end_capture() first)")]
+    Capturing {
+        /// The capturing stream.
+        stream: u64,
+        /// What was attempted.
+        what: String,
+    },
     /// Several streams failed before one barrier (`synchronize_all`): every error, each
     /// reported once.
     #[error("{} streams failed: {}", .0.len(), .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]

@@ -174,7 +174,10 @@ pub fn shutdown() {
         crate::generation::clear();
     }
     for d in &rt.devices {
-        d.0.default_stream.lock().take();
+        // Taken out under the lock and dropped after it: a stream's queue may own Python
+        // objects, whose drop takes the interpreter lock.
+        let default = d.0.default_stream.lock().take();
+        drop(default);
         d.executor().stop();
         d.memory().empty_cache();
         d.memory().close();

@@ -314,3 +314,159 @@ fn a_wait_after_launch_graph_waits_for_the_graphs_record() {
     );
     assert!(s.synchronize(None).unwrap());
 }
+
+fn is_capturing_error<T: std::fmt::Debug>(r: runtime_core::Result<T>) -> bool {
+    matches!(r, Err(Error::Stream(StreamError::Capturing { .. })))
+}
+
+/// Anything that would wait for a capturing stream's work is refused (CUDA's
+/// `cudaErrorStreamCaptureImplicit`): it would otherwise return before the captured work
+/// ever ran, e.g. a blocking copy would hand back unfilled memory.
+#[test]
+fn waits_on_a_capturing_stream_are_refused() {
+    let rt = init();
+    let dev = rt.device(1).unwrap();
+    let s = Stream::new(dev, 0).unwrap();
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    s.begin_capture().unwrap();
+    assert!(is_capturing_error(s.synchronize(None)));
+    assert!(is_capturing_error(dev.synchronize(None)));
+    assert!(is_capturing_error(runtime::synchronize_all(None)));
+    assert!(is_capturing_error(s.try_run_inline(&log_op(&log, "copy"))));
+    assert!(is_capturing_error(s.refuse_if_capturing("to_host")));
+    let g = s.end_capture().unwrap();
+    assert!(g.is_empty());
+    assert!(s.synchronize(None).unwrap());
+    assert!(dev.synchronize(None).unwrap());
+    assert!(log.lock().unwrap().is_empty());
+}
+
+/// CUDA's cross-stream capture: an event recorded in A's capture and waited on by B pulls B
+/// into the capture (fork); B's last record, waited on by A, joins it back. The graph
+/// replays the fork/join with every dependency respected.
+#[test]
+fn cross_stream_capture_forks_and_joins() {
+    let rt = init();
+    let dev = rt.device(0).unwrap();
+    let (a, b) = (Stream::new(dev, 0).unwrap(), Stream::new(dev, 0).unwrap());
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    let buf = dev.memory().allocate(4 * 4).unwrap();
+    let x = Tensor::new(buf.clone(), 0, DType::F32, vec![4]).unwrap();
+    let (fork, join) = (Event::new(false, false), Event::new(false, false));
+
+    a.begin_capture().unwrap();
+    a.launch(log_op(&log, "a1")).unwrap();
+    kernel::launch(
+        &a,
+        kernel::find("fill").unwrap(),
+        vec![KernelArg::Tensor(x.clone()), KernelArg::Float(2.0)],
+    )
+    .unwrap();
+    a.record(&fork).unwrap();
+    assert!(!b.is_capturing());
+    b.wait_event(&fork).unwrap();
+    assert!(
+        b.is_capturing(),
+        "waiting on a captured event joins the capture"
+    );
+    b.launch(log_op(&log, "b1")).unwrap();
+    // x = 3 * x + x on B: needs A's fill first.
+    kernel::launch(
+        &b,
+        kernel::find("axpy").unwrap(),
+        vec![
+            KernelArg::Tensor(x.clone()),
+            KernelArg::Tensor(x.clone()),
+            KernelArg::Float(3.0),
+        ],
+    )
+    .unwrap();
+    b.record(&join).unwrap();
+    match b.end_capture() {
+        Err(Error::Stream(StreamError::Invalid(m))) => assert!(m.contains("end it there"), "{m}"),
+        r => panic!("a joined stream ended the capture: {r:?}"),
+    }
+    a.wait_event(&join).unwrap();
+    a.launch(log_op(&log, "a2")).unwrap();
+    // x = 0.5 * x on A: after B's axpy.
+    kernel::launch(
+        &a,
+        kernel::find("scale").unwrap(),
+        vec![
+            KernelArg::Tensor(x.clone()),
+            KernelArg::Tensor(x),
+            KernelArg::Float(0.5),
+        ],
+    )
+    .unwrap();
+    let g = a.end_capture().unwrap();
+    assert!(!a.is_capturing() && !b.is_capturing());
+    assert!(log.lock().unwrap().is_empty(), "nothing ran during capture");
+    assert_eq!(b.counters(), (0, 0));
+
+    for round in 1..=3 {
+        a.launch_graph(&g).unwrap();
+        assert!(a.synchronize(None).unwrap());
+        assert_eq!(read_f32(&buf, 4), vec![4.0; 4], "round {round}");
+        let l = log.lock().unwrap();
+        assert_eq!(&l[l.len() - 3..], ["a1", "b1", "a2"]);
+    }
+    // The events work normally again outside the capture.
+    b.record(&join).unwrap();
+    assert!(b.synchronize(None).unwrap());
+    assert!(join.query().unwrap());
+}
+
+/// A forked stream that is never joined back makes `end_capture` fail (CUDA's
+/// `cudaErrorStreamCaptureUnjoined`); the capture is over for both streams either way.
+#[test]
+fn a_capture_with_an_unjoined_fork_fails_to_end() {
+    let rt = init();
+    let dev = rt.device(0).unwrap();
+    let (a, b) = (Stream::new(dev, 0).unwrap(), Stream::new(dev, 0).unwrap());
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    let fork = Event::new(false, false);
+    a.begin_capture().unwrap();
+    a.record(&fork).unwrap();
+    b.wait_event(&fork).unwrap();
+    b.launch(log_op(&log, "b1")).unwrap();
+    match a.end_capture() {
+        Err(Error::Stream(StreamError::Invalid(m))) => {
+            assert!(m.contains(&format!("Stream#{}", b.id())), "{m}")
+        }
+        r => panic!("unjoined capture ended: {r:?}"),
+    }
+    assert!(!a.is_capturing() && !b.is_capturing());
+    b.launch(log_op(&log, "after")).unwrap();
+    assert!(b.synchronize(None).unwrap());
+    assert_eq!(*log.lock().unwrap(), ["after"]);
+}
+
+/// Inside a capture, a wait on an event recorded outside any capture is an ordinary
+/// dependency: each replay waits for that event's latest record at launch.
+#[test]
+fn a_captured_wait_on_an_outside_event_is_an_ordinary_dependency() {
+    let rt = init();
+    let dev = rt.device(0).unwrap();
+    let (producer, s) = (Stream::new(dev, 0).unwrap(), Stream::new(dev, 0).unwrap());
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    let ready = Event::new(false, false);
+    s.begin_capture().unwrap();
+    s.wait_event(&ready).unwrap();
+    s.launch(log_op(&log, "consumer")).unwrap();
+    let g = s.end_capture().unwrap();
+
+    let gate = Gate::new();
+    producer.launch(gate.op()).unwrap();
+    producer.launch(log_op(&log, "producer")).unwrap();
+    producer.record(&ready).unwrap();
+    s.launch_graph(&g).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(
+        log.lock().unwrap().is_empty(),
+        "the replay waited for the record"
+    );
+    gate.open();
+    assert!(s.synchronize(None).unwrap());
+    assert_eq!(*log.lock().unwrap(), ["producer", "consumer"]);
+}

@@ -145,8 +145,12 @@ impl Executor {
     /// (`StreamError::Multiple`).
     pub fn synchronize_all(&self, timeout: Option<Duration>) -> Result<bool> {
         let deadline = deadline_after(timeout);
+        let streams = self.streams();
+        for s in streams.iter().filter(|s| !s.is_destroyed()) {
+            s.refuse_if_capturing("a device or all-streams synchronize")?;
+        }
         let mut errors = Vec::new();
-        for s in self.streams() {
+        for s in streams {
             if !s.wait_for(s.submitted(), time_left(deadline)) {
                 return Ok(false);
             }

@@ -5,7 +5,8 @@
 //! * [`executor`]: what a stream needs of its device: engines, submission gate, options and
 //!   the registry of the device's streams.
 //! * `gate`: the submission gate that `shutdown` closes before it drains.
-//! * [`graph`]: capture and replay.
+//! * `capture`: capture sessions, with fork and join across streams through events.
+//! * [`graph`]: captured work and its replay.
 //! * `completion`: the submitted/completed counters and the wait on them.
 //! * [`copy`]: stream-ordered copies and memsets between host memory and device buffers.
 //! * `panics`: a panicking op becomes a `KernelFailure` (message and location), quietly.
@@ -21,6 +22,7 @@
 //! behind it are skipped (event records still complete, so no wait hangs) until the error is
 //! reported by the next `synchronize()`, after which the stream runs normally again.
 
+pub(crate) mod capture;
 pub mod command;
 pub(crate) mod completion;
 pub mod copy;
@@ -41,6 +43,7 @@ use crate::clock::{deadline_after, now_ns};
 use crate::error::{DeviceError, KernelFailure, Result, StreamError};
 use crate::event::{Event, Wake};
 use crate::trace;
+use capture::Session;
 use command::Command;
 pub use command::{FnOp, Op, OpKind};
 use completion::Completion;
@@ -97,7 +100,8 @@ pub(crate) struct StreamInner {
     failed: AtomicBool,
     error: Mutex<Option<KernelFailure>>,
     destroyed: AtomicBool,
-    capture: Mutex<Option<Vec<Node>>>,
+    /// The capture this stream takes part in (it began it, or joined it through an event).
+    capture: Mutex<Option<Arc<Session>>>,
 }
 
 impl Drop for StreamInner {
@@ -262,8 +266,8 @@ impl Stream {
     /// (the Python bindings release the GIL) wait themselves in synchronous mode.
     pub fn enqueue(&self, op: Arc<dyn Op>) -> Result<bool> {
         let _submitting = self.enter()?;
-        if let Some(nodes) = self.0.capture.lock().as_mut() {
-            nodes.push(Node::Op(op));
+        if let Some(session) = self.session() {
+            session.push(self.0.id, Node::Op(op));
             return Ok(false);
         }
         self.submit(Command::Op(op));
@@ -276,10 +280,10 @@ impl Stream {
     pub fn try_run_inline(&self, op: &Arc<dyn Op>) -> Result<bool> {
         let _submitting = self.enter()?;
         let s = &self.0;
-        if s.capture.lock().is_some()
-            || s.state
-                .compare_exchange(IDLE, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
-                .is_err()
+        self.refuse_if_capturing("a blocking copy or memset")?;
+        if s.state
+            .compare_exchange(IDLE, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
         {
             return Ok(false);
         }
@@ -395,6 +399,7 @@ impl Stream {
     /// but not picked up runs it itself.
     pub fn synchronize(&self, timeout: Option<Duration>) -> Result<bool> {
         self.check_alive_or_destroyed_ok()?;
+        self.refuse_if_capturing("synchronize()")?;
         let target = self.0.done.submitted();
         if !self.wait_for(target, timeout) {
             return Ok(false);
@@ -452,8 +457,15 @@ impl Stream {
         let _submitting = self.enter()?;
         event.check()?;
         let id = event.0.recorded();
-        if let Some(nodes) = self.0.capture.lock().as_mut() {
-            nodes.push(Node::Wait(event.0.clone()));
+        if let Some(session) = self.session() {
+            session.wait(self.0.id, &event.0);
+            return Ok(());
+        }
+        if let Some(session) = capture::session_of(&event.0) {
+            // The event was recorded in another stream's capture: this stream joins it.
+            session.fork(&self.0, &event.0);
+            let old = self.0.capture.lock().replace(session);
+            drop(old);
             return Ok(());
         }
         if id == 0 {
@@ -468,10 +480,11 @@ impl Stream {
     pub fn record(&self, event: &Event) -> Result<()> {
         let _submitting = self.enter()?;
         event.check()?;
-        if let Some(nodes) = self.0.capture.lock().as_mut() {
-            nodes.push(Node::Record(event.0.clone()));
+        if let Some(session) = self.session() {
+            session.record(self.0.id, &event.0);
             return Ok(());
         }
+        capture::recorded_outside(&event.0);
         let id = event.0.next_record();
         // Idle fast path: nothing queued before it, so "reaching" the event is now.
         let s = &self.0;
@@ -496,7 +509,8 @@ impl Stream {
     }
 
     /// Start capturing: until [`Stream::end_capture`], launches, records and waits on this
-    /// stream are recorded into a graph instead of running.
+    /// stream are recorded into a graph instead of running. Other streams join the capture by
+    /// waiting on an event recorded in it (see the `capture` module).
     pub fn begin_capture(&self) -> Result<()> {
         self.check()?;
         let mut c = self.0.capture.lock();
@@ -507,29 +521,80 @@ impl Stream {
             ))
             .into());
         }
-        *c = Some(Vec::new());
+        *c = Some(Session::begin(self.0.id));
         Ok(())
     }
 
-    /// Whether the stream is capturing.
+    /// Whether the stream is capturing (it began a capture, or joined one).
     pub fn is_capturing(&self) -> bool {
         self.0.capture.lock().is_some()
     }
 
-    /// Stop capturing and return the graph.
+    fn session(&self) -> Option<Arc<Session>> {
+        self.0.capture.lock().clone()
+    }
+
+    /// Fails with [`StreamError::Capturing`] when the stream is capturing: `what` would wait
+    /// for work that is only being recorded.
+    pub fn refuse_if_capturing(&self, what: &str) -> Result<()> {
+        if self.is_capturing() {
+            return Err(StreamError::Capturing {
+                stream: self.0.id,
+                what: what.to_string(),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Stop capturing and return the graph (the stream must be the one that began the
+    /// capture). Streams that joined the capture stop capturing too; if one of them was
+    /// never joined back (its last captured step waited for by a stream already in the
+    /// capture), the capture ends with an error and no graph.
     pub fn end_capture(&self) -> Result<Graph> {
         self.check()?;
-        let nodes = self.0.capture.lock().take().ok_or_else(|| {
+        let session = self.session().ok_or_else(|| {
             StreamError::Invalid(format!(
                 "Stream#{} is not capturing; call begin_capture() first",
                 self.0.id
             ))
         })?;
-        Ok(Graph::new(
-            nodes,
-            self.0.exec.device(),
-            self.0.exec.generation(),
-        ))
+        if session.origin() != self.0.id {
+            return Err(StreamError::Invalid(format!(
+                "Stream#{} joined the capture begun on Stream#{}; end it there",
+                self.0.id,
+                session.origin()
+            ))
+            .into());
+        }
+        let members = session.forked();
+        for m in members.iter().map(|m| &m.capture).chain([&self.0.capture]) {
+            let mut slot = m.lock();
+            let old = slot
+                .as_ref()
+                .is_some_and(|s| Arc::ptr_eq(s, &session))
+                .then(|| slot.take());
+            drop(slot);
+            drop(old);
+        }
+        drop(members);
+        match session.end() {
+            Ok(nodes) => Ok(Graph::new(
+                nodes,
+                self.0.exec.device(),
+                self.0.exec.generation(),
+            )),
+            Err(unjoined) => Err(StreamError::Invalid(format!(
+                "the capture begun on Stream#{} ended with {} not joined back: record an event on each and wait for it on a stream of the capture before end_capture(); the capture is discarded",
+                self.0.id,
+                unjoined
+                    .iter()
+                    .map(|s| format!("Stream#{s}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+            .into()),
+        }
     }
 
     /// Replay `graph` on this stream as one command.
@@ -544,8 +609,10 @@ impl Stream {
     pub fn enqueue_graph(&self, graph: &Graph) -> Result<bool> {
         let _submitting = self.enter()?;
         graph.check_for(&self.0.exec)?;
-        if let Some(nodes) = self.0.capture.lock().as_mut() {
-            nodes.extend(graph.0.nodes.iter().cloned());
+        if let Some(session) = self.session() {
+            for node in &graph.0.nodes {
+                session.push(self.0.id, node.clone());
+            }
             return Ok(false);
         }
         // Records and waits are bound to record numbers now, at launch (`GraphInner::bind`).
@@ -564,7 +631,20 @@ impl Stream {
         let target = self.0.done.submitted();
         self.wait_for(target, None);
         self.0.destroyed.store(true, Ordering::Release);
-        self.0.capture.lock().take();
+        // Taken out under the lock, dropped after it: captured steps may own Python objects.
+        let session = self.0.capture.lock().take();
+        if let Some(session) = &session {
+            if session.origin() == self.0.id {
+                for m in session.forked() {
+                    let old = m.capture.lock().take();
+                    drop(old);
+                }
+                let _discarded = session.end();
+            } else {
+                session.leave(self.0.id);
+            }
+        }
+        drop(session);
         self.take_error()
     }
 
