@@ -129,7 +129,7 @@ fn bench_alloc(c: &mut Criterion) {
         s.cache_flushes
     );
     drop(mem);
-    runtime::shutdown();
+    runtime::shutdown().expect("shutdown");
 }
 
 criterion_group!(benches, bench_alloc);

@@ -195,7 +195,7 @@ fn bench_executor(c: &mut Criterion) {
     drop((mpsc, xbeam));
     stream.destroy().expect("destroy");
     drop(stream);
-    runtime::shutdown();
+    runtime::shutdown().expect("shutdown");
 }
 
 criterion_group!(benches, bench_executor);

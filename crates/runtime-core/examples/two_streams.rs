@@ -81,6 +81,6 @@ fn main() -> runtime_core::Result<()> {
     assert_eq!(v, 9.0);
     println!("x[1023] = {v} after fill(3) on one stream and square on another");
     println!("from ready to done: {:.3} ms", ready.elapsed_time(&done)?);
-    runtime::shutdown();
+    runtime::shutdown()?;
     Ok(())
 }

@@ -187,6 +187,13 @@ pub enum StreamError {
         /// What was attempted.
         what: String,
     },
+    /// A blocking call from a runtime thread (a kernel or host function) that would wait for
+    /// work that may need that very thread. CUDA's `cudaErrorNotPermitted`.
+    #[error("{what} is not permitted: it would wait for work that may need the runtime thread making the call (CUDA refuses such calls from callbacks too); do it from the host thread, or order the work with events")]
+    NotPermitted {
+        /// What was attempted, from where.
+        what: String,
+    },
     /// Several streams failed before one barrier (`synchronize_all`): every error, each
     /// reported once.
     #[error("{} streams failed: {}", .0.len(), .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]

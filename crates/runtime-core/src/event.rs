@@ -298,6 +298,16 @@ impl Event {
                 std::hint::spin_loop();
             }
         }
+        if crate::sync::on_runtime_thread() {
+            // The record may sit behind the very kernel making this call.
+            return Err(StreamError::NotPermitted {
+                what: format!(
+                    "waiting for Event#{} from a kernel or host function",
+                    self.0.id
+                ),
+            }
+            .into());
+        }
         let deadline = crate::clock::deadline_after(timeout);
         Ok(self.0.gate.wait_latest(target, deadline))
     }

@@ -28,7 +28,7 @@
 //! buf.read(60, &mut out)?;
 //! assert_eq!(f32::from_ne_bytes(out), 2.5);
 //! assert!(start.elapsed_time(&end)? >= 0.0);
-//! # runtime::shutdown();
+//! # runtime::shutdown()?;
 //! # Ok::<(), runtime_core::error::Error>(())
 //! ```
 //!

@@ -150,12 +150,22 @@ pub fn is_initialized() -> bool {
 
 /// Shut the runtime down: wait for queued work, stop engines, invalidate all handles.
 /// A no-op when not initialised.
-pub fn shutdown() {
+///
+/// # Errors
+/// `NotPermitted` from a runtime thread (a kernel or host function): the drain would wait
+/// for the work running the call.
+pub fn shutdown() -> Result<()> {
+    if crate::stream::engine::on_worker_thread() {
+        return Err(StreamError::NotPermitted {
+            what: "shutdown() from a kernel or host function".into(),
+        }
+        .into());
+    }
     // Refuse new work first and wait for submissions already past their check (the gate),
     // drain with the runtime still installed (queued work may look it up while it runs),
     // then take it out.
     let Some(rt) = RUNTIME.read().clone() else {
-        return;
+        return Ok(());
     };
     rt.closing.store(true, Ordering::Release);
     for d in &rt.devices {
@@ -168,7 +178,7 @@ pub fn shutdown() {
     {
         let mut slot = RUNTIME.write();
         if !slot.as_ref().is_some_and(|cur| Arc::ptr_eq(cur, &rt)) {
-            return; // another thread's shutdown took it meanwhile
+            return Ok(()); // another thread's shutdown took it meanwhile
         }
         slot.take();
         crate::generation::clear();
@@ -183,6 +193,7 @@ pub fn shutdown() {
         d.memory().close();
     }
     crate::device::reset_thread_state();
+    Ok(())
 }
 
 /// The all-streams barrier (`stream_synchronize`): wait for every stream of every device and

@@ -5,6 +5,21 @@
 //! The mutex and condvar share one by-value API on both sides (`wait` takes and returns the
 //! guard, as loom's does).
 
+std::thread_local! {
+    static RUNTIME_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is one of the runtime's engine workers (it runs kernels and
+/// host functions): blocking waits there must not need the thread itself.
+pub(crate) fn on_runtime_thread() -> bool {
+    RUNTIME_THREAD.with(std::cell::Cell::get)
+}
+
+/// Mark the calling thread as an engine worker (for its whole life).
+pub(crate) fn mark_runtime_thread() {
+    RUNTIME_THREAD.with(|w| w.set(true));
+}
+
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 

@@ -22,13 +22,13 @@ struct Session(#[allow(dead_code)] MutexGuard<'static, ()>);
 
 impl Drop for Session {
     fn drop(&mut self) {
-        runtime::shutdown();
+        let _ = runtime::shutdown();
     }
 }
 
 fn session() -> Session {
     let g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    runtime::shutdown();
+    runtime::shutdown().expect("shutdown");
     Session(g)
 }
 
@@ -114,12 +114,12 @@ fn shutdown_invalidates_old_handles_and_init_works_again() {
     let x = Tensor::new(buf.clone(), 0, DType::F32, vec![16]).unwrap();
     drop(rt);
 
-    runtime::shutdown();
+    runtime::shutdown().expect("shutdown");
     assert!(!runtime::is_initialized());
     assert!(is_not_initialized(runtime::get()));
     assert!(is_not_initialized(runtime::current_device()));
     assert!(is_not_initialized(runtime::set_device(0)));
-    runtime::shutdown(); // a no-op when not initialised
+    runtime::shutdown().expect("shutdown"); // a no-op when not initialised
 
     // Every old device and stream handle fails with InvalidHandle.
     assert!(is_invalid_handle(dev.check_alive()));
@@ -239,7 +239,7 @@ fn shutdown_waits_for_queued_work() {
     }
     drop((rt, ds, waiter));
 
-    runtime::shutdown();
+    runtime::shutdown().expect("shutdown");
     for (i, c) in counters.iter().enumerate() {
         assert_eq!(c.load(Ordering::SeqCst), per_stream, "stream {i}");
     }
@@ -261,7 +261,7 @@ fn shutdown_drops_errors_of_queued_work() {
         Err(runtime_core::error::KernelFailure::new("fails", "x"))
     }))
     .unwrap();
-    runtime::shutdown();
+    runtime::shutdown().expect("shutdown");
     let rt = init();
     let s = Stream::new(rt.device(0).unwrap(), 0).unwrap();
     assert!(s.synchronize(None).unwrap());
@@ -348,7 +348,7 @@ fn options_outlive_shutdown() {
     let _rt = init();
     assert!(runtime::get_option("enablePipelining").unwrap());
     runtime::set_option("enablePipelining", false).unwrap();
-    runtime::shutdown();
+    runtime::shutdown().expect("shutdown");
     assert!(!runtime::get_option("enablePipelining").unwrap());
     // Work still runs, on the serial engine.
     let rt = init();
@@ -396,7 +396,7 @@ fn shutdown_resets_every_threads_current_device_and_stream() {
     });
     assert_eq!(from_worker.recv().unwrap(), (1, false));
     drop(rt);
-    runtime::shutdown();
+    runtime::shutdown().expect("shutdown");
     runtime::init(&ConfigBuilder {
         device_count: Some(1),
         ..settings()

@@ -65,7 +65,7 @@ fn queued_work_runs_with_the_runtime_still_installed() {
             streams.push(s);
         }
         drop(rt);
-        runtime::shutdown();
+        runtime::shutdown().expect("shutdown");
         assert_eq!(saw_runtime.load(Ordering::SeqCst), 4, "round {round}");
         assert!(
             ran_after.load(Ordering::SeqCst),
@@ -112,7 +112,7 @@ fn shutdown_racing_a_launcher_never_leaves_a_waiter_hanging() {
             }
         });
         std::thread::sleep(Duration::from_micros(500 * (round as u64 % 5)));
-        runtime::shutdown();
+        runtime::shutdown().expect("shutdown");
         assert!(
             launcher.join().unwrap(),
             "round {round}: a waiter hung after shutdown"
@@ -145,7 +145,7 @@ fn init_racing_shutdown_returns_a_new_runtime() {
             std::thread::yield_now();
         }
         let fresh = init(1); // while the other thread's shutdown drains
-        closer.join().unwrap();
+        closer.join().unwrap().expect("shutdown");
         assert!(
             fresh.generation() > old,
             "round {round}: got the dying runtime"
@@ -154,6 +154,6 @@ fn init_racing_shutdown_returns_a_new_runtime() {
         let s2 = Stream::new(fresh.device(0).unwrap(), 0).expect("the new runtime works");
         s2.synchronize(None).unwrap();
         drop((s, s2, rt, fresh));
-        runtime::shutdown();
+        runtime::shutdown().expect("shutdown");
     }
 }

@@ -34,13 +34,9 @@ pub fn max_spinners() -> usize {
 
 static SPINNERS: AtomicUsize = AtomicUsize::new(0);
 
-thread_local! {
-    static ON_WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
 /// Whether the calling thread is an engine worker (running a kernel or host function).
 pub fn on_worker_thread() -> bool {
-    ON_WORKER.with(std::cell::Cell::get)
+    crate::sync::on_runtime_thread()
 }
 
 /// A hook that wraps every worker thread's body (the Python bindings use it to keep one
@@ -226,7 +222,7 @@ impl Engine {
     }
 
     fn work(self: Arc<Self>) {
-        ON_WORKER.with(|w| w.set(true));
+        crate::sync::mark_runtime_thread();
         loop {
             let msg = match self.try_pop().or_else(|| self.spin_pop()) {
                 Some(m) => m,

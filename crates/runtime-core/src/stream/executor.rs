@@ -151,7 +151,7 @@ impl Executor {
         }
         let mut errors = Vec::new();
         for s in streams {
-            if !s.wait_for(s.submitted(), time_left(deadline)) {
+            if !s.wait_for(s.submitted(), time_left(deadline))? {
                 return Ok(false);
             }
             if s.is_destroyed() {
@@ -165,10 +165,11 @@ impl Executor {
         Error::collect(errors).map(|()| true)
     }
 
-    /// Wait for all queued work of the device, errors dropped (shutdown, after `close`).
+    /// Wait for all queued work of the device, the work's errors dropped (shutdown, after
+    /// `close`). Never called from a runtime thread (shutdown refuses that first).
     pub(crate) fn drain(&self) {
         for s in self.streams() {
-            s.wait_for(s.submitted(), None);
+            let _ = s.wait_for(s.submitted(), None);
         }
     }
 }

@@ -318,7 +318,7 @@ impl Stream {
     fn after_submit(&self) -> Result<()> {
         if self.0.exec.options.is_async() {
             if let Some(target) = self.backlog_target() {
-                self.wait_for(target, None);
+                self.wait_for(target, None)?;
             }
             Ok(())
         } else {
@@ -401,7 +401,7 @@ impl Stream {
         self.check_alive_or_destroyed_ok()?;
         self.refuse_if_capturing("synchronize()")?;
         let target = self.0.done.submitted();
-        if !self.wait_for(target, timeout) {
+        if !self.wait_for(target, timeout)? {
             return Ok(false);
         }
         self.take_error()?;
@@ -428,27 +428,50 @@ impl Stream {
         Ok(())
     }
 
-    /// Wait until `completed >= target`; false on timeout. Does not report errors (see
-    /// [`Stream::take_error`]).
-    pub fn wait_for(&self, target: u64, timeout: Option<Duration>) -> bool {
+    /// Wait until `completed >= target`; `Ok(false)` on timeout. Does not report the stream's
+    /// errors (see [`Stream::take_error`]).
+    ///
+    /// From a runtime thread (a kernel or host function), a wait must not need that thread:
+    /// a stream that is only queued is run right here; a wait for the stream running the
+    /// caller, or for one that is running or blocked elsewhere (it may be waiting for the
+    /// caller), fails with [`StreamError::NotPermitted`] at once instead of hanging, as CUDA
+    /// answers such calls from a callback with `cudaErrorNotPermitted`.
+    ///
+    /// # Errors
+    /// `NotPermitted` as above.
+    pub fn wait_for(&self, target: u64, timeout: Option<Duration>) -> Result<bool> {
         let s = &self.0;
         if s.done.reached(target) {
-            return true;
+            return Ok(true);
         }
         let deadline = deadline_after(timeout);
-        // A kernel or host function that waits for a stream holds its engine worker; if the
-        // awaited stream is queued behind it (the serial engine has one worker), nobody else
-        // would run it. Such a waiter runs the stream itself. Other callers only wait, so
-        // their timeouts and Ctrl-C are always honoured.
-        if engine::on_worker_thread()
-            && s.state.load(Ordering::SeqCst) == QUEUED
-            && s.state
-                .compare_exchange(QUEUED, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-        {
-            run_stream(&self.0, Runner::Caller(deadline));
+        if engine::on_worker_thread() {
+            if running_here(s.id) {
+                return Err(self.not_permitted("a kernel or host function running on it"));
+            }
+            if s.state.load(Ordering::SeqCst) == QUEUED
+                && s.state
+                    .compare_exchange(QUEUED, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+            {
+                run_stream(&self.0, Runner::Caller(deadline));
+            }
+            if s.done.reached(target) {
+                return Ok(true);
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(false);
+            }
+            return Err(self.not_permitted("a runtime thread (a kernel or host function)"));
         }
-        s.done.wait(target, deadline)
+        Ok(s.done.wait(target, deadline))
+    }
+
+    fn not_permitted(&self, from: &str) -> crate::error::Error {
+        StreamError::NotPermitted {
+            what: format!("waiting for Stream#{} from {from}", self.0.id),
+        }
+        .into()
     }
 
     /// Make this stream wait (on the device, without blocking the caller) until `event`'s
@@ -629,7 +652,7 @@ impl Stream {
             );
         }
         let target = self.0.done.submitted();
-        self.wait_for(target, None);
+        self.wait_for(target, None)?;
         self.0.destroyed.store(true, Ordering::Release);
         // Taken out under the lock, dropped after it: captured steps may own Python objects.
         let session = self.0.capture.lock().take();
@@ -695,6 +718,36 @@ fn release_stream(s: &Arc<StreamInner>) -> bool {
     false
 }
 
+thread_local! {
+    /// Ids of the streams this thread is running commands of (innermost last: a runner that
+    /// waits may run another stream inline).
+    static RUNNING_HERE: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Whether this thread is running a command of stream `id` (a wait for it would wait for
+/// itself).
+pub(crate) fn running_here(id: u64) -> bool {
+    RUNNING_HERE.with(|r| r.borrow().contains(&id))
+}
+
+/// Marks this thread as running a stream's commands while alive.
+struct RunningGuard;
+
+impl RunningGuard {
+    fn enter(id: u64) -> RunningGuard {
+        RUNNING_HERE.with(|r| r.borrow_mut().push(id));
+        RunningGuard
+    }
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        RUNNING_HERE.with(|r| {
+            r.borrow_mut().pop();
+        });
+    }
+}
+
 /// Run a stream that the caller has moved to `RUNNING`, until it is empty, blocked, handed
 /// to another engine, or has used its time slice while others wait.
 pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
@@ -706,6 +759,7 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
             return; // stale entry: a caller already ran it
         }
     }
+    let _running = RunningGuard::enter(s.id);
     let mut ran = 0u32;
     let began = Instant::now();
     loop {
