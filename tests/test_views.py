@@ -325,6 +325,45 @@ def test_dlpack_refuses_other_devices_and_copies():
         runtime.device_free(buf)
 
 
+@pytest.mark.parametrize("max_version", [None, (1, 0)])
+def test_dlpack_capsule_collected_while_an_exception_propagates(max_version):
+    # A consumer renames the capsule ("used_dltensor[_versioned]") and owns the tensor; the
+    # capsule may then be collected while an exception is pending. Its destructor must leave
+    # that exception alone: clearing it made CPython raise "SystemError: error return without
+    # exception set" instead of the real error.
+    import ctypes
+
+    api = ctypes.pythonapi
+    api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    name = b"dltensor_versioned" if max_version else b"dltensor"
+    # Offset of `deleter` in DLManagedTensorVersioned / DLManagedTensor (64-bit).
+    deleter_at = 16 if max_version else 56
+    buf = runtime.device_malloc(0, 16)
+    before = runtime.memory_stats(0)["active_allocations"]
+    try:
+        for consumed in (True, False):
+            cap = buf.__dlpack__(max_version=max_version)
+            managed = api.PyCapsule_GetPointer(cap, name)
+            if consumed:  # what a consumer does: rename, and call the deleter when done
+                assert api.PyCapsule_SetName(cap, b"used_" + name) == 0
+            held = [cap]
+            del cap
+            # int() fails with TypeError; the popped capsule (its last reference) is released
+            # with that TypeError pending.
+            with pytest.raises(TypeError, match="PyCapsule"):
+                int(held.pop())
+            if consumed:
+                deleter = ctypes.c_void_p.from_address(managed + deleter_at).value
+                ctypes.CFUNCTYPE(None, ctypes.c_void_p)(deleter)(managed)
+        assert read(buf).tolist() == [0] * 16
+    finally:
+        runtime.device_free(buf)
+    # Both exports released their buffer clone: the allocation went back with device_free.
+    assert runtime.memory_stats(0)["active_allocations"] == before - 1
+
+
 def test_dlpack_capsule_versions():
     buf = runtime.device_malloc(0, 16)
     try:

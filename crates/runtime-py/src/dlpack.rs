@@ -9,7 +9,9 @@
 //! context holds a clone of the buffer, so the memory stays alive until the consumer calls the
 //! deleter (or, if never consumed, until the capsule is collected).
 //!
-//! One builder ([`export`]) serves both capsule versions through the [`Managed`] trait.
+//! One builder ([`export`]) serves both capsule versions through the [`Managed`] trait; the
+//! capsule destructor keeps any exception pending when it runs (capsules are often collected
+//! while an error propagates).
 
 use std::ffi::{c_void, CStr};
 
@@ -146,8 +148,16 @@ unsafe extern "C" fn deleter<M: Managed>(m: *mut M) {
 unsafe extern "C" fn capsule_destructor<M: Managed>(capsule: *mut ffi::PyObject) {
     // SAFETY: called by Python, with the GIL, on our capsule. If it still has its original
     // name it was never consumed, so we own the tensor and must delete it; a consumer renames
-    // it and takes over the deleter.
+    // it and takes over the deleter. The exception pending when Python collects the capsule
+    // (if any) is set aside and put back, so nothing here can clear or replace it.
     unsafe {
+        let (mut ty, mut value, mut tb) = (
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
+        #[allow(deprecated)] // PyErr_GetRaisedException is 3.12+; this works on every version
+        ffi::PyErr_Fetch(&mut ty, &mut value, &mut tb);
         if ffi::PyCapsule_IsValid(capsule, M::NAME.as_ptr()) == 1 {
             let m = ffi::PyCapsule_GetPointer(capsule, M::NAME.as_ptr()).cast::<M>();
             if !m.is_null() {
@@ -155,9 +165,9 @@ unsafe extern "C" fn capsule_destructor<M: Managed>(capsule: *mut ffi::PyObject)
                     d(m);
                 }
             }
-        } else {
-            ffi::PyErr_Clear();
         }
+        #[allow(deprecated)]
+        ffi::PyErr_Restore(ty, value, tb);
     }
 }
 
