@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyString, PyTuple};
 use runtime_core::error::KernelFailure;
 use runtime_core::kernel::{self, KernelArg, Tensor};
@@ -116,6 +117,17 @@ pub fn kernel_names() -> Vec<String> {
     kernel::names()
 }
 
+static INTEGRAL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// `numbers.Integral` (numpy registers its integer types there).
+fn integral(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    Ok(INTEGRAL
+        .get_or_try_init(py, || {
+            Ok::<_, PyErr>(py.import("numbers")?.getattr("Integral")?.unbind())
+        })?
+        .bind(py))
+}
+
 fn native_args(py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<Vec<KernelArg>> {
     let mut out = Vec::with_capacity(args.len());
     for (i, a) in args.iter().enumerate() {
@@ -133,8 +145,15 @@ fn native_args(py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<Vec<Kernel
             out.push(KernelArg::Int(v));
         } else if a.is_instance_of::<PyFloat>() {
             out.push(KernelArg::Float(a.extract()?));
+        } else if a.is_instance(integral(py)?)? {
+            // Integers that are not Python ints (numpy.int64, numpy.uint32, ...): exact, by
+            // their integer value, never through a float. (numpy.bool_ is not Integral.)
+            let v: i64 = a.call_method0("__index__")?.extract().map_err(|_| {
+                PyValueError::new_err(format!("args[{i}]: integer out of 64-bit range"))
+            })?;
+            out.push(KernelArg::Int(v));
         } else if let Ok(v) = a.call_method0("__float__").and_then(|f| f.extract::<f64>()) {
-            // numpy scalars and other number-likes
+            // numpy floats and other number-likes
             out.push(KernelArg::Float(v));
         } else {
             return Err(PyTypeError::new_err(format!(
