@@ -466,6 +466,48 @@ def test_to_device_of_non_contiguous_and_fortran_arrays():
             runtime.device_free(d)
 
 
+@pytest.mark.parametrize("dtype", [">i4", ">f8", ">i8", ">f4", "<i4", "=f8"])
+def test_to_device_converts_byte_order(dtype):
+    # Device memory is native: data in the other byte order arrives with its values (as
+    # cupy.asarray gives), not as its bytes reinterpreted.
+    host = np.arange(5, dtype=dtype).reshape(5)
+    host[1] = -3
+    d = runtime.to_device(host)
+    try:
+        assert d.dtype == host.dtype.newbyteorder("=")
+        assert d.dtype.isnative
+        got = d.copy_to_host()
+        assert got.tolist() == host.tolist() == [0, -3, 2, 3, 4]
+        np.testing.assert_array_equal(np.asarray(d), host)
+    finally:
+        runtime.device_free(d)
+    big = np.arange(6, dtype=">i8").reshape(2, 3)
+    d = runtime.to_device(big[:, ::2])  # non-contiguous and big-endian
+    try:
+        assert d.copy_to_host().tolist() == [[0, 2], [3, 5]]
+    finally:
+        runtime.device_free(d)
+
+
+@pytest.mark.parametrize("dtype", [">f4", ">i4", np.dtype(">f8"), np.dtype("int64").newbyteorder()])
+def test_non_native_dtype_argument_is_refused(dtype):
+    with pytest.raises(ValueError, match="^dtype: .*byte order"):
+        runtime.empty(3, dtype)
+    with pytest.raises(ValueError, match="^dtype: .*byte order"):
+        runtime.zeros(3, dtype)
+    buf = runtime.device_malloc(0, 64)
+    try:
+        with pytest.raises(ValueError, match="^dtype: .*byte order"):
+            buf.view(dtype)
+        with pytest.raises(ValueError, match="^dtype: .*byte order"):
+            buf.view(dtype, (2,), offset=8)
+        # explicit native order and byte types are fine
+        assert buf.view("<i4" if np.little_endian else ">i4").dtype == np.int32
+        assert buf.view("|u1").dtype == np.uint8
+    finally:
+        runtime.device_free(buf)
+
+
 def test_to_device_with_stream():
     s = runtime.Stream(0)
     host = np.arange(1000, dtype=np.float32)

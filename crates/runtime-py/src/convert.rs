@@ -112,7 +112,9 @@ pub fn shape_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<usize>> {
         .collect()
 }
 
-/// A user-given `dtype` argument (anything `numpy.dtype` takes) as a device dtype.
+/// A user-given `dtype` argument (anything `numpy.dtype` takes) as a device dtype. Device
+/// memory is in native byte order, so a non-native one (`">f4"` on a little-endian host) is a
+/// `ValueError` rather than a silent reinterpretation of the bytes.
 pub fn parse_dtype(py: Python<'_>, dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
     // numpy's message ("Cannot interpret '3' as a data type") does not name the argument.
     let dt = numpy(py)?
@@ -125,6 +127,12 @@ pub fn parse_dtype(py: Python<'_>, dtype: &Bound<'_, PyAny>) -> PyResult<DType> 
             "dtype {name} is not supported; use float32, float64, int32, int64 or uint8"
         ))
     })?;
+    if !dt.getattr("isnative")?.is_truthy()? {
+        return Err(PyValueError::new_err(format!(
+            "dtype: {} is not in the host's byte order; device memory holds native {name} (use {name} and convert host data with astype)",
+            dt.getattr("str")?.str()?
+        )));
+    }
     Ok(parsed)
 }
 

@@ -71,11 +71,17 @@ pub fn to_device<'py>(
     let kw = PyDict::new(py);
     kw.set_item("order", "C")?;
     // numpy's message for ragged or unconvertible data does not name the argument.
-    let arr = np
+    let mut arr = np
         .getattr("asarray")?
         .call((array,), Some(&kw))
         .map_err(|e| naming(py, "array", e))?;
-    let dtype = arr.getattr("dtype")?;
+    let mut dtype = arr.getattr("dtype")?;
+    // Device memory is in the host's byte order: convert data in the other one (as
+    // `cupy.asarray` does) rather than copy its bytes as if they were native.
+    if !dtype.getattr("isnative")?.is_truthy()? {
+        dtype = dtype.call_method1("newbyteorder", ("=",))?;
+        arr = arr.call_method1("astype", (&dtype,))?;
+    }
     let shape = arr.getattr("shape")?;
     let buf = Bound::new(py, empty(py, &shape, Some(&dtype), device)?)?;
     let dir = Direction::HostToDevice;
