@@ -93,6 +93,54 @@ def test_fill_fractional_float(stream, dtype):
     check(x.copy_to_host(), np.full(9, 0.25, dtype))
 
 
+def test_fill_numpy_integers_are_exact(stream):
+    # numpy integer scalars are integers, not floats: 2**53 + 1 has no float64, and
+    # float(int64 max) rounds up to 2**63, which does not fit in int64.
+    x = runtime.empty(3, "int64")
+    big = 2**53 + 1
+    top = int(np.iinfo(np.int64).max)
+    for value, want in [
+        (np.int64(big), big),
+        (np.int64(top), top),
+        (np.iinfo(np.int64).max, top),  # a Python int, as before
+        (np.int64(np.iinfo(np.int64).min), int(np.iinfo(np.int64).min)),
+        (np.uint64(big), big),
+        (np.uint32(4_000_000_000), 4_000_000_000),
+        (np.int8(-7), -7),
+    ]:
+        run(stream, kernels.fill, x, value)
+        got = x.copy_to_host()
+        assert got.tolist() == [want] * 3, (type(value).__name__, value)
+    # out of 64-bit range: the same error as for a Python int
+    for value in (np.uint64(2**64 - 1), 2**64 - 1):
+        with pytest.raises(ValueError, match=r"args\[1\]: integer out of 64-bit range"):
+            stream.launch_kernel(kernels.fill, (x, value))
+    # numpy integers into an int32 tensor: range-checked as integers
+    y = runtime.empty(2, "int32")
+    run(stream, kernels.fill, y, np.int64(-(2**31)))
+    assert y.copy_to_host().tolist() == [-(2**31)] * 2
+    with pytest.raises(ValueError, match="does not fit in int32"):
+        stream.launch_kernel(kernels.fill, (y, np.int64(2**31)))
+
+
+def test_fill_bools_and_floats_unchanged(stream):
+    x = runtime.empty(2, "int64")
+    run(stream, kernels.fill, x, True)
+    assert x.copy_to_host().tolist() == [1, 1]
+    run(stream, kernels.fill, x, np.bool_(True))  # numpy.bool_ is a number, not an integer
+    assert x.copy_to_host().tolist() == [1, 1]
+    run(stream, kernels.fill, x, np.float64(3.0))
+    assert x.copy_to_host().tolist() == [3, 3]
+    for value in (2.5, np.float64(2.5), np.float32(2.5)):
+        with pytest.raises(ValueError, match="not an integer"):
+            stream.launch_kernel(kernels.fill, (x, value))
+    f = runtime.empty(2, "float64")
+    run(stream, kernels.fill, f, np.float64(0.1))
+    assert f.copy_to_host().tolist() == [0.1, 0.1]
+    run(stream, kernels.fill, f, np.int64(2**53 + 1))  # into floats: the nearest float
+    assert f.copy_to_host().tolist() == [float(2**53)] * 2
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_copy(stream, dtype):
     a = data(dtype, (4, 33))

@@ -519,6 +519,24 @@ def test_memset_value_wrong_type(value):
 # ------------------------------------------------------------------------ the size rule
 
 
+def test_raw_copies_move_bytes_of_any_byte_order():
+    # memcpy_* copy bytes as bytes (the buffer protocol hands them over without a format):
+    # a big-endian host array round-trips unchanged, byte for byte.
+    host = np.arange(5, dtype=">i4")
+    buf = runtime.device_malloc(0, host.nbytes)
+    try:
+        runtime.memcpy_host_to_device(buf, host)
+        assert bytes(np.asarray(buf)) == host.tobytes()
+        back = np.zeros(5, dtype=">i4")
+        runtime.memcpy_device_to_host(back, buf)
+        assert back.tolist() == [0, 1, 2, 3, 4]
+        native = np.zeros(5, dtype=np.int32)
+        runtime.memcpy_device_to_host(native, buf)  # the same bytes, read natively
+        assert native.tobytes() == host.tobytes()
+    finally:
+        runtime.device_free(buf)
+
+
 def test_h2d_without_count_moves_the_whole_host_buffer():
     buf = runtime.device_malloc(0, 32)
     try:

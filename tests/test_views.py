@@ -325,6 +325,45 @@ def test_dlpack_refuses_other_devices_and_copies():
         runtime.device_free(buf)
 
 
+@pytest.mark.parametrize("max_version", [None, (1, 0)])
+def test_dlpack_capsule_collected_while_an_exception_propagates(max_version):
+    # A consumer renames the capsule ("used_dltensor[_versioned]") and owns the tensor; the
+    # capsule may then be collected while an exception is pending. Its destructor must leave
+    # that exception alone: clearing it made CPython raise "SystemError: error return without
+    # exception set" instead of the real error.
+    import ctypes
+
+    api = ctypes.pythonapi
+    api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    name = b"dltensor_versioned" if max_version else b"dltensor"
+    # Offset of `deleter` in DLManagedTensorVersioned / DLManagedTensor (64-bit).
+    deleter_at = 16 if max_version else 56
+    buf = runtime.device_malloc(0, 16)
+    before = runtime.memory_stats(0)["active_allocations"]
+    try:
+        for consumed in (True, False):
+            cap = buf.__dlpack__(max_version=max_version)
+            managed = api.PyCapsule_GetPointer(cap, name)
+            if consumed:  # what a consumer does: rename, and call the deleter when done
+                assert api.PyCapsule_SetName(cap, b"used_" + name) == 0
+            held = [cap]
+            del cap
+            # int() fails with TypeError; the popped capsule (its last reference) is released
+            # with that TypeError pending.
+            with pytest.raises(TypeError, match="PyCapsule"):
+                int(held.pop())
+            if consumed:
+                deleter = ctypes.c_void_p.from_address(managed + deleter_at).value
+                ctypes.CFUNCTYPE(None, ctypes.c_void_p)(deleter)(managed)
+        assert read(buf).tolist() == [0] * 16
+    finally:
+        runtime.device_free(buf)
+    # Both exports released their buffer clone: the allocation went back with device_free.
+    assert runtime.memory_stats(0)["active_allocations"] == before - 1
+
+
 def test_dlpack_capsule_versions():
     buf = runtime.device_malloc(0, 16)
     try:
@@ -425,6 +464,48 @@ def test_to_device_of_non_contiguous_and_fortran_arrays():
             np.testing.assert_array_equal(d.copy_to_host(), host)
         finally:
             runtime.device_free(d)
+
+
+@pytest.mark.parametrize("dtype", [">i4", ">f8", ">i8", ">f4", "<i4", "=f8"])
+def test_to_device_converts_byte_order(dtype):
+    # Device memory is native: data in the other byte order arrives with its values (as
+    # cupy.asarray gives), not as its bytes reinterpreted.
+    host = np.arange(5, dtype=dtype).reshape(5)
+    host[1] = -3
+    d = runtime.to_device(host)
+    try:
+        assert d.dtype == host.dtype.newbyteorder("=")
+        assert d.dtype.isnative
+        got = d.copy_to_host()
+        assert got.tolist() == host.tolist() == [0, -3, 2, 3, 4]
+        np.testing.assert_array_equal(np.asarray(d), host)
+    finally:
+        runtime.device_free(d)
+    big = np.arange(6, dtype=">i8").reshape(2, 3)
+    d = runtime.to_device(big[:, ::2])  # non-contiguous and big-endian
+    try:
+        assert d.copy_to_host().tolist() == [[0, 2], [3, 5]]
+    finally:
+        runtime.device_free(d)
+
+
+@pytest.mark.parametrize("dtype", [">f4", ">i4", np.dtype(">f8"), np.dtype("int64").newbyteorder()])
+def test_non_native_dtype_argument_is_refused(dtype):
+    with pytest.raises(ValueError, match="^dtype: .*byte order"):
+        runtime.empty(3, dtype)
+    with pytest.raises(ValueError, match="^dtype: .*byte order"):
+        runtime.zeros(3, dtype)
+    buf = runtime.device_malloc(0, 64)
+    try:
+        with pytest.raises(ValueError, match="^dtype: .*byte order"):
+            buf.view(dtype)
+        with pytest.raises(ValueError, match="^dtype: .*byte order"):
+            buf.view(dtype, (2,), offset=8)
+        # explicit native order and byte types are fine
+        assert buf.view("<i4" if np.little_endian else ">i4").dtype == np.int32
+        assert buf.view("|u1").dtype == np.uint8
+    finally:
+        runtime.device_free(buf)
 
 
 def test_to_device_with_stream():

@@ -1,15 +1,16 @@
-//! Lifecycle, options, devices and their property records.
+//! Devices: the `Device` class, the property records (`DeviceProperties`, `MemoryInfo`,
+//! `ComputeInfo`), and the device functions (`get_device_*`, `set_device`, `get_device`).
 
 use std::cell::RefCell;
 
-use pyo3::exceptions::{PyKeyError, PyTypeError};
+use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyString};
-use runtime_core::config::ConfigBuilder;
-use runtime_core::device::Device;
+use pyo3::types::PyDict;
 use runtime_core::runtime as rt;
 
-use crate::errors::RtResult;
+use crate::convert::{device_arg, device_at, resolve_required, timeout_obj};
+use crate::errors::{RtErr, RtResult};
+use crate::handles::PyDevice;
 use crate::wait;
 
 /// Defines an immutable record class: getters, `repr`, `==`, `to_dict()`, and `keys()` +
@@ -69,70 +70,8 @@ record!(
     }
 );
 
-/// Read a device argument: a `Device` or an int (not a bool).
-pub fn device_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<i64> {
-    if let Ok(d) = obj.cast::<PyDevice>() {
-        return Ok(d.get().index as i64);
-    }
-    if obj.is_instance_of::<PyBool>() || obj.is_instance_of::<PyString>() {
-        return Err(PyTypeError::new_err(format!(
-            "{arg} must be a runtime.Device or an int, got {}",
-            obj.get_type().name()?
-        )));
-    }
-    if obj.is_instance_of::<pyo3::types::PyInt>() {
-        // Out-of-range integers are invalid devices, not type errors.
-        return Ok(obj.extract::<i64>().unwrap_or(i64::MAX));
-    }
-    obj.extract::<i64>().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "{arg} must be a runtime.Device or an int, got {}",
-            obj.get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default()
-        ))
-    })
-}
-
-/// A required device argument: like [`resolve`] but `None` is a `TypeError` (it is not "the
-/// current device" where the signature says `Device | int`).
-pub fn resolve_required(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Device> {
-    // Fix: `device_malloc(None, n)` and `Device(None)` used to take None as the current device.
-    if obj.is_none() {
-        return Err(PyTypeError::new_err(format!(
-            "{arg} must be a runtime.Device or an int, got None"
-        )));
-    }
-    resolve(Some(obj), arg)
-}
-
-/// Resolve an optional device argument (`None` = the thread's current device).
-pub fn resolve(obj: Option<&Bound<'_, PyAny>>, arg: &str) -> PyResult<Device> {
-    let r = rt::get().map_err(crate::errors::RtErr)?;
-    let idx = match obj {
-        Some(o) if !o.is_none() => device_arg(o, arg)?,
-        _ => runtime_core::device::current_device_index() as i64,
-    };
-    Ok(r.device(idx).map_err(crate::errors::RtErr)?.clone())
-}
-
 thread_local! {
     static DEVICE_STACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
-}
-
-/// A virtual device. `with runtime.Device(1):` makes it the thread's current device.
-#[pyclass(name = "Device", module = "runtime", frozen, eq, hash)]
-#[derive(PartialEq, Eq, Hash)]
-pub struct PyDevice {
-    #[pyo3(get)]
-    index: usize,
-}
-
-impl PyDevice {
-    pub fn from_index(index: usize) -> Self {
-        PyDevice { index }
-    }
 }
 
 #[pymethods]
@@ -156,24 +95,19 @@ impl PyDevice {
     /// Wait for every stream of this device (GIL released, Ctrl-C works).
     #[pyo3(signature = (timeout=None))]
     fn synchronize(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let timeout = wait::timeout_obj(timeout)?; // Fix: see `wait::timeout_obj`
-        let d = resolve_index(self.index as i64)?;
-        let mut res = Ok(true);
-        wait::wait(
+        let timeout = timeout_obj(timeout)?;
+        let d = device_at(self.index as i64)?;
+        wait::wait_result(
             py,
             || format!("Device({})", self.index),
             timeout,
-            |slice| {
-                res = d.synchronize(Some(slice));
-                !matches!(res, Ok(false))
-            },
-        )?;
-        res.map(|_| ()).map_err(|e| crate::errors::RtErr(e).into())
+            |slice| d.synchronize(Some(slice)),
+        )
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
         let prev = runtime_core::device::current_device_index();
-        rt::set_device(slf.get().index as i64).map_err(crate::errors::RtErr)?;
+        rt::set_device(slf.get().index as i64).map_err(RtErr)?;
         DEVICE_STACK.with(|s| s.borrow_mut().push(prev));
         Ok(slf)
     }
@@ -202,13 +136,8 @@ impl PyDevice {
     }
 }
 
-fn resolve_index(i: i64) -> PyResult<Device> {
-    let r = rt::get().map_err(crate::errors::RtErr)?;
-    Ok(r.device(i).map_err(crate::errors::RtErr)?.clone())
-}
-
 fn get_device_properties_impl(i: i64) -> PyResult<DeviceProperties> {
-    let d = resolve_index(i)?;
+    let d = device_at(i)?;
     let p = d.properties();
     Ok(DeviceProperties {
         index: p.index,
@@ -223,7 +152,7 @@ fn get_device_properties_impl(i: i64) -> PyResult<DeviceProperties> {
 }
 
 fn memory_info_impl(i: i64) -> PyResult<MemoryInfo> {
-    let d = resolve_index(i)?;
+    let d = device_at(i)?;
     let s = d.memory().stats();
     Ok(MemoryInfo {
         device: d.index(),
@@ -236,91 +165,6 @@ fn memory_info_impl(i: i64) -> PyResult<MemoryInfo> {
     })
 }
 
-/// Initialise the runtime (idempotent). Keywords: `device_count`, `memory` (bytes or a size
-/// string such as "16GiB"), `profile` ("ascend910" or "host"); unset ones come from
-/// RUNTIME_DEVICE_COUNT, RUNTIME_DEVICE_MEMORY, RUNTIME_DEVICE_PROFILE.
-#[pyfunction]
-#[pyo3(signature = (device_count=None, memory=None, profile=None))]
-pub fn init(
-    py: Python<'_>,
-    device_count: Option<&Bound<'_, PyAny>>,
-    memory: Option<&Bound<'_, PyAny>>,
-    profile: Option<&Bound<'_, PyAny>>,
-) -> PyResult<()> {
-    let count = match device_count {
-        None => None,
-        Some(o) if o.is_none() => None,
-        Some(o) => {
-            if o.is_instance_of::<PyBool>() {
-                return Err(PyTypeError::new_err(
-                    "device_count must be an int, got bool",
-                ));
-            }
-            Some(o.extract::<u64>().map_err(|_| {
-                pyo3::exceptions::PyValueError::new_err(format!(
-                    "device_count must be a positive int, got {}",
-                    o.repr().map(|r| r.to_string()).unwrap_or_default()
-                ))
-            })?)
-        }
-    };
-    let memory = match memory {
-        None => None,
-        Some(o) if o.is_none() => None,
-        Some(o) if o.is_instance_of::<PyString>() => Some(o.extract::<String>()?),
-        Some(o) if o.is_instance_of::<PyBool>() => {
-            return Err(PyTypeError::new_err(
-                "memory must be an int or a size string, got bool",
-            ))
-        }
-        Some(o) => Some(
-            o.extract::<i128>()
-                .map_err(|_| {
-                    PyTypeError::new_err(format!(
-                        "memory must be an int or a size string such as \"16GiB\", got {}",
-                        o.get_type()
-                            .name()
-                            .map(|n| n.to_string())
-                            .unwrap_or_default()
-                    ))
-                })?
-                .to_string(),
-        ),
-    };
-    let profile = match profile {
-        None => None,
-        Some(o) if o.is_none() => None,
-        Some(o) => Some(
-            o.extract::<String>()
-                .map_err(|_| PyTypeError::new_err("profile must be a str"))?,
-        ),
-    };
-    let b = ConfigBuilder {
-        device_count: count,
-        memory,
-        profile,
-    };
-    // Without the GIL: an init racing a shutdown waits for its drain, which may run Python
-    // kernels.
-    py.detach(|| rt::init(&b)).map_err(crate::errors::RtErr)?;
-    Ok(())
-}
-
-/// Shut the runtime down: waits for queued work, invalidates every handle. A no-op when not
-/// initialised.
-#[pyfunction]
-pub fn shutdown(py: Python<'_>) {
-    crate::stream::clear_thread_state();
-    py.detach(rt::shutdown);
-}
-
-/// Whether the runtime is initialised.
-#[pyfunction]
-pub fn is_initialized() -> bool {
-    rt::is_initialized()
-}
-
-/// Number of devices.
 #[pyfunction]
 pub fn get_device_count() -> RtResult<usize> {
     Ok(rt::get()?.devices().len())
@@ -332,7 +176,7 @@ pub fn get_available_devices() -> RtResult<Vec<PyDevice>> {
     Ok(rt::get()?
         .devices()
         .iter()
-        .map(|d| PyDevice { index: d.index() })
+        .map(|d| PyDevice::from_index(d.index()))
         .collect())
 }
 
@@ -351,7 +195,7 @@ pub fn get_device_memory_info(device: &Bound<'_, PyAny>) -> PyResult<MemoryInfo>
 /// Compute capability of device `device`.
 #[pyfunction]
 pub fn get_device_compute_info(device: &Bound<'_, PyAny>) -> PyResult<ComputeInfo> {
-    let d = resolve_index(device_arg(device, "device")?)?;
+    let d = device_at(device_arg(device, "device")?)?;
     let c = d.compute_info();
     Ok(ComputeInfo {
         device: d.index(),
@@ -365,7 +209,7 @@ pub fn get_device_compute_info(device: &Bound<'_, PyAny>) -> PyResult<ComputeInf
 /// Make `device` the calling thread's current device.
 #[pyfunction]
 pub fn set_device(device: &Bound<'_, PyAny>) -> PyResult<()> {
-    rt::set_device(device_arg(device, "device")?).map_err(crate::errors::RtErr)?;
+    rt::set_device(device_arg(device, "device")?).map_err(RtErr)?;
     Ok(())
 }
 
@@ -374,41 +218,4 @@ pub fn set_device(device: &Bound<'_, PyAny>) -> PyResult<()> {
 pub fn get_device() -> RtResult<usize> {
     rt::get()?;
     Ok(runtime_core::device::current_device_index())
-}
-
-/// Set a runtime option: "enableMemoryReuse", "enablePipelining" or "enableAsync" (bool).
-#[pyfunction]
-pub fn set_option(name: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {
-    let name: String = name
-        .extract()
-        .map_err(|_| PyTypeError::new_err("name must be a str"))?;
-    // Validate the name first so a bad name wins over a bad value.
-    rt::get_option(&name).map_err(crate::errors::RtErr)?;
-    let value = value.cast::<PyBool>().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "value for option {name:?} must be a bool, got {}",
-            value
-                .get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default()
-        ))
-    })?;
-    rt::set_option(&name, value.is_true()).map_err(crate::errors::RtErr)?;
-    Ok(())
-}
-
-/// Read a runtime option.
-#[pyfunction]
-pub fn get_option(name: &Bound<'_, PyAny>) -> PyResult<bool> {
-    let name: String = name
-        .extract()
-        .map_err(|_| PyTypeError::new_err("name must be a str"))?;
-    Ok(rt::get_option(&name).map_err(crate::errors::RtErr)?)
-}
-
-/// The valid option names.
-#[pyfunction]
-pub fn option_names() -> Vec<&'static str> {
-    rt::OPTION_NAMES.to_vec()
 }

@@ -138,9 +138,11 @@ pub fn to_pyerr(py: Python<'_>, e: Error) -> PyErr {
         Error::Memory(MemoryError::Corrupt { .. }) => err_of(py, &c.base, msg),
         Error::Stream(StreamError::Timeout { .. }) => err_of(py, &c.timeout, msg),
         Error::Stream(StreamError::NotReady { .. }) => err_of(py, &c.not_ready, msg),
-        Error::Stream(StreamError::Invalid(_) | StreamError::Capturing { .. }) => {
-            err_of(py, &c.invalid_operation, msg)
-        }
+        Error::Stream(
+            StreamError::Invalid(_)
+            | StreamError::Capturing { .. }
+            | StreamError::NotPermitted { .. },
+        ) => err_of(py, &c.invalid_operation, msg),
         Error::Stream(StreamError::Multiple(errors)) => several(py, errors),
         Error::Stream(StreamError::Kernel(k)) => {
             let err = err_of(py, &c.kernel, msg);

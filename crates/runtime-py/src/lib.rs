@@ -2,10 +2,30 @@
 //! release the GIL around every wait, and map errors in one place ([`errors`]); behaviour
 //! lives in the core.
 
+// Layers (each uses only those above it):
+//   errors                      error classes and the core-to-Python mapping
+//   handles                     the handle classes' data and the runtime-generation check
+//   convert                     argument conversion
+//   wait                        GIL-released waits and submission
+//   host, dlpack                buffer-protocol import/export, DLPack capsules
+//   copy                        the one copy path (memcpy_*, memset)
+//   buffer, memory, stats       the DeviceBuffer class, allocation, allocator statistics
+//   device, event, kernel       Device and records, Event, Kernel and launches
+//   stream                      Stream, Graph and the stream functions
+//   lifecycle                   init, shutdown, options
+mod buffer;
+mod convert;
+mod copy;
 mod device;
 mod dlpack;
 mod errors;
+mod event;
+mod handles;
+mod host;
+mod kernel;
+mod lifecycle;
 mod memory;
+mod stats;
 mod stream;
 mod testing;
 mod trace;
@@ -25,18 +45,18 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     }));
     // Commands a stream holds before a launch waits for room (back-pressure).
     m.add("MAX_QUEUED", runtime_core::stream::MAX_QUEUED)?;
-    m.add_class::<device::PyDevice>()?;
+    m.add_class::<handles::PyDevice>()?;
     m.add_class::<device::DeviceProperties>()?;
     m.add_class::<device::MemoryInfo>()?;
     m.add_class::<device::ComputeInfo>()?;
-    m.add_class::<memory::PyDeviceBuffer>()?;
-    m.add_class::<stream::PyStream>()?;
-    m.add_class::<stream::PyEvent>()?;
+    m.add_class::<handles::PyDeviceBuffer>()?;
+    m.add_class::<handles::PyStream>()?;
+    m.add_class::<handles::PyEvent>()?;
     m.add_class::<stream::PyGraph>()?;
-    m.add_class::<stream::PyKernel>()?;
-    m.add_function(wrap_pyfunction!(device::init, m)?)?;
-    m.add_function(wrap_pyfunction!(device::shutdown, m)?)?;
-    m.add_function(wrap_pyfunction!(device::is_initialized, m)?)?;
+    m.add_class::<kernel::PyKernel>()?;
+    m.add_function(wrap_pyfunction!(lifecycle::init, m)?)?;
+    m.add_function(wrap_pyfunction!(lifecycle::shutdown, m)?)?;
+    m.add_function(wrap_pyfunction!(lifecycle::is_initialized, m)?)?;
     m.add_function(wrap_pyfunction!(device::get_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(device::get_available_devices, m)?)?;
     m.add_function(wrap_pyfunction!(device::get_device_properties, m)?)?;
@@ -44,25 +64,25 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device::get_device_compute_info, m)?)?;
     m.add_function(wrap_pyfunction!(device::set_device, m)?)?;
     m.add_function(wrap_pyfunction!(device::get_device, m)?)?;
-    m.add_function(wrap_pyfunction!(device::set_option, m)?)?;
-    m.add_function(wrap_pyfunction!(device::get_option, m)?)?;
-    m.add_function(wrap_pyfunction!(device::option_names, m)?)?;
+    m.add_function(wrap_pyfunction!(lifecycle::set_option, m)?)?;
+    m.add_function(wrap_pyfunction!(lifecycle::get_option, m)?)?;
+    m.add_function(wrap_pyfunction!(lifecycle::option_names, m)?)?;
     m.add_function(wrap_pyfunction!(memory::device_malloc, m)?)?;
     m.add_function(wrap_pyfunction!(memory::device_free, m)?)?;
-    m.add_function(wrap_pyfunction!(memory::memcpy_host_to_device, m)?)?;
-    m.add_function(wrap_pyfunction!(memory::memcpy_device_to_host, m)?)?;
-    m.add_function(wrap_pyfunction!(memory::memcpy_d2d, m)?)?;
-    m.add_function(wrap_pyfunction!(memory::memset, m)?)?;
-    m.add_function(wrap_pyfunction!(memory::empty_cache, m)?)?;
-    m.add_function(wrap_pyfunction!(memory::memory_stats, m)?)?;
-    m.add_function(wrap_pyfunction!(memory::reset_peak_memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(copy::memcpy_host_to_device, m)?)?;
+    m.add_function(wrap_pyfunction!(copy::memcpy_device_to_host, m)?)?;
+    m.add_function(wrap_pyfunction!(copy::memcpy_d2d, m)?)?;
+    m.add_function(wrap_pyfunction!(copy::memset, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::empty_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::memory_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(stats::reset_peak_memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(memory::empty, m)?)?;
     m.add_function(wrap_pyfunction!(memory::to_device, m)?)?;
     m.add_function(wrap_pyfunction!(stream::stream_synchronize, m)?)?;
     m.add_function(wrap_pyfunction!(stream::current_stream, m)?)?;
     m.add_function(wrap_pyfunction!(stream::default_stream, m)?)?;
     m.add_function(wrap_pyfunction!(stream::stream_priority_range, m)?)?;
-    m.add_function(wrap_pyfunction!(stream::kernel_names, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel::kernel_names, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_start, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_stop, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_enabled, m)?)?;

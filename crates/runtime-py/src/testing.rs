@@ -2,7 +2,7 @@
 
 use pyo3::prelude::*;
 
-use crate::device::resolve_required;
+use crate::convert::resolve_required;
 
 /// Make the `nth` allocation on `device` from now fail with OutOfMemoryError (0 disarms).
 #[pyfunction]

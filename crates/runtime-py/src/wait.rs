@@ -1,52 +1,18 @@
-//! Blocking waits: release the GIL, wake every 20 ms to let Ctrl-C through, honour timeouts.
+//! GIL-aware submission and waiting: every blocking wait releases the GIL, wakes every 20 ms to
+//! let Ctrl-C through and honours its timeout; submission waits (GIL released) when a stream's
+//! backlog is full, and blocking copies run inline or queued on the current stream.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
+use runtime_core::runtime as rt;
+use runtime_core::stream::{Op, Stream};
 
-use crate::errors;
+use crate::convert::timeout_arg;
+use crate::errors::{self, RtErr};
 
 const SLICE: Duration = Duration::from_millis(20);
-
-/// Read a Python `timeout` argument (seconds, or None) as a float.
-// Fix: with `timeout: Option<f64>` in the signatures, PyO3's float conversion raised
-// OverflowError for ints beyond the float range (`synchronize(timeout=2**2000)`); such a
-// timeout is no limit (as 1e300 is), and a negative one is a ValueError like any other.
-pub fn timeout_obj(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<f64>> {
-    let Some(o) = obj.filter(|o| !o.is_none()) else {
-        return Ok(None);
-    };
-    match o.extract::<f64>() {
-        Ok(t) => Ok(Some(t)),
-        Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(o.py()) => {
-            if o.gt(0)? {
-                Ok(Some(f64::MAX))
-            } else {
-                Err(pyo3::exceptions::PyValueError::new_err(format!(
-                    "timeout must be a non-negative number of seconds or None, got {}",
-                    o.repr()?
-                )))
-            }
-        }
-        Err(_) => Err(pyo3::exceptions::PyTypeError::new_err(format!(
-            "timeout must be a number of seconds or None, got {}",
-            o.get_type().name()?
-        ))),
-    }
-}
-
-/// Convert a Python timeout in seconds (`None` = forever).
-pub fn timeout_arg(timeout: Option<f64>) -> PyResult<Option<Duration>> {
-    match timeout {
-        None => Ok(None),
-        // Fix: `Duration::from_secs_f64` panics above ~1.8e19 s (PanicException escaped to
-        // Python for e.g. `synchronize(timeout=1e300)`); a timeout that large is no limit.
-        Some(t) if t.is_finite() && t >= 0.0 => Ok(Duration::try_from_secs_f64(t).ok()),
-        Some(t) => Err(pyo3::exceptions::PyValueError::new_err(format!(
-            "timeout must be a non-negative number of seconds or None, got {t}"
-        ))),
-    }
-}
 
 /// Call `poll(slice)` without the GIL until it returns true, checking for signals between
 /// slices. On timeout raises `WaitTimeoutError` naming `what()` (built only then).
@@ -56,7 +22,7 @@ where
     W: Fn() -> String,
 {
     let limit = timeout_arg(timeout)?;
-    // Fix: `Instant + Duration` panics on overflow; a deadline past the clock's range is none.
+    // A deadline past the clock's range is none.
     let deadline = runtime_core::clock::deadline_after(limit);
     loop {
         let slice = match deadline {
@@ -71,4 +37,95 @@ where
             return Err(errors::timeout(py, &what(), timeout.unwrap_or_default()));
         }
     }
+}
+
+/// [`wait`] for a core wait that can fail: `poll(slice)` answers `Ok(true)` when done,
+/// `Ok(false)` when the slice ran out; its error is raised.
+pub fn wait_result<F, W>(py: Python<'_>, what: W, timeout: Option<f64>, mut poll: F) -> PyResult<()>
+where
+    F: FnMut(Duration) -> runtime_core::error::Result<bool> + Send,
+    W: Fn() -> String,
+{
+    let mut res = Ok(true);
+    wait(py, what, timeout, |slice| {
+        res = poll(slice);
+        !matches!(res, Ok(false))
+    })?;
+    res.map(|_| ()).map_err(|e| RtErr(e).into())
+}
+
+/// Wait for `s` with the GIL released and Ctrl-C live, then raise its pending error.
+pub fn sync_stream(py: Python<'_>, s: &Stream, timeout: Option<f64>) -> PyResult<()> {
+    timeout_arg(timeout)?;
+    s.check().map_err(RtErr)?;
+    stream_reached(py, s, timeout)?;
+    s.take_error().map_err(RtErr)?;
+    Ok(())
+}
+
+/// Wait (GIL released, Ctrl-C live, `timeout` honoured) until `s` has run everything
+/// submitted so far. Does not report errors.
+pub fn stream_reached(py: Python<'_>, s: &Stream, timeout: Option<f64>) -> PyResult<()> {
+    let target = s.submitted();
+    if s.reached(target) {
+        return Ok(());
+    }
+    wait_result(
+        py,
+        || format!("{s:?}"),
+        timeout,
+        |slice| s.wait_for(target, Some(slice)),
+    )
+}
+
+/// Queue `op` on `s`, then [`after_enqueue`].
+pub fn submit(py: Python<'_>, s: &Stream, op: Arc<dyn Op>) -> PyResult<()> {
+    if s.enqueue(op).map_err(RtErr)? {
+        after_enqueue(py, s)?;
+    }
+    Ok(())
+}
+
+/// After a launch was queued: in synchronous mode wait for it and raise its error; otherwise
+/// wait (GIL released, Ctrl-C live) only while the stream's backlog is full
+/// (`Stream::backlog_target`). Queued Python kernels need the GIL, so this wait must not
+/// hold it.
+pub fn after_enqueue(py: Python<'_>, s: &Stream) -> PyResult<()> {
+    if s.is_sync_mode() {
+        return sync_stream(py, s, None);
+    }
+    if let Some(target) = s.backlog_target() {
+        wait_result(
+            py,
+            || format!("{s:?}"),
+            None,
+            |slice| s.wait_for(target, Some(slice)),
+        )?;
+    }
+    Ok(())
+}
+
+/// Run a copy op: queued on `stream` (asynchronous) or, with no stream, submitted by the core
+/// as a blocking copy on `device`'s current stream (ordered after `peer`'s too; see
+/// `runtime_core::device::submit_blocking`) and waited for here with the GIL released.
+pub fn submit_copy(
+    py: Python<'_>,
+    op: Arc<dyn Op>,
+    stream: Option<Stream>,
+    device: usize,
+    peer: Option<usize>,
+) -> PyResult<()> {
+    if let Some(s) = stream {
+        return submit(py, &s, op);
+    }
+    let r = rt::get().map_err(RtErr)?;
+    let d = r.device(device as i64).map_err(RtErr)?;
+    let p = match peer {
+        Some(p) => Some(r.device(p as i64).map_err(RtErr)?),
+        None => None,
+    };
+    let s = py
+        .detach(|| runtime_core::device::submit_blocking(d, p, op))
+        .map_err(RtErr)?;
+    sync_stream(py, &s, None)
 }

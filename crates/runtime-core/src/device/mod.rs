@@ -209,6 +209,38 @@ pub fn current_stream(device: &Device) -> Result<Stream> {
     }
 }
 
+/// Submit work the caller will wait for (a blocking copy or memset without a stream): on the
+/// calling thread's current stream of `device`, ordered also after the work queued so far on
+/// `peer`'s current stream (the other device of a cross-device copy, as `cudaMemcpyPeer` is
+/// serialised with both devices). Runs it right here when the stream is idle; otherwise
+/// queues it. Returns the stream to wait for (`Stream::synchronize`, or a sliced
+/// `Stream::wait_for` then `Stream::take_error`).
+///
+/// # Errors
+/// `Capturing` when the current stream is capturing (the copy would return before it ran,
+/// as CUDA's `cudaErrorStreamCaptureImplicit`); `InvalidHandle` after shutdown.
+pub fn submit_blocking(
+    device: &Device,
+    peer: Option<&Device>,
+    op: Arc<dyn crate::stream::Op>,
+) -> Result<Stream> {
+    let s = current_stream(device)?;
+    s.refuse_if_capturing("a blocking copy or memset")?;
+    if let Some(p) = peer.filter(|p| p.index() != device.index()) {
+        let ps = current_stream(p)?;
+        // A capturing stream has nothing queued to order after.
+        if !ps.is_capturing() {
+            let ev = crate::event::Event::new(false, false);
+            ps.record(&ev)?;
+            s.wait_event(&ev)?;
+        }
+    }
+    if !s.try_run_inline(&op)? {
+        s.enqueue(op)?;
+    }
+    Ok(s)
+}
+
 /// Make `stream` the calling thread's current stream on `device` (`None` restores the
 /// default); returns the previous one.
 pub fn set_current_stream(device: &Device, stream: Option<Stream>) -> Option<Stream> {

@@ -1,0 +1,290 @@
+//! Argument conversion: Python objects to the values the core takes, with `TypeError` /
+//! `ValueError` naming the argument. Sizes and offsets, shapes, dtypes, timeouts, and the
+//! handle arguments (device, stream, event, buffer). Depends on no domain file.
+
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyInt, PyString};
+use runtime_core::device::Device;
+use runtime_core::event::Event;
+use runtime_core::kernel::DType;
+use runtime_core::runtime as rt;
+use runtime_core::stream::Stream;
+
+use crate::errors::RtErr;
+use crate::handles::{PyDevice, PyDeviceBuffer, PyEvent, PyStream};
+
+static NUMPY: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+/// The numpy module (imported once).
+pub fn numpy(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    Ok(NUMPY
+        .get_or_try_init(py, || py.import("numpy").map(Bound::unbind))?
+        .bind(py))
+}
+
+/// The name of `o`'s type, for messages.
+pub fn type_name(o: &Bound<'_, PyAny>) -> String {
+    o.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default()
+}
+
+/// `repr(o)`, for messages.
+pub fn repr(o: &Bound<'_, PyAny>) -> String {
+    o.repr().map(|r| r.to_string()).unwrap_or_default()
+}
+
+/// numpy's own `TypeError` / `ValueError` with the argument's name in front (the original
+/// stays as `__cause__`); other exceptions pass through.
+pub fn naming(py: Python<'_>, arg: &str, e: PyErr) -> PyErr {
+    let text = format!("{arg}: {}", e.value(py));
+    let named = if e.is_instance_of::<PyTypeError>(py) {
+        PyTypeError::new_err(text)
+    } else if e.is_instance_of::<PyValueError>(py) {
+        PyValueError::new_err(text)
+    } else {
+        return e;
+    };
+    named.set_cause(py, Some(e));
+    named
+}
+
+/// A size, offset or count: an int (or `__index__`) in `0..2**64`, not a bool.
+pub fn nonneg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<u64> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "{arg} must be an int, got bool"
+        )));
+    }
+    let v: i128 = match obj.extract() {
+        Ok(v) => v,
+        // An int (or an object with __index__) too large even for i128: a value error.
+        Err(_) if obj.call_method0("__index__").is_ok() => {
+            return Err(PyValueError::new_err(format!(
+                "{arg} must be >= 0 and fit in 64 bits, got {}",
+                repr(obj)
+            )))
+        }
+        Err(_) => {
+            return Err(PyTypeError::new_err(format!(
+                "{arg} must be an int, got {}",
+                type_name(obj)
+            )))
+        }
+    };
+    u64::try_from(v).map_err(|_| {
+        PyValueError::new_err(format!("{arg} must be >= 0 and fit in 64 bits, got {v}"))
+    })
+}
+
+/// [`nonneg`], with `None` (or absent) as `None`.
+pub fn opt_nonneg(obj: Option<&Bound<'_, PyAny>>, arg: &str) -> PyResult<Option<u64>> {
+    match obj {
+        Some(o) if !o.is_none() => nonneg(o, arg).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// A shape: an int or a sequence of ints, each >= 0.
+pub fn shape_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<usize>> {
+    if let Ok(n) = obj.extract::<i64>() {
+        if obj.is_instance_of::<PyBool>() {
+            return Err(PyTypeError::new_err(format!(
+                "{arg} must be an int or a tuple of ints, got bool"
+            )));
+        }
+        return usize::try_from(n).map(|n| vec![n]).map_err(|_| {
+            PyValueError::new_err(format!("{arg}: dimensions must be >= 0, got {n}"))
+        });
+    }
+    let t: Vec<i64> = obj
+        .extract()
+        .map_err(|_| PyTypeError::new_err(format!("{arg} must be an int or a tuple of ints")))?;
+    t.into_iter()
+        .map(|n| {
+            usize::try_from(n).map_err(|_| {
+                PyValueError::new_err(format!("{arg}: dimensions must be >= 0, got {n}"))
+            })
+        })
+        .collect()
+}
+
+/// A user-given `dtype` argument (anything `numpy.dtype` takes) as a device dtype. Device
+/// memory is in native byte order, so a non-native one (`">f4"` on a little-endian host) is a
+/// `ValueError` rather than a silent reinterpretation of the bytes.
+pub fn parse_dtype(py: Python<'_>, dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
+    // numpy's message ("Cannot interpret '3' as a data type") does not name the argument.
+    let dt = numpy(py)?
+        .getattr("dtype")?
+        .call1((dtype,))
+        .map_err(|e| naming(py, "dtype", e))?;
+    let name: String = dt.getattr("name")?.extract()?;
+    let parsed = DType::parse(&name).ok_or_else(|| {
+        PyTypeError::new_err(format!(
+            "dtype {name} is not supported; use float32, float64, int32, int64 or uint8"
+        ))
+    })?;
+    if !dt.getattr("isnative")?.is_truthy()? {
+        return Err(PyValueError::new_err(format!(
+            "dtype: {} is not in the host's byte order; device memory holds native {name} (use {name} and convert host data with astype)",
+            dt.getattr("str")?.str()?
+        )));
+    }
+    Ok(parsed)
+}
+
+/// Read a Python `timeout` argument (seconds, or None) as a float. An int beyond the float
+/// range is no limit (as 1e300 is); a negative one is a `ValueError` like any other.
+pub fn timeout_obj(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<f64>> {
+    let Some(o) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    match o.extract::<f64>() {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if e.is_instance_of::<PyOverflowError>(o.py()) => {
+            if o.gt(0)? {
+                Ok(Some(f64::MAX))
+            } else {
+                Err(PyValueError::new_err(format!(
+                    "timeout must be a non-negative number of seconds or None, got {}",
+                    o.repr()?
+                )))
+            }
+        }
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "timeout must be a number of seconds or None, got {}",
+            o.get_type().name()?
+        ))),
+    }
+}
+
+/// Convert a timeout in seconds (`None` = forever). One too large for a `Duration` is no
+/// limit.
+pub fn timeout_arg(timeout: Option<f64>) -> PyResult<Option<std::time::Duration>> {
+    match timeout {
+        None => Ok(None),
+        Some(t) if t.is_finite() && t >= 0.0 => Ok(std::time::Duration::try_from_secs_f64(t).ok()),
+        Some(t) => Err(PyValueError::new_err(format!(
+            "timeout must be a non-negative number of seconds or None, got {t}"
+        ))),
+    }
+}
+
+/// Read a device argument: a `Device` or an int (not a bool). Out-of-range ints are invalid
+/// devices (the core's `InvalidDeviceError`), not type errors.
+pub fn device_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<i64> {
+    if let Ok(d) = obj.cast::<PyDevice>() {
+        return Ok(d.get().index() as i64);
+    }
+    if obj.is_instance_of::<PyBool>() || obj.is_instance_of::<PyString>() {
+        return Err(PyTypeError::new_err(format!(
+            "{arg} must be a runtime.Device or an int, got {}",
+            obj.get_type().name()?
+        )));
+    }
+    if obj.is_instance_of::<PyInt>() {
+        return Ok(obj.extract::<i64>().unwrap_or(i64::MAX));
+    }
+    obj.extract::<i64>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{arg} must be a runtime.Device or an int, got {}",
+            type_name(obj)
+        ))
+    })
+}
+
+/// The device at index `i` of the installed runtime.
+pub fn device_at(i: i64) -> PyResult<Device> {
+    let r = rt::get().map_err(RtErr)?;
+    Ok(r.device(i).map_err(RtErr)?.clone())
+}
+
+/// An optional device argument (`None` = the thread's current device).
+pub fn resolve(obj: Option<&Bound<'_, PyAny>>, arg: &str) -> PyResult<Device> {
+    let r = rt::get().map_err(RtErr)?;
+    let idx = match obj {
+        Some(o) if !o.is_none() => device_arg(o, arg)?,
+        _ => runtime_core::device::current_device_index() as i64,
+    };
+    Ok(r.device(idx).map_err(RtErr)?.clone())
+}
+
+/// A required device argument: like [`resolve`] but `None` is a `TypeError` (it is not "the
+/// current device" where the signature says `Device | int`).
+pub fn resolve_required(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Device> {
+    if obj.is_none() {
+        return Err(PyTypeError::new_err(format!(
+            "{arg} must be a runtime.Device or an int, got None"
+        )));
+    }
+    resolve(Some(obj), arg)
+}
+
+/// The `stream=` argument of a copy: a Stream, or None (the copy is then blocking).
+pub fn stream_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Stream>> {
+    match obj {
+        Some(o) if !o.is_none() => {
+            let s = o.cast::<PyStream>().map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "stream must be a runtime.Stream or None, got {} (pass byte counts as count=...)",
+                    type_name(o)
+                ))
+            })?;
+            Ok(Some(s.get().inner().clone()))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// An optional stream argument: a Stream, or None for the current stream of the current
+/// device.
+pub fn stream_or_current(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Stream> {
+    match obj {
+        Some(o) if !o.is_none() => Ok(o
+            .cast::<PyStream>()
+            .map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "stream must be a runtime.Stream or None, got {}",
+                    type_name(o)
+                ))
+            })?
+            .get()
+            .inner()
+            .clone()),
+        _ => {
+            let d = resolve(None, "device")?;
+            Ok(runtime_core::device::current_stream(&d).map_err(RtErr)?)
+        }
+    }
+}
+
+/// An event argument of the installed runtime.
+pub fn event_arg(obj: &Bound<'_, PyAny>) -> PyResult<Event> {
+    Ok(obj
+        .cast::<PyEvent>()
+        .map_err(|_| {
+            PyTypeError::new_err(format!(
+                "event must be a runtime.Event, got {}",
+                type_name(obj)
+            ))
+        })?
+        .get()
+        .live()?
+        .clone())
+}
+
+/// A `DeviceBuffer` argument.
+pub fn buffer_arg<'a, 'py>(
+    obj: &'a Bound<'py, PyAny>,
+    arg: &str,
+) -> PyResult<&'a Bound<'py, PyDeviceBuffer>> {
+    obj.cast::<PyDeviceBuffer>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{arg} must be a runtime.DeviceBuffer, got {}",
+            type_name(obj)
+        ))
+    })
+}

@@ -1,0 +1,275 @@
+//! Copies and memset: `memcpy_host_to_device`, `memcpy_device_to_host` and `memcpy_d2d` are one
+//! path ([`memcpy`]) over a [`Direction`]; each end is a host buffer or a device buffer view.
+//! Ranges are checked here so that errors name the argument; the copy itself is a core op,
+//! queued on `stream=` or run blocking on the current stream ([`wait::submit_copy`]).
+
+use std::sync::Arc;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use runtime_core::memory::Buffer;
+use runtime_core::stream::copy::{self, HostMemory};
+
+use crate::convert::{buffer_arg, nonneg, opt_nonneg, stream_arg};
+use crate::errors::RtErr;
+use crate::host::HostBuf;
+use crate::wait;
+
+/// Which ends of a copy are on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    HostToDevice,
+    DeviceToHost,
+    DeviceToDevice,
+}
+
+/// One end of a copy.
+enum Side {
+    Host(HostBuf),
+    /// A device view: (core buffer, absolute offset of the view, bytes of the view).
+    Device(Buffer, u64, u64),
+}
+
+impl Side {
+    fn len(&self) -> u64 {
+        match self {
+            Side::Host(h) => h.len() as u64,
+            Side::Device(_, _, len) => *len,
+        }
+    }
+
+    fn noun(&self) -> &'static str {
+        match self {
+            Side::Host(_) => "host buffer",
+            Side::Device(..) => "device buffer",
+        }
+    }
+
+    /// Host address of byte `off` of this end.
+    fn addr(&self, off: u64) -> usize {
+        match self {
+            Side::Host(h) => h.as_ptr() as usize + off as usize,
+            Side::Device(b, base, _) => b.as_ptr() as usize + (base + off) as usize,
+        }
+    }
+}
+
+/// A copy end as given: argument name, user offset (bytes into the end) and the end.
+struct End {
+    arg: &'static str,
+    offset: u64,
+    side: Side,
+}
+
+/// A device-side copy endpoint: (core buffer, absolute offset, bytes of the view).
+fn device_side(py: Python<'_>, obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<(Buffer, u64, u64)> {
+    let b = buffer_arg(obj, arg)?.get();
+    Ok((b.buffer(py)?, b.offset, b.nbytes))
+}
+
+/// Check that `[off, off + count)` fits in a side of `len` bytes (ValueError naming `arg`).
+fn fits(arg: &str, what: &str, len: u64, off: u64, count: u64) -> PyResult<()> {
+    match off.checked_add(count) {
+        Some(end) if end <= len => Ok(()),
+        _ => Err(PyValueError::new_err(format!(
+            "{arg}: {count} bytes at offset {off} do not fit in the {len}-byte {what}; nothing was copied"
+        ))),
+    }
+}
+
+/// Refuse a host<->device copy whose host range overlaps its device range (the host side is
+/// a view of the same device memory): the copy is a non-overlapping memcpy, possibly split
+/// across threads, so overlap would be undefined behaviour. `memcpy_d2d` handles overlap.
+fn no_overlap(host: usize, dev: usize, count: u64) -> PyResult<()> {
+    let n = count as usize;
+    if n > 0 && host < dev.saturating_add(n) && dev < host.saturating_add(n) {
+        return Err(PyValueError::new_err(
+            "src and dst overlap (the host side is a view of the same device memory); use memcpy_d2d for overlapping copies",
+        ));
+    }
+    Ok(())
+}
+
+/// The one copy path. Arguments are read in a fixed order (offsets, device ends, stream, host
+/// end, count) so that the first bad one is the one reported. Without `count` the copy covers
+/// the host end from its offset (the source for device-to-device).
+#[allow(clippy::too_many_arguments)]
+pub fn memcpy(
+    py: Python<'_>,
+    dir: Direction,
+    dst: &Bound<'_, PyAny>,
+    src: &Bound<'_, PyAny>,
+    stream: Option<&Bound<'_, PyAny>>,
+    count: Option<&Bound<'_, PyAny>>,
+    dst_offset: Option<&Bound<'_, PyAny>>,
+    src_offset: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let dst_offset = opt_nonneg(dst_offset, "dst_offset")?.unwrap_or(0);
+    let src_offset = opt_nonneg(src_offset, "src_offset")?.unwrap_or(0);
+    let dst_dev = dir != Direction::DeviceToHost;
+    let src_dev = dir != Direction::HostToDevice;
+    let device =
+        |obj, arg| device_side(py, obj, arg).map(|(b, off, len)| Side::Device(b, off, len));
+    let dst_side = dst_dev.then(|| device(dst, "dst")).transpose()?;
+    let src_side = src_dev.then(|| device(src, "src")).transpose()?;
+    let stream = stream_arg(stream)?;
+    let dst = End {
+        arg: "dst",
+        offset: dst_offset,
+        side: match dst_side {
+            Some(s) => s,
+            None => Side::Host(HostBuf::get(dst, "dst", true)?),
+        },
+    };
+    let src = End {
+        arg: "src",
+        offset: src_offset,
+        side: match src_side {
+            Some(s) => s,
+            None => Side::Host(HostBuf::get(src, "src", false)?),
+        },
+    };
+    // The end that sizes a default count and is checked first: the host end, else the source.
+    let (first, second) = match dir {
+        Direction::DeviceToHost => (&dst, &src),
+        Direction::HostToDevice | Direction::DeviceToDevice => (&src, &dst),
+    };
+    let count = match opt_nonneg(count, "count")? {
+        Some(c) => c,
+        None => {
+            let len = first.side.len();
+            len.checked_sub(first.offset).ok_or_else(|| {
+                let noun = match first.side {
+                    Side::Host(_) => "host buffer",
+                    Side::Device(..) => "source",
+                };
+                PyValueError::new_err(format!(
+                    "{}_offset: {} is past the end of the {len}-byte {noun}",
+                    first.arg, first.offset
+                ))
+            })?
+        }
+    };
+    for e in [first, second] {
+        fits(e.arg, e.side.noun(), e.side.len(), e.offset, count)?;
+    }
+    if dir != Direction::DeviceToDevice {
+        no_overlap(
+            first.side.addr(first.offset),
+            second.side.addr(second.offset),
+            count,
+        )?;
+    }
+    let (op, device, peer) = match (dst.side, src.side) {
+        (Side::Device(db, doff, _), Side::Host(h)) => (
+            copy::h2d(&db, doff + dst_offset, Arc::new(h), src_offset, count),
+            db.device(),
+            None,
+        ),
+        (Side::Host(h), Side::Device(sb, soff, _)) => (
+            copy::d2h(Arc::new(h), dst_offset, &sb, soff + src_offset, count),
+            sb.device(),
+            None,
+        ),
+        (Side::Device(db, doff, _), Side::Device(sb, soff, _)) => (
+            copy::d2d(&db, doff + dst_offset, &sb, soff + src_offset, count),
+            db.device(),
+            Some(sb.device()),
+        ),
+        (Side::Host(_), Side::Host(_)) => unreachable!("a copy has a device end"),
+    };
+    wait::submit_copy(py, op.map_err(RtErr)?, stream, device, peer)
+}
+
+/// Copy host memory `src` (any C-contiguous buffer) into device buffer `dst`.
+#[pyfunction]
+// Offsets default to None in Rust (so that any object can be checked and named in errors);
+// the Python-visible signature says 0, which behaves the same.
+#[pyo3(
+    signature = (dst, src, stream=None, *, count=None, dst_offset=None, src_offset=None),
+    text_signature = "(dst, src, stream=None, *, count=None, dst_offset=0, src_offset=0)"
+)]
+pub fn memcpy_host_to_device(
+    py: Python<'_>,
+    dst: &Bound<'_, PyAny>,
+    src: &Bound<'_, PyAny>,
+    stream: Option<&Bound<'_, PyAny>>,
+    count: Option<&Bound<'_, PyAny>>,
+    dst_offset: Option<&Bound<'_, PyAny>>,
+    src_offset: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let dir = Direction::HostToDevice;
+    memcpy(py, dir, dst, src, stream, count, dst_offset, src_offset)
+}
+
+/// Copy device buffer `src` into host memory `dst` (a writable, C-contiguous buffer).
+#[pyfunction]
+#[pyo3(
+    signature = (dst, src, stream=None, *, count=None, dst_offset=None, src_offset=None),
+    text_signature = "(dst, src, stream=None, *, count=None, dst_offset=0, src_offset=0)"
+)]
+pub fn memcpy_device_to_host(
+    py: Python<'_>,
+    dst: &Bound<'_, PyAny>,
+    src: &Bound<'_, PyAny>,
+    stream: Option<&Bound<'_, PyAny>>,
+    count: Option<&Bound<'_, PyAny>>,
+    dst_offset: Option<&Bound<'_, PyAny>>,
+    src_offset: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let dir = Direction::DeviceToHost;
+    memcpy(py, dir, dst, src, stream, count, dst_offset, src_offset)
+}
+
+/// Copy device buffer `src` into device buffer `dst` (any devices). With `stream` the copy is
+/// queued on it; without, it is ordered on the current stream and waited for.
+#[pyfunction]
+#[pyo3(
+    signature = (dst, src, stream=None, *, count=None, dst_offset=None, src_offset=None),
+    text_signature = "(dst, src, stream=None, *, count=None, dst_offset=0, src_offset=0)"
+)]
+pub fn memcpy_d2d(
+    py: Python<'_>,
+    dst: &Bound<'_, PyAny>,
+    src: &Bound<'_, PyAny>,
+    stream: Option<&Bound<'_, PyAny>>,
+    count: Option<&Bound<'_, PyAny>>,
+    dst_offset: Option<&Bound<'_, PyAny>>,
+    src_offset: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let dir = Direction::DeviceToDevice;
+    memcpy(py, dir, dst, src, stream, count, dst_offset, src_offset)
+}
+
+/// Set `count` bytes (default: the whole view from `offset`) of `buf` to `value` (0..=255).
+#[pyfunction]
+#[pyo3(
+    signature = (buf, value, count=None, *, offset=None, stream=None),
+    text_signature = "(buf, value, count=None, *, offset=0, stream=None)"
+)]
+pub fn memset(
+    py: Python<'_>,
+    buf: &Bound<'_, PyAny>,
+    value: &Bound<'_, PyAny>,
+    count: Option<&Bound<'_, PyAny>>,
+    offset: Option<&Bound<'_, PyAny>>,
+    stream: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let offset = opt_nonneg(offset, "offset")?.unwrap_or(0);
+    let (b, boff, blen) = device_side(py, buf, "buf")?;
+    let v = nonneg(value, "value")?;
+    let v = u8::try_from(v)
+        .map_err(|_| PyValueError::new_err(format!("value must be a byte, 0..=255, got {v}")))?;
+    let stream = stream_arg(stream)?;
+    let count = match opt_nonneg(count, "count")? {
+        Some(c) => c,
+        None => blen.checked_sub(offset).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "offset: {offset} is past the end of the {blen}-byte buffer"
+            ))
+        })?,
+    };
+    fits("buf", "device buffer", blen, offset, count)?;
+    let op = copy::memset(&b, boff + offset, count, v).map_err(RtErr)?;
+    wait::submit_copy(py, op, stream, b.device(), None)
+}

@@ -1,0 +1,118 @@
+//! The `Event` class: record, query, wait, synchronise, timing. The handle data and its
+//! runtime check (`PyEvent::live`) are in `handles`.
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::PyBool;
+use runtime_core::event::Event;
+use runtime_core::runtime as rt;
+
+use crate::convert::{event_arg, stream_or_current, timeout_arg, timeout_obj, type_name};
+use crate::errors::{RtErr, RtResult};
+use crate::handles::PyEvent;
+use crate::wait;
+
+#[pymethods]
+impl PyEvent {
+    #[new]
+    #[pyo3(signature = (enable_timing=None, blocking=None))]
+    fn new(
+        enable_timing: Option<&Bound<'_, PyAny>>,
+        blocking: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let flag = |o: Option<&Bound<'_, PyAny>>, name: &str, default: bool| -> PyResult<bool> {
+            match o {
+                None => Ok(default),
+                Some(v) => Ok(v
+                    .cast::<PyBool>()
+                    .map_err(|_| {
+                        PyTypeError::new_err(format!("{name} must be a bool, got {}", type_name(v)))
+                    })?
+                    .is_true()),
+            }
+        };
+        let t = flag(enable_timing, "enable_timing", true)?;
+        let b = flag(blocking, "blocking", false)?;
+        rt::get().map_err(RtErr)?;
+        Ok(PyEvent::made_now(Event::new(t, b)))
+    }
+
+    /// Record on `stream` (the current stream when None).
+    #[pyo3(signature = (stream=None))]
+    fn record(&self, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let s = stream_or_current(stream)?;
+        s.record(self.live()?).map_err(RtErr)?;
+        Ok(())
+    }
+
+    /// Whether the latest record has completed (True if never recorded).
+    fn query(&self) -> RtResult<bool> {
+        Ok(self.live()?.query()?)
+    }
+
+    /// Wait for the latest record (GIL released; Ctrl-C works; `timeout` in seconds).
+    #[pyo3(signature = (timeout=None))]
+    fn synchronize(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let timeout = timeout_obj(timeout)?;
+        timeout_arg(timeout)?;
+        let e = self.live()?;
+        if e.query().map_err(RtErr)? {
+            return Ok(());
+        }
+        wait::wait_result(
+            py,
+            || format!("{e:?}"),
+            timeout,
+            |slice| e.synchronize(Some(slice)),
+        )
+    }
+
+    /// Make `stream` (current when None) wait for this event.
+    #[pyo3(signature = (stream=None))]
+    fn wait(&self, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let s = stream_or_current(stream)?;
+        s.wait_event(self.live()?).map_err(RtErr)?;
+        Ok(())
+    }
+
+    /// Milliseconds from this event to `end`. Both must be recorded with timing enabled and
+    /// completed, otherwise raises (NotReadyError while pending).
+    fn elapsed_time(&self, end: &Bound<'_, PyAny>) -> PyResult<f64> {
+        let e = event_arg(end)?;
+        Ok(self.live()?.elapsed_time(&e).map_err(RtErr)?)
+    }
+
+    /// Completion time of the latest record, in ns of the runtime's monotonic clock.
+    #[getter]
+    fn timestamp_ns(&self) -> RtResult<u64> {
+        Ok(self.live()?.timestamp_ns()?)
+    }
+
+    #[getter]
+    fn enable_timing(&self) -> bool {
+        self.raw().timing()
+    }
+
+    #[getter]
+    fn blocking(&self) -> bool {
+        self.raw().blocking()
+    }
+
+    #[getter]
+    fn id(&self) -> u64 {
+        self.raw().id()
+    }
+
+    /// Invalidate the handle; records already queued still complete.
+    fn destroy(&self) -> RtResult<()> {
+        Ok(self.raw().destroy()?)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "runtime.Event(id={}, enable_timing={})",
+            self.raw().id(),
+            if self.raw().timing() { "True" } else { "False" }
+        )
+    }
+}

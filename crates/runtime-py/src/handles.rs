@@ -1,0 +1,241 @@
+//! The Python handle classes as data: what a `Device`, `DeviceBuffer`, `Stream` and `Event`
+//! hold, plus [`Generation`], the one check that a handle still belongs to the installed
+//! runtime. Their Python methods live in the domain files (`device`, `buffer`, `stream`,
+//! `event`); keeping the types here lets argument conversion (`convert`) read handles without
+//! depending on any domain file.
+
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use runtime_core::event::Event;
+use runtime_core::kernel::DType;
+use runtime_core::memory::Buffer;
+use runtime_core::runtime as rt;
+use runtime_core::stream::Stream;
+
+use crate::errors::{self, RtErr, RtResult};
+
+/// The runtime generation a handle was made under. `init` after `shutdown` installs a new
+/// generation, so a handle from before answers `InvalidHandleError` instead of touching the new
+/// runtime's objects. (Streams check theirs in the core, through their device.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Generation(u64);
+
+impl Generation {
+    /// The installed runtime's generation, for a handle made now (`NotInitializedError` when
+    /// there is none).
+    pub fn current() -> RtResult<Generation> {
+        Ok(Generation(rt::get()?.generation()))
+    }
+
+    /// The installed runtime's generation, or 0 (no runtime) without an error.
+    pub fn now() -> Generation {
+        Generation(rt::live_generation())
+    }
+
+    /// Whether the runtime this handle was made under is still the installed one.
+    pub fn is_live(self) -> bool {
+        rt::live_generation() == self.0
+    }
+}
+
+/// A virtual device. `with runtime.Device(1):` makes it the thread's current device.
+#[pyclass(name = "Device", module = "runtime", frozen, eq, hash)]
+#[derive(PartialEq, Eq, Hash)]
+pub struct PyDevice {
+    #[pyo3(get)]
+    pub(crate) index: usize,
+}
+
+impl PyDevice {
+    pub fn from_index(index: usize) -> Self {
+        PyDevice { index }
+    }
+
+    pub fn index(&self) -> usize {
+        self.index
+    }
+}
+
+/// A device memory handle: raw bytes from `device_malloc`, or a typed, shaped view.
+#[pyclass(name = "DeviceBuffer", module = "runtime", frozen, weakref)]
+pub struct PyDeviceBuffer {
+    slot: Mutex<Option<Buffer>>,
+    generation: Generation,
+    pub(crate) id: u64,
+    pub(crate) device: usize,
+    pub(crate) offset: u64,
+    pub(crate) dtype: DType,
+    pub(crate) shape: Vec<isize>,
+    pub(crate) strides: Vec<isize>,
+    pub(crate) nbytes: u64,
+}
+
+impl PyDeviceBuffer {
+    /// A handle over `buffer` (raw bytes).
+    pub fn raw(buffer: Buffer, generation: Generation) -> Self {
+        let n = buffer.size();
+        Self::typed(buffer, generation, 0, DType::U8, vec![n as usize])
+    }
+
+    /// A typed handle over part of `buffer` (range already checked).
+    pub fn typed(
+        buffer: Buffer,
+        generation: Generation,
+        offset: u64,
+        dtype: DType,
+        shape: Vec<usize>,
+    ) -> Self {
+        let item = dtype.size() as isize;
+        let mut strides = vec![0isize; shape.len()];
+        let mut acc = item;
+        for i in (0..shape.len()).rev() {
+            strides[i] = acc;
+            acc *= shape[i] as isize;
+        }
+        let nbytes = shape.iter().product::<usize>() as u64 * dtype.size() as u64;
+        PyDeviceBuffer {
+            id: buffer.id(),
+            device: buffer.device(),
+            slot: Mutex::new(Some(buffer)),
+            generation,
+            offset,
+            dtype,
+            shape: shape.iter().map(|&d| d as isize).collect(),
+            strides,
+            nbytes,
+        }
+    }
+
+    fn what(&self) -> String {
+        format!(
+            "DeviceBuffer#{} (device {}, {} bytes)",
+            self.id, self.device, self.nbytes
+        )
+    }
+
+    /// The live core buffer, or `InvalidHandleError`.
+    pub fn buffer(&self, py: Python<'_>) -> PyResult<Buffer> {
+        if !self.generation.is_live() {
+            return Err(errors::invalid_handle(
+                py,
+                self.what(),
+                "the runtime was shut down since it was allocated",
+            ));
+        }
+        self.slot.lock().clone().ok_or_else(|| {
+            errors::invalid_handle(py, self.what(), "it was freed with device_free()")
+        })
+    }
+
+    pub fn shape_usize(&self) -> Vec<usize> {
+        self.shape.iter().map(|&d| d as usize).collect()
+    }
+
+    /// A typed handle of the same runtime over part of `buffer` (a view of this one).
+    pub fn derive(&self, buffer: Buffer, offset: u64, dtype: DType, shape: Vec<usize>) -> Self {
+        Self::typed(buffer, self.generation, offset, dtype, shape)
+    }
+
+    /// A new handle sharing this one's memory (used for kernel arguments).
+    pub fn share(&self, py: Python<'_>) -> PyResult<PyDeviceBuffer> {
+        Ok(self.derive(
+            self.buffer(py)?,
+            self.offset,
+            self.dtype,
+            self.shape_usize(),
+        ))
+    }
+
+    /// Free the handle (`device_free`).
+    pub fn free(&self, py: Python<'_>) -> PyResult<()> {
+        self.buffer(py)?;
+        // Take under the lock: of two racing frees exactly one succeeds. The buffer is dropped
+        // after the lock is released (dropping may return the block to the allocator).
+        let taken = self.slot.lock().take();
+        match taken {
+            Some(_) => Ok(()),
+            None => Err(errors::invalid_handle(
+                py,
+                self.what(),
+                "it was freed with device_free()",
+            )),
+        }
+    }
+}
+
+/// An ordered queue of work on a device. `with stream:` makes it the thread's current stream.
+#[pyclass(name = "Stream", module = "runtime", frozen, eq, hash, weakref)]
+pub struct PyStream {
+    inner: Stream,
+}
+
+impl PartialEq for PyStream {
+    fn eq(&self, o: &Self) -> bool {
+        self.inner == o.inner
+    }
+}
+
+impl std::hash::Hash for PyStream {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.inner.id().hash(h);
+    }
+}
+
+impl PyStream {
+    pub fn inner(&self) -> &Stream {
+        &self.inner
+    }
+    pub fn wrap(inner: Stream) -> Self {
+        PyStream { inner }
+    }
+}
+
+/// A marker in a stream, for waiting across streams and for timing.
+#[pyclass(name = "Event", module = "runtime", frozen, eq, hash, weakref)]
+pub struct PyEvent {
+    inner: Event,
+    generation: Generation,
+}
+
+impl PyEvent {
+    /// A handle over `inner`, belonging to the runtime installed now.
+    pub fn made_now(inner: Event) -> PyEvent {
+        PyEvent {
+            inner,
+            generation: Generation::now(),
+        }
+    }
+
+    /// The event without the runtime check (for what stays readable after a shutdown).
+    pub fn raw(&self) -> &Event {
+        &self.inner
+    }
+
+    /// The event, if the runtime that made it is still the installed one (an event belongs
+    /// to its runtime, as a CUDA event belongs to its context).
+    pub fn live(&self) -> RtResult<&Event> {
+        if self.generation.is_live() {
+            return Ok(&self.inner);
+        }
+        rt::get()?; // not initialised: NotInitializedError, as for every other call
+        Err(RtErr(
+            runtime_core::error::DeviceError::InvalidHandle {
+                what: format!("Event#{}", self.inner.id()),
+                why: "the runtime was shut down".into(),
+            }
+            .into(),
+        ))
+    }
+}
+
+impl PartialEq for PyEvent {
+    fn eq(&self, o: &Self) -> bool {
+        self.inner == o.inner
+    }
+}
+
+impl std::hash::Hash for PyEvent {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.inner.id().hash(h);
+    }
+}

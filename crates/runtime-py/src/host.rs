@@ -1,0 +1,160 @@
+//! Host memory through the buffer protocol: importing a host object's bytes as a copy source or
+//! destination ([`HostBuf`]), and exporting a `DeviceBuffer` view to Python ([`export_view`],
+//! [`release_view`]).
+//!
+//! Imports are raw bytes (`PyBUF_C_CONTIGUOUS`, no format): a copy moves bytes as bytes,
+//! whatever the host object's element type or byte order.
+
+use std::ffi::{c_int, c_void, CStr};
+
+use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use runtime_core::kernel::DType;
+use runtime_core::memory::Buffer;
+use runtime_core::stream::copy::HostMemory;
+
+use crate::convert::type_name;
+use crate::handles::PyDeviceBuffer;
+
+/// An exported host buffer (C-contiguous), released under the GIL when dropped.
+pub struct HostBuf {
+    view: Box<ffi::Py_buffer>,
+}
+
+// SAFETY: the exporter keeps the memory valid and in place until `PyBuffer_Release`, which
+// runs under the GIL in Drop; the bytes themselves are only touched through raw copies.
+unsafe impl Send for HostBuf {}
+// SAFETY: as above; no interior mutability on the Rust side.
+unsafe impl Sync for HostBuf {}
+
+impl HostBuf {
+    /// Export `obj` (any buffer-protocol object). Non-contiguous objects are refused.
+    pub fn get(obj: &Bound<'_, PyAny>, arg: &str, writable: bool) -> PyResult<HostBuf> {
+        let py = obj.py();
+        if obj.cast::<PyDeviceBuffer>().is_ok() {
+            return Err(PyTypeError::new_err(format!("{arg} must be host memory (a numpy array, bytes, bytearray or memoryview), got a DeviceBuffer")));
+        }
+        // SAFETY: Py_buffer is plain data; zeroed is a valid "empty" state before export.
+        let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { std::mem::zeroed() });
+        // SAFETY: valid object and a writable Py_buffer to fill.
+        let rc =
+            unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, ffi::PyBUF_C_CONTIGUOUS) };
+        if rc != 0 {
+            let e = PyErr::fetch(py);
+            // SAFETY: `obj` is a valid, live object; the check only reads its type slots.
+            let supports = unsafe { ffi::PyObject_CheckBuffer(obj.as_ptr()) } == 1;
+            return Err(if supports {
+                PyValueError::new_err(format!("{arg} must be a C-contiguous buffer ({e})"))
+            } else {
+                PyTypeError::new_err(format!(
+                    "{arg} must support the buffer protocol (numpy array, bytes, bytearray, memoryview), got {}",
+                    type_name(obj)
+                ))
+            });
+        }
+        let hb = HostBuf { view };
+        if writable && hb.view.readonly != 0 {
+            return Err(PyValueError::new_err(format!(
+                "{arg} is read-only; a copy destination must be writable"
+            )));
+        }
+        Ok(hb)
+    }
+}
+
+impl Drop for HostBuf {
+    fn drop(&mut self) {
+        // SAFETY: the view was filled by a successful PyObject_GetBuffer and is released once.
+        Python::attach(|_| unsafe { ffi::PyBuffer_Release(&mut *self.view) });
+    }
+}
+
+// SAFETY: `buf` is valid for `len` bytes while the export is held (until Drop).
+unsafe impl HostMemory for HostBuf {
+    fn as_ptr(&self) -> *const u8 {
+        self.view.buf as *const u8
+    }
+    fn as_mut_ptr(&self) -> Option<*mut u8> {
+        (self.view.readonly == 0).then_some(self.view.buf.cast::<u8>())
+    }
+    fn len(&self) -> usize {
+        self.view.len as usize
+    }
+}
+
+/// The buffer-protocol format of a dtype (native byte order).
+fn c_format(d: DType) -> &'static CStr {
+    match d {
+        DType::F32 => c"f",
+        DType::F64 => c"d",
+        DType::I32 => c"i",
+        DType::I64 => c"q",
+        DType::U8 => c"B",
+    }
+}
+
+/// Fill `view` for the buffer-protocol export of `slf` (`__getbuffer__`). The view keeps a
+/// clone of the core buffer in `internal` (released by [`release_view`]) and a reference to
+/// `slf` in `obj`.
+///
+/// # Safety
+/// `view` is the `Py_buffer` Python passed to `__getbuffer__`.
+pub unsafe fn export_view(
+    slf: Bound<'_, PyDeviceBuffer>,
+    view: *mut ffi::Py_buffer,
+    flags: c_int,
+) -> PyResult<()> {
+    let py = slf.py();
+    let me = slf.get();
+    let buffer: Buffer = me.buffer(py)?;
+    if view.is_null() {
+        return Err(PyBufferError::new_err("view is null"));
+    }
+    let ptr = buffer.as_ptr() as usize + me.offset as usize;
+    let keep = Box::into_raw(Box::new(buffer));
+    // SAFETY: `view` is the non-null Py_buffer Python passed in; the pointers stored in it
+    // (shape, strides, format) point into this object or static data, and the object is
+    // kept alive by `obj` for the life of the view; `internal` keeps the memory alive.
+    unsafe {
+        (*view).buf = ptr as *mut c_void;
+        (*view).len = me.nbytes as isize;
+        (*view).readonly = 0;
+        (*view).itemsize = me.dtype.size() as isize;
+        (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
+            c_format(me.dtype).as_ptr().cast_mut()
+        } else {
+            std::ptr::null_mut()
+        };
+        (*view).ndim = me.shape.len() as c_int;
+        (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
+            me.shape.as_ptr().cast_mut()
+        } else {
+            std::ptr::null_mut()
+        };
+        (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
+            me.strides.as_ptr().cast_mut()
+        } else {
+            std::ptr::null_mut()
+        };
+        (*view).suboffsets = std::ptr::null_mut();
+        (*view).internal = keep.cast();
+        (*view).obj = slf.into_any().into_ptr();
+    }
+    Ok(())
+}
+
+/// Release what [`export_view`] stored in `view` (`__releasebuffer__`).
+///
+/// # Safety
+/// `view` is a `Py_buffer` filled by [`export_view`].
+pub unsafe fn release_view(view: *mut ffi::Py_buffer) {
+    // SAFETY: `internal` is the Box<Buffer> leaked in `export_view`; released once.
+    unsafe {
+        let keep = (*view).internal.cast::<Buffer>();
+        if !keep.is_null() {
+            drop(Box::from_raw(keep));
+            (*view).internal = std::ptr::null_mut();
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! Kernels: the `Kernel` class (native kernels from the registry), and launching on a stream —
+//! native kernels with their arguments converted to `KernelArg`s (buffers as tensors, numbers
+//! as exact integers or floats), Python callables and host functions as ops that attach to the
+//! interpreter when they run.
+
+use std::sync::Arc;
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyFloat, PyInt, PyString, PyTuple};
+use runtime_core::error::KernelFailure;
+use runtime_core::kernel::{self, KernelArg, Tensor};
+use runtime_core::stream::{Op, OpKind, Stream};
+
+use crate::convert::{numpy, stream_or_current, type_name};
+use crate::errors::{self, RtErr};
+use crate::handles::PyDeviceBuffer;
+use crate::wait;
+
+/// A Python callable (kernel or host function) as a stream op.
+struct PyOp {
+    name: String,
+    func: Py<PyAny>,
+    args: Py<PyTuple>,
+    /// Convert DeviceBuffer arguments to numpy views before the call.
+    views: bool,
+}
+
+impl Op for PyOp {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn kind(&self) -> OpKind {
+        OpKind::Compute
+    }
+    fn run(&self) -> Result<(), KernelFailure> {
+        Python::attach(|py| {
+            let call = || -> PyResult<()> {
+                let args = self.args.bind(py);
+                if self.views {
+                    let asarray = numpy(py)?.getattr("asarray")?;
+                    let mut conv = Vec::with_capacity(args.len());
+                    for a in args.iter() {
+                        if a.cast::<PyDeviceBuffer>().is_ok() {
+                            conv.push(asarray.call1((a,))?);
+                        } else {
+                            conv.push(a);
+                        }
+                    }
+                    self.func.bind(py).call1(PyTuple::new(py, conv)?)?;
+                } else {
+                    self.func.bind(py).call1(args)?;
+                }
+                Ok(())
+            };
+            call().map_err(|e| {
+                let ty = e
+                    .get_type(py)
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default();
+                let mut f = KernelFailure::new(self.name.clone(), format!("{ty}: {}", e.value(py)));
+                f.payload = Some(errors::cause_payload(e));
+                f
+            })
+        })
+    }
+}
+
+fn callable_name(f: &Bound<'_, PyAny>) -> String {
+    f.getattr("__qualname__")
+        .or_else(|_| f.getattr("__name__"))
+        .and_then(|n| n.extract::<String>())
+        .unwrap_or_else(|_| type_name(f))
+}
+
+/// A native kernel from the registry, by name.
+#[pyclass(name = "Kernel", module = "runtime", frozen)]
+pub struct PyKernel {
+    #[pyo3(get)]
+    name: String,
+    kernel: Arc<dyn kernel::Kernel>,
+}
+
+#[pymethods]
+impl PyKernel {
+    #[new]
+    fn new(name: &str) -> PyResult<Self> {
+        let k = kernel::find(name).map_err(RtErr)?;
+        Ok(PyKernel {
+            name: name.to_string(),
+            kernel: k,
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("runtime.kernels.{}", self.name)
+    }
+
+    /// Launch on `stream` (the current stream when None).
+    #[pyo3(signature = (*args, stream=None))]
+    fn __call__(
+        &self,
+        py: Python<'_>,
+        args: &Bound<'_, PyTuple>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let s = stream_or_current(stream)?;
+        launch_native(py, &s, self.kernel.clone(), args)
+    }
+}
+
+/// Names of the registered native kernels.
+#[pyfunction]
+pub fn kernel_names() -> Vec<String> {
+    kernel::names()
+}
+
+static INTEGRAL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// `numbers.Integral` (numpy registers its integer types there).
+fn integral(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
+    Ok(INTEGRAL
+        .get_or_try_init(py, || {
+            Ok::<_, PyErr>(py.import("numbers")?.getattr("Integral")?.unbind())
+        })?
+        .bind(py))
+}
+
+fn native_args(py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<Vec<KernelArg>> {
+    let mut out = Vec::with_capacity(args.len());
+    for (i, a) in args.iter().enumerate() {
+        if let Ok(b) = a.cast::<PyDeviceBuffer>() {
+            let b = b.get();
+            let t =
+                Tensor::new(b.buffer(py)?, b.offset, b.dtype, b.shape_usize()).map_err(RtErr)?;
+            out.push(KernelArg::Tensor(t));
+        } else if a.is_instance_of::<PyBool>() {
+            out.push(KernelArg::Int(i64::from(a.extract::<bool>()?)));
+        } else if a.is_instance_of::<PyInt>() {
+            let v: i64 = a.extract().map_err(|_| {
+                PyValueError::new_err(format!("args[{i}]: integer out of 64-bit range"))
+            })?;
+            out.push(KernelArg::Int(v));
+        } else if a.is_instance_of::<PyFloat>() {
+            out.push(KernelArg::Float(a.extract()?));
+        } else if a.is_instance(integral(py)?)? {
+            // Integers that are not Python ints (numpy.int64, numpy.uint32, ...): exact, by
+            // their integer value, never through a float. (numpy.bool_ is not Integral.)
+            let v: i64 = a.call_method0("__index__")?.extract().map_err(|_| {
+                PyValueError::new_err(format!("args[{i}]: integer out of 64-bit range"))
+            })?;
+            out.push(KernelArg::Int(v));
+        } else if let Ok(v) = a.call_method0("__float__").and_then(|f| f.extract::<f64>()) {
+            // numpy floats and other number-likes
+            out.push(KernelArg::Float(v));
+        } else {
+            return Err(PyTypeError::new_err(format!(
+                "args[{i}] must be a DeviceBuffer or a number for a native kernel, got {}",
+                type_name(&a)
+            )));
+        }
+    }
+    Ok(out)
+}
+
+fn launch_native(
+    py: Python<'_>,
+    s: &Stream,
+    k: Arc<dyn kernel::Kernel>,
+    args: &Bound<'_, PyTuple>,
+) -> PyResult<()> {
+    let args = native_args(py, args)?;
+    let op = kernel::prepare(s, k, args).map_err(RtErr)?;
+    wait::submit(py, s, op)
+}
+
+fn to_tuple<'py>(
+    py: Python<'py>,
+    args: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    match args {
+        None => Ok(PyTuple::empty(py)),
+        Some(a) if a.is_none() => Ok(PyTuple::empty(py)),
+        Some(a) => {
+            if let Ok(t) = a.cast::<PyTuple>() {
+                return Ok(t.clone());
+            }
+            if a.is_instance_of::<PyString>() {
+                return Err(PyTypeError::new_err(
+                    "args must be a tuple or list of arguments, got str",
+                ));
+            }
+            let items: Vec<Bound<'py, PyAny>> = a
+                .try_iter()
+                .map_err(|_| {
+                    PyTypeError::new_err(format!(
+                        "args must be a tuple or list of arguments, got {}",
+                        type_name(a)
+                    ))
+                })?
+                .collect::<PyResult<_>>()?;
+            PyTuple::new(py, items)
+        }
+    }
+}
+
+/// Queue `kernel` with `args` on `s`: a native kernel (`runtime.kernels.fill` or its name) or
+/// any Python callable (runs on the stream's executor; DeviceBuffer arguments arrive as numpy
+/// views sharing device memory).
+pub fn launch_kernel(
+    py: Python<'_>,
+    s: &Stream,
+    kernel: &Bound<'_, PyAny>,
+    args: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let args = to_tuple(py, args)?;
+    if let Ok(k) = kernel.cast::<PyKernel>() {
+        return launch_native(py, s, k.get().kernel.clone(), &args);
+    }
+    if let Ok(name) = kernel.cast::<PyString>() {
+        let k = kernel::find(&name.to_cow()?).map_err(RtErr)?;
+        return launch_native(py, s, k, &args);
+    }
+    if !kernel.is_callable() {
+        return Err(PyTypeError::new_err(format!(
+            "kernel must be a callable, a runtime.kernels kernel or a kernel name, got {}",
+            type_name(kernel)
+        )));
+    }
+    s.check().map_err(RtErr)?;
+    // Views keep the memory of every buffer argument alive until the kernel has run.
+    let mut held = Vec::with_capacity(args.len());
+    for a in args.iter() {
+        if let Ok(b) = a.cast::<PyDeviceBuffer>() {
+            held.push(Bound::new(py, b.get().share(py)?)?.into_any());
+        } else {
+            held.push(a);
+        }
+    }
+    let op = Arc::new(PyOp {
+        name: callable_name(kernel),
+        func: kernel.clone().unbind(),
+        args: PyTuple::new(py, held)?.unbind(),
+        views: true,
+    });
+    wait::submit(py, s, op)
+}
+
+/// Queue a host function `func(*args)` on `s`, run in stream order on the executor.
+pub fn launch_host_func(
+    py: Python<'_>,
+    s: &Stream,
+    func: &Bound<'_, PyAny>,
+    args: &Bound<'_, PyTuple>,
+) -> PyResult<()> {
+    if !func.is_callable() {
+        return Err(PyTypeError::new_err(format!(
+            "func must be callable, got {}",
+            type_name(func)
+        )));
+    }
+    let op = Arc::new(PyOp {
+        name: callable_name(func),
+        func: func.clone().unbind(),
+        args: args.clone().unbind(),
+        views: false,
+    });
+    wait::submit(py, s, op)
+}
