@@ -255,3 +255,120 @@ def test_graph_launch_on_destroyed_stream_raises(stream):
         g.launch(other)
     with pytest.raises(TypeError, match="stream"):
         g.launch(0)
+
+
+# --- issue 11, items 1-4: capture as in CUDA ----------------------------------------------
+
+
+def test_blocking_copies_and_memset_during_capture_raise_and_never_return_stale_data():
+    # The blocking calls use the current stream; while it captures they would return before
+    # the captured work ran (CUDA: cudaErrorStreamCaptureImplicit).
+    buf = runtime.to_device(np.arange(8, dtype=np.float32))
+    host = np.zeros(8, dtype=np.float32)
+    s = runtime.current_stream()
+    s.begin_capture()
+    try:
+        for call in (
+            lambda: buf.copy_to_host(),
+            lambda: runtime.memcpy_device_to_host(host, buf),
+            lambda: runtime.memcpy_host_to_device(buf, host),
+            lambda: runtime.to_device(np.ones(4, dtype=np.float32)),
+            lambda: runtime.memset(buf, 0),
+        ):
+            with pytest.raises(runtime.InvalidOperationError, match="capturing"):
+                call()
+        with pytest.raises(RuntimeError):  # the hierarchy: a RuntimeError subclass
+            buf.copy_to_host()
+    finally:
+        s.end_capture()
+    np.testing.assert_array_equal(buf.copy_to_host(), np.arange(8, dtype=np.float32))
+    assert not host.any()
+
+
+def test_synchronize_and_barriers_on_a_capturing_stream_raise(stream):
+    stream.begin_capture()
+    with pytest.raises(runtime.InvalidOperationError, match="capturing"):
+        stream.synchronize()
+    with pytest.raises(runtime.InvalidOperationError, match="capturing"):
+        runtime.stream_synchronize()
+    with pytest.raises(runtime.InvalidOperationError, match="capturing"):
+        runtime.Device(0).synchronize()
+    graph = stream.end_capture()
+    assert len(graph) == 0
+    stream.synchronize(timeout=WAIT)
+    runtime.stream_synchronize(timeout=WAIT)
+
+
+def test_cross_stream_capture_fork_join_replays_with_correct_results(stream):
+    other = runtime.Stream(0)
+    x = runtime.zeros((16,), np.float32)
+    fork, join = runtime.Event(), runtime.Event()
+    stream.begin_capture()
+    stream.launch_kernel(kernels.fill, (x, 2.0))
+    fork.record(stream)
+    other.wait_event(fork)  # fork: `other` joins the capture
+    assert other.is_capturing
+    other.launch_kernel(kernels.axpy, (x, x, 3.0))  # x = 3x + x = 8
+    join.record(other)
+    stream.wait_event(join)  # join
+    stream.launch_kernel(kernels.scale, (x, x, 0.25))  # x = 2
+    graph = stream.end_capture()
+    assert not other.is_capturing
+    np.testing.assert_array_equal(x.copy_to_host(), np.zeros(16, np.float32))
+    for _ in range(3):
+        graph.launch(stream)
+        stream.synchronize(timeout=WAIT)
+        np.testing.assert_array_equal(x.copy_to_host(), np.full(16, 2.0, np.float32))
+    other.destroy()
+
+
+def test_capture_with_an_unjoined_fork_fails_and_ends(stream):
+    other = runtime.Stream(0)
+    fork = runtime.Event()
+    stream.begin_capture()
+    fork.record(stream)
+    other.wait_event(fork)
+    other.launch_kernel(kernels.noop, ())
+    with pytest.raises(runtime.InvalidOperationError, match="not joined back"):
+        stream.end_capture()
+    assert not stream.is_capturing and not other.is_capturing
+    other.destroy()
+
+
+def test_a_captured_wait_on_an_outside_event_is_an_ordinary_dependency(stream):
+    producer = runtime.Stream(0)
+    gate, started = threading.Event(), threading.Event()
+    log = []
+
+    def held():
+        started.set()
+        assert gate.wait(WAIT)
+        log.append("producer")
+
+    ready = runtime.Event()
+    stream.begin_capture()
+    stream.wait_event(ready)
+    stream.launch_host_func(log.append, "consumer")
+    graph = stream.end_capture()
+    producer.launch_host_func(held)
+    ready.record(producer)
+    graph.launch(stream)
+    assert started.wait(WAIT)
+    assert not stream.query()
+    gate.set()
+    stream.synchronize(timeout=WAIT)
+    assert log == ["producer", "consumer"]
+    producer.destroy()
+
+
+def test_a_graph_belongs_to_its_runtime_and_device():
+    stream = runtime.Stream(0)
+    stream.begin_capture()
+    stream.launch_kernel(kernels.noop, ())
+    graph = stream.end_capture()
+    with pytest.raises(ValueError, match="graph"):
+        graph.launch(runtime.Stream(1))
+    runtime.shutdown()
+    runtime.init(device_count=4, memory="1GiB")
+    with pytest.raises(runtime.InvalidHandleError):
+        graph.launch(runtime.Stream(0))

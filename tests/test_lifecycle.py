@@ -198,3 +198,32 @@ def test_views_survive_shutdown():
     assert view.sum() == sum(range(16))
     with pytest.raises(runtime.InvalidHandleError):
         buf.copy_to_host()
+
+
+def test_shutdown_resets_every_threads_current_device():
+    # issue 11 item 7: a new runtime with fewer devices starts every thread on device 0.
+    import threading
+
+    runtime.init(device_count=4, memory="64MiB")
+    to_worker, to_main = threading.Event(), threading.Event()
+    seen = {}
+
+    def worker():
+        runtime.set_device(3)
+        seen["before"] = runtime.get_device()
+        to_main.set()
+        assert to_worker.wait(10)
+        seen["after"] = runtime.get_device()
+        seen["buffer device"] = runtime.to_device(b"abcd").device.index
+        to_main.set()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    assert to_main.wait(10)
+    to_main.clear()
+    runtime.shutdown()
+    runtime.init(device_count=2, memory="64MiB")
+    to_worker.set()
+    assert to_main.wait(10)
+    t.join(10)
+    assert seen == {"before": 3, "after": 0, "buffer device": 0}

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import runtime
+from runtime import kernels
 
 WAIT = 10.0  # seconds: generous upper bound on any wait that could otherwise hang
 
@@ -1108,3 +1109,82 @@ def test_tight_loop_of_python_kernels_runs_all_in_order(stream):
         stream.launch_kernel(out.append, (i,))
     stream.synchronize(timeout=WAIT)
     assert out == list(range(n))
+
+
+# --- issue 11, items 6, 8, 9 --------------------------------------------------------------
+
+
+def test_query_is_true_once_the_last_recorded_event_has_completed(stream):
+    for i in range(300):
+        stream.launch_kernel(kernels.noop, ())
+        e = runtime.Event(blocking=bool(i % 2))
+        e.record(stream)
+        e.synchronize(timeout=WAIT)
+        assert stream.query(), f"round {i}: event complete, stream still busy"
+
+
+def test_the_barrier_reports_every_failed_stream_once():
+    streams = [runtime.Stream(i) for i in range(3)]
+    for i, s in enumerate(streams[:2]):
+        s.launch_kernel(failing_kernel, (f"barrier-fail-{i}",))
+    with pytest.raises(runtime.KernelError) as info:
+        runtime.stream_synchronize(timeout=WAIT)
+    errors = info.value.errors
+    assert len(errors) == 2
+    assert sorted(str(e).split(": ")[-1] for e in errors) == ["barrier-fail-0", "barrier-fail-1"]
+    assert all(isinstance(e, runtime.KernelError) for e in errors)
+    runtime.stream_synchronize(timeout=WAIT)  # reported once
+    for s in streams:
+        s.synchronize(timeout=WAIT)
+        s.destroy()
+
+
+@pytest.mark.parametrize("pipelining", [True, False])
+def test_blocking_calls_from_a_host_function_raise_promptly_never_hang(option, pipelining):
+    option("enablePipelining", pipelining)
+    s = runtime.Stream(0)
+    buf = runtime.to_device(np.arange(4, dtype=np.int32))
+    attempts = {
+        "own synchronize": lambda: s.synchronize(),
+        "own destroy": lambda: s.destroy(),
+        "barrier": lambda: runtime.stream_synchronize(),
+        "device synchronize": lambda: runtime.Device(0).synchronize(),
+        "shutdown": lambda: runtime.shutdown(),
+    }
+    outcomes = {}
+
+    def host():
+        for name, call in attempts.items():
+            try:
+                call()
+                outcomes[name] = "returned"
+            except runtime.Error as e:
+                outcomes[name] = type(e).__name__
+
+    s.launch_host_func(host)
+    s.synchronize(timeout=WAIT)
+    assert outcomes == dict.fromkeys(attempts, "InvalidOperationError")
+    assert runtime.is_initialized()
+    # A blocking copy on an idle stream (the current one here is the default stream) works.
+    got = {}
+    s.launch_host_func(lambda: got.setdefault("copy", buf.copy_to_host()))
+    s.synchronize(timeout=WAIT)
+    np.testing.assert_array_equal(got["copy"], np.arange(4))
+    s.destroy()
+
+
+def test_a_synchronous_launch_on_its_own_stream_from_a_kernel_raises(option):
+    s = runtime.Stream(0)
+
+    def kernel():
+        option("enableAsync", False)
+        try:
+            s.launch_kernel(kernels.noop, ())
+        finally:
+            runtime.set_option("enableAsync", True)
+
+    s.launch_kernel(kernel)
+    with pytest.raises(runtime.KernelError) as info:
+        s.synchronize(timeout=WAIT)
+    assert isinstance(info.value.__cause__, runtime.InvalidOperationError)
+    s.destroy()

@@ -57,8 +57,8 @@ where
 /// Wait for `s` with the GIL released and Ctrl-C live, then raise its pending error.
 pub fn sync_stream(py: Python<'_>, s: &Stream, timeout: Option<f64>) -> PyResult<()> {
     timeout_arg(timeout)?;
-    s.check().map_err(RtErr)?;
-    stream_reached(py, s, timeout)?;
+    let target = s.synchronize_target().map_err(RtErr)?;
+    reached(py, s, target, timeout)?;
     s.take_error().map_err(RtErr)?;
     Ok(())
 }
@@ -66,7 +66,10 @@ pub fn sync_stream(py: Python<'_>, s: &Stream, timeout: Option<f64>) -> PyResult
 /// Wait (GIL released, Ctrl-C live, `timeout` honoured) until `s` has run everything
 /// submitted so far. Does not report errors.
 pub fn stream_reached(py: Python<'_>, s: &Stream, timeout: Option<f64>) -> PyResult<()> {
-    let target = s.submitted();
+    reached(py, s, s.submitted(), timeout)
+}
+
+fn reached(py: Python<'_>, s: &Stream, target: u64, timeout: Option<f64>) -> PyResult<()> {
     if s.reached(target) {
         return Ok(());
     }

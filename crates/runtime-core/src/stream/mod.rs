@@ -398,9 +398,7 @@ impl Stream {
     /// Returns `Ok(false)` if `timeout` passed first. A caller that finds the stream queued
     /// but not picked up runs it itself.
     pub fn synchronize(&self, timeout: Option<Duration>) -> Result<bool> {
-        self.check_alive_or_destroyed_ok()?;
-        self.refuse_if_capturing("synchronize()")?;
-        let target = self.0.done.submitted();
+        let target = self.synchronize_target()?;
         if !self.wait_for(target, timeout)? {
             return Ok(false);
         }
@@ -408,8 +406,16 @@ impl Stream {
         Ok(true)
     }
 
-    fn check_alive_or_destroyed_ok(&self) -> Result<()> {
-        self.check()
+    /// What [`Stream::synchronize`] checks and waits for, for callers that wait in their own
+    /// way (the Python bindings wait in slices with the GIL released, then call
+    /// [`Stream::take_error`]): the count of commands submitted so far.
+    ///
+    /// # Errors
+    /// `InvalidHandle` (destroyed, or after shutdown); `Capturing` while the stream captures.
+    pub fn synchronize_target(&self) -> Result<u64> {
+        self.check()?;
+        self.refuse_if_capturing("synchronize()")?;
+        Ok(self.0.done.submitted())
     }
 
     /// Raise and clear the pending error, if any.
