@@ -214,7 +214,7 @@ def test_shutdown_resets_every_threads_current_device():
         to_main.set()
         assert to_worker.wait(10)
         seen["after"] = runtime.get_device()
-        seen["buffer device"] = runtime.to_device(b"abcd").device.index
+        seen["buffer device"] = runtime.to_device(np.arange(4, dtype=np.int32)).device.index
         to_main.set()
 
     t = threading.Thread(target=worker)

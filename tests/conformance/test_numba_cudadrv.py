@@ -320,9 +320,6 @@ def test_asarray_keeps_dtype_int16():
 
 
 # numba: numba/cuda/tests/cudadrv/test_cuda_ndarray.py::TestCudaNDArray::test_devicearray (big-endian host data)
-@pytest.mark.xfail(
-    strict=True, reason="issue 11 item 14: big-endian arrays arrive byte-swapped, not refused"
-)
 def test_devicearray_big_endian():
     ary = np.arange(4, dtype=">i4")
     try:
@@ -497,9 +494,6 @@ def test_gpus_len_and_iter():
 
 
 # numba: numba/cuda/tests/cudadrv/test_reset_device.py::TestResetDevice::test_reset_device
-@pytest.mark.xfail(
-    strict=True, reason="issue 11 item 7: after shutdown the thread's current device survives"
-)
 def test_reset_device_resets_current_device():
     runtime.set_device(2)
     runtime.shutdown()
@@ -600,9 +594,6 @@ def test_python_kernel_sees_zero_copy_views():
 
 
 # numba: numba/cuda/tests/cudapy/test_array.py (integer scalars passed to a kernel)
-@pytest.mark.xfail(
-    strict=True, reason="issue 11 item 15: numpy integer scalars lose precision in native kernels"
-)
 def test_numpy_integer_scalar_exact_in_native_kernel():
     x = runtime.to_device(np.zeros(2, np.int64))
     s = runtime.current_stream()

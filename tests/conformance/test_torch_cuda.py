@@ -356,11 +356,6 @@ def test_synchronize():
 
 
 # torch: test/test_cuda.py::TestCuda::test_streams (query/synchronize after completion)
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 item 6: Stream.query() is False right after the event it recorded "
-    "last has completed",
-)
 def test_stream_query_after_last_event_completed():
     # The race shows in about 1 of 60 rounds on one reused stream (2-core machine, varying with
     # load); the loop stops at the first miss, so it is quick while the bug is there, and runs

@@ -345,9 +345,17 @@ impl Event {
     }
 
     /// Make the handle invalid. Pending records still complete, so nothing waiting hangs.
+    ///
+    /// Letting go of a handle whose runtime was shut down is fine; destroying it twice is an
+    /// error.
     pub fn destroy(&self) -> Result<()> {
-        self.check()?;
-        self.0.destroyed.store(true, Ordering::Release);
+        if self.0.destroyed.swap(true, Ordering::AcqRel) {
+            return Err(DeviceError::InvalidHandle {
+                what: format!("Event#{}", self.0.id),
+                why: "it was destroyed".into(),
+            }
+            .into());
+        }
         Ok(())
     }
 }
