@@ -87,9 +87,8 @@ def profile(path: str | os.PathLike[str] | None = None) -> Iterator[list[dict[st
 
     Yields a list that holds the raw records once the block has ended.
     """
-    # Fix: check the path before tracing starts. ``open`` also takes an int (a file
-    # descriptor), so ``profile(1)`` wrote the trace to stdout and then closed fd 1; other
-    # wrong types failed only at the end of the block, after the traced work had run.
+    # The path is checked before tracing starts: ``open`` also takes an int (a file
+    # descriptor), and other wrong types would fail only after the traced work had run.
     if path is not None and not isinstance(path, (str, bytes, os.PathLike)):
         raise TypeError(
             f"path must be a str, bytes, os.PathLike or None, got {type(path).__name__}"

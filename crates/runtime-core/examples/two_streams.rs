@@ -57,8 +57,8 @@ fn main() -> runtime_core::Result<()> {
 
     let producer = Stream::new(&dev, 0)?;
     let consumer = Stream::new(&dev, 0)?;
-    let ready = Event::new(true, false);
-    let done = Event::new(true, false);
+    let ready = Event::new();
+    let done = Event::new();
 
     kernel::launch(
         &producer,

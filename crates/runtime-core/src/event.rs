@@ -203,10 +203,51 @@ impl PartialEq for Event {
     }
 }
 
+/// How an event behaves: [`Event::with_options`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventOptions {
+    /// Take a timestamp when the stream reaches a record (`elapsed_time`). On by default, as
+    /// in CUDA and the seed.
+    pub timing: bool,
+    /// `synchronize` sleeps at once instead of spinning briefly first (CUDA's
+    /// `cudaEventBlockingSync`). Off by default.
+    pub blocking: bool,
+}
+
+impl Default for EventOptions {
+    fn default() -> Self {
+        EventOptions {
+            timing: true,
+            blocking: false,
+        }
+    }
+}
+
+impl EventOptions {
+    /// Without timestamps (cheaper records; CUDA's `cudaEventDisableTiming`).
+    pub fn without_timing() -> Self {
+        EventOptions {
+            timing: false,
+            ..Self::default()
+        }
+    }
+}
+
+impl Default for Event {
+    fn default() -> Self {
+        Event::new()
+    }
+}
+
 impl Event {
-    /// A new event. `timing` enables timestamps; `blocking` makes `synchronize` sleep rather
-    /// than spin first.
-    pub fn new(timing: bool, blocking: bool) -> Event {
+    /// A new event with the default options (timing on, spinning briefly before sleeping).
+    pub fn new() -> Event {
+        Event::with_options(EventOptions::default())
+    }
+
+    /// A new event with `options`.
+    pub fn with_options(options: EventOptions) -> Event {
+        let EventOptions { timing, blocking } = options;
         Event(Arc::new(EventInner {
             id: NEXT_EVENT_ID.fetch_add(1, Ordering::Relaxed),
             timing,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use runtime_core::config::ConfigBuilder;
 use runtime_core::error::{Error, KernelFailure, StreamError};
-use runtime_core::event::Event;
+use runtime_core::event::{Event, EventOptions};
 use runtime_core::kernel::{self, DType, KernelArg, Tensor};
 use runtime_core::runtime::{self, Runtime};
 use runtime_core::stream::{FnOp, Op, OpKind, Stream};
@@ -81,7 +81,7 @@ fn replay_runs_everything_in_order_each_time() {
     let log: Log = Arc::new(Mutex::new(Vec::new()));
     let buf = dev.memory().allocate(8 * 4).unwrap();
     let x = Tensor::new(buf.clone(), 0, DType::F32, vec![8]).unwrap();
-    let e = Event::new(true, false);
+    let e = Event::new();
 
     s.begin_capture().unwrap();
     assert!(s.is_capturing());
@@ -199,7 +199,7 @@ fn a_failing_op_in_a_graph_skips_the_rest() {
     let rt = init();
     let s = Stream::new(rt.device(1).unwrap(), 0).unwrap();
     let log: Log = Arc::new(Mutex::new(Vec::new()));
-    let e = Event::new(false, false);
+    let e = Event::with_options(EventOptions::without_timing());
     s.begin_capture().unwrap();
     s.launch(log_op(&log, "before")).unwrap();
     s.launch(FnOp::shared("graph_fail", OpKind::Compute, || {
@@ -229,7 +229,7 @@ fn a_graph_wait_does_not_wait_for_a_record_queued_after_the_launch() {
         Stream::new(rt.device(0).unwrap(), 0).unwrap(),
     );
     let log: Log = Arc::new(Mutex::new(Vec::new()));
-    let e = Event::new(false, false);
+    let e = Event::with_options(EventOptions::without_timing());
     // e's first record, on another stream, completes at once.
     other.record(&e).unwrap();
 
@@ -252,7 +252,7 @@ fn a_graph_wait_does_not_wait_for_a_record_queued_after_the_launch() {
     assert_eq!(*log.lock().unwrap(), ["step"]);
 
     // Same with an event never recorded before the launch: the wait is a no-op.
-    let fresh = Event::new(false, false);
+    let fresh = Event::with_options(EventOptions::without_timing());
     s.begin_capture().unwrap();
     s.wait_event(&fresh).unwrap();
     s.launch(log_op(&log, "step2")).unwrap();
@@ -279,7 +279,7 @@ fn a_wait_after_launch_graph_waits_for_the_graphs_record() {
         Stream::new(rt.device(1).unwrap(), 0).unwrap(),
     );
     let done = Arc::new(AtomicBool::new(false));
-    let e = Event::new(false, false);
+    let e = Event::with_options(EventOptions::without_timing());
     s.begin_capture().unwrap();
     let d = done.clone();
     s.launch(FnOp::shared("graph_work", OpKind::Compute, move || {
@@ -352,7 +352,10 @@ fn cross_stream_capture_forks_and_joins() {
     let log: Log = Arc::new(Mutex::new(Vec::new()));
     let buf = dev.memory().allocate(4 * 4).unwrap();
     let x = Tensor::new(buf.clone(), 0, DType::F32, vec![4]).unwrap();
-    let (fork, join) = (Event::new(false, false), Event::new(false, false));
+    let (fork, join) = (
+        Event::with_options(EventOptions::without_timing()),
+        Event::with_options(EventOptions::without_timing()),
+    );
 
     a.begin_capture().unwrap();
     a.launch(log_op(&log, "a1")).unwrap();
@@ -425,7 +428,7 @@ fn a_capture_with_an_unjoined_fork_fails_to_end() {
     let dev = rt.device(0).unwrap();
     let (a, b) = (Stream::new(dev, 0).unwrap(), Stream::new(dev, 0).unwrap());
     let log: Log = Arc::new(Mutex::new(Vec::new()));
-    let fork = Event::new(false, false);
+    let fork = Event::with_options(EventOptions::without_timing());
     a.begin_capture().unwrap();
     a.record(&fork).unwrap();
     b.wait_event(&fork).unwrap();
@@ -450,7 +453,7 @@ fn a_captured_wait_on_an_outside_event_is_an_ordinary_dependency() {
     let dev = rt.device(0).unwrap();
     let (producer, s) = (Stream::new(dev, 0).unwrap(), Stream::new(dev, 0).unwrap());
     let log: Log = Arc::new(Mutex::new(Vec::new()));
-    let ready = Event::new(false, false);
+    let ready = Event::with_options(EventOptions::without_timing());
     s.begin_capture().unwrap();
     s.wait_event(&ready).unwrap();
     s.launch(log_op(&log, "consumer")).unwrap();

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use runtime_core::config::ConfigBuilder;
 use runtime_core::error::{DeviceError, Error, StreamError};
-use runtime_core::event::Event;
+use runtime_core::event::{Event, EventOptions};
 use runtime_core::kernel::{self, DType, KernelArg, Tensor};
 use runtime_core::runtime::{self, Runtime};
 use runtime_core::stream::{FnOp, Op, OpKind, Stream};
@@ -73,7 +73,7 @@ fn flag_op(flag: &Arc<AtomicBool>) -> Arc<dyn Op> {
 #[test]
 fn query_before_record_is_true() {
     let _rt = init();
-    let e = Event::new(true, false);
+    let e = Event::new();
     assert!(e.query().unwrap());
     assert!(!e.is_recorded());
     assert!(e.synchronize(None).unwrap());
@@ -84,7 +84,7 @@ fn query_before_record_is_true() {
 fn record_on_idle_stream_completes_at_once() {
     let rt = init();
     let s = stream(&rt, 0);
-    let e = Event::new(true, false);
+    let e = Event::new();
     s.record(&e).unwrap();
     assert!(e.is_recorded());
     assert!(e.query().unwrap());
@@ -93,7 +93,10 @@ fn record_on_idle_stream_completes_at_once() {
     s.launch(FnOp::shared("nothing", OpKind::Compute, || Ok(())))
         .unwrap();
     assert!(s.synchronize(None).unwrap());
-    let e2 = Event::new(false, true);
+    let e2 = Event::with_options(EventOptions {
+        timing: false,
+        blocking: true,
+    });
     s.record(&e2).unwrap();
     assert!(e2.query().unwrap());
 }
@@ -103,7 +106,7 @@ fn record_behind_work_completes_when_the_stream_gets_there() {
     let rt = init();
     let s = stream(&rt, 0);
     let gate = Gate::new();
-    let e = Event::new(true, false);
+    let e = Event::new();
     s.launch(gate.op()).unwrap();
     s.record(&e).unwrap();
     assert!(!e.query().unwrap());
@@ -124,7 +127,10 @@ fn blocking_event_synchronize_times_out_then_completes() {
     let rt = init();
     let s = stream(&rt, 1);
     let gate = Gate::new();
-    let e = Event::new(false, true);
+    let e = Event::with_options(EventOptions {
+        timing: false,
+        blocking: true,
+    });
     s.launch(gate.op()).unwrap();
     s.record(&e).unwrap();
     assert!(!e.synchronize(Some(Duration::from_millis(10))).unwrap());
@@ -140,7 +146,7 @@ fn elapsed_time_around_a_kernel() {
     let s = stream(&rt, 0);
     let buf = dev.memory().allocate(1024 * 4).unwrap();
     let x = Tensor::new(buf.clone(), 0, DType::F32, vec![1024]).unwrap();
-    let (start, end) = (Event::new(true, false), Event::new(true, false));
+    let (start, end) = (Event::new(), Event::new());
     s.record(&start).unwrap();
     kernel::launch(
         &s,
@@ -163,17 +169,17 @@ fn elapsed_time_around_a_kernel() {
 fn elapsed_time_errors() {
     let rt = init();
     let s = stream(&rt, 0);
-    let recorded = Event::new(true, false);
+    let recorded = Event::new();
     s.record(&recorded).unwrap();
     assert!(s.synchronize(None).unwrap());
 
-    let never = Event::new(true, false);
+    let never = Event::new();
     let e = recorded.elapsed_time(&never).unwrap_err();
     assert!(matches!(e, Error::Stream(StreamError::Invalid(_))), "{e}");
     assert!(e.to_string().contains("never recorded"), "{e}");
     assert!(never.elapsed_time(&recorded).is_err());
 
-    let untimed = Event::new(false, false);
+    let untimed = Event::with_options(EventOptions::without_timing());
     s.record(&untimed).unwrap();
     assert!(s.synchronize(None).unwrap());
     let e = recorded.elapsed_time(&untimed).unwrap_err();
@@ -187,7 +193,7 @@ fn elapsed_time_errors() {
 fn elapsed_time_across_devices() {
     let rt = init();
     let (s0, s1) = (stream(&rt, 0), stream(&rt, 1));
-    let (start, end) = (Event::new(true, false), Event::new(true, false));
+    let (start, end) = (Event::new(), Event::new());
     s0.record(&start).unwrap();
     assert!(s0.synchronize(None).unwrap());
     s1.launch(FnOp::shared("work", OpKind::Compute, || Ok(())))
@@ -203,7 +209,7 @@ fn elapsed_time_across_devices() {
 fn wait_on_never_recorded_event_is_a_noop() {
     let rt = init();
     let s = stream(&rt, 0);
-    let e = Event::new(false, false);
+    let e = Event::with_options(EventOptions::without_timing());
     let before = s.counters();
     s.wait_event(&e).unwrap();
     assert_eq!(s.counters(), before, "nothing was queued");
@@ -221,7 +227,7 @@ fn wait_event_holds_the_other_stream_until_the_record() {
     let rt = init();
     let (a, b) = (stream(&rt, 0), stream(&rt, 1));
     let gate = Gate::new();
-    let e = Event::new(false, false);
+    let e = Event::with_options(EventOptions::without_timing());
     let (before, after) = (
         Arc::new(AtomicBool::new(false)),
         Arc::new(AtomicBool::new(false)),
@@ -257,7 +263,7 @@ fn rerecord_elsewhere_does_not_release_an_earlier_wait() {
     let rt = init();
     let (a, b, c) = (stream(&rt, 0), stream(&rt, 0), stream(&rt, 1));
     let gate = Gate::new();
-    let e = Event::new(false, false);
+    let e = Event::with_options(EventOptions::without_timing());
     let flag = Arc::new(AtomicBool::new(false));
     a.launch(gate.op()).unwrap();
     a.record(&e).unwrap();
@@ -277,7 +283,7 @@ fn rerecord_elsewhere_does_not_release_an_earlier_wait() {
 fn destroyed_event_is_an_invalid_handle() {
     let rt = init();
     let s = stream(&rt, 0);
-    let e = Event::new(true, false);
+    let e = Event::new();
     s.record(&e).unwrap();
     e.destroy().unwrap();
     for r in [
@@ -302,7 +308,10 @@ fn an_event_recorded_last_completing_means_its_stream_is_idle() {
     let rt = init();
     let s = stream(&rt, 0);
     for i in 0..2000 {
-        let e = Event::new(false, i % 2 == 0);
+        let e = Event::with_options(EventOptions {
+            timing: false,
+            blocking: i % 2 == 0,
+        });
         s.launch(FnOp::shared("tiny", OpKind::Compute, || Ok(())))
             .unwrap();
         s.record(&e).unwrap();

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use runtime_core::config::ConfigBuilder;
 use runtime_core::error::{Error, KernelFailure, StreamError};
-use runtime_core::event::Event;
+use runtime_core::event::{Event, EventOptions};
 use runtime_core::runtime::{self, Runtime};
 use runtime_core::stream::{FnOp, Op, OpKind, Stream};
 
@@ -101,7 +101,7 @@ fn check_failure_scenario(bad: Arc<dyn Op>, name: &str) -> String {
         Arc::new(AtomicUsize::new(0)),
         Arc::new(AtomicUsize::new(0)),
     );
-    let e = Event::new(true, false);
+    let e = Event::new();
     // Hold the stream so that everything is queued before the failure happens.
     s.launch(gate.op()).unwrap();
     s.launch(count_op(&before)).unwrap();
@@ -181,7 +181,7 @@ fn a_stream_waiting_on_an_event_behind_a_failure_does_not_hang() {
     let (_g, rt) = init();
     let a = Stream::new(rt.device(0).unwrap(), 0).unwrap();
     let b = Stream::new(rt.device(1).unwrap(), 0).unwrap();
-    let e = Event::new(false, false);
+    let e = Event::with_options(EventOptions::without_timing());
     let ran = Arc::new(AtomicUsize::new(0));
     a.launch(failing_op()).unwrap();
     a.record(&e).unwrap();

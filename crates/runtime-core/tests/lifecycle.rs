@@ -10,7 +10,7 @@ use std::time::Duration;
 use runtime_core::config::ConfigBuilder;
 use runtime_core::device;
 use runtime_core::error::{DeviceError, Error};
-use runtime_core::event::Event;
+use runtime_core::event::{Event, EventOptions};
 use runtime_core::kernel::{self, DType, KernelArg, Tensor};
 use runtime_core::runtime::{self, Runtime};
 use runtime_core::stream::{FnOp, Op, OpKind, Stream};
@@ -101,7 +101,7 @@ fn shutdown_invalidates_old_handles_and_init_works_again() {
     let dev = rt.device(0).unwrap().clone();
     let s = Stream::new(&dev, 0).unwrap();
     let default = dev.default_stream().unwrap();
-    let e = Event::new(true, false);
+    let e = Event::new();
     let buf = dev.memory().allocate(64).unwrap();
     buf.write(0, &[9; 64]).unwrap();
     s.record(&e).unwrap();
@@ -173,7 +173,7 @@ fn shutdown_invalidates_old_handles_and_init_works_again() {
     assert!(is_invalid_handle(s2.wait_event(&e)));
     assert!(is_invalid_handle(s2.launch_graph(&graph)));
     assert!(is_invalid_handle(buf.read(0, &mut back)));
-    let e2 = Event::new(true, false);
+    let e2 = Event::new();
     let n = Arc::new(AtomicUsize::new(0));
     s2.launch(slow_count(&n)).unwrap();
     s2.record(&e2).unwrap();
@@ -204,7 +204,7 @@ fn shutdown_waits_for_queued_work() {
     let per_stream = 10;
     let mut counters = Vec::new();
     let mut kept = Vec::new();
-    let e = Event::new(false, false);
+    let e = Event::with_options(EventOptions::without_timing());
     for d in 0..2 {
         for k in 0..3 {
             let s = Stream::new(rt.device(d).unwrap(), -k).unwrap();

@@ -160,10 +160,10 @@ fn float_scalar_two_to_the_63_does_not_fit_int64() {
 /// such a timeout now means no limit.
 #[test]
 fn huge_timeouts_mean_no_limit() {
-    use runtime_core::event::Event;
+    use runtime_core::event::{Event, EventOptions};
     let rt = init();
     let s = Stream::new(rt.device(0).unwrap(), 0).unwrap();
-    let e = Event::new(false, false);
+    let e = Event::with_options(EventOptions::without_timing());
     s.enqueue(stream::FnOp::shared(
         "short",
         stream::OpKind::Compute,

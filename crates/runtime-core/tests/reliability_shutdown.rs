@@ -83,7 +83,7 @@ fn queued_work_runs_with_the_runtime_still_installed() {
 /// (with the first fix alone, work accepted after the drain hung its waiters).
 #[test]
 fn shutdown_racing_a_launcher_never_leaves_a_waiter_hanging() {
-    use runtime_core::event::Event;
+    use runtime_core::event::{Event, EventOptions};
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     for round in 0..30 {
         let rt = init(2);
@@ -98,7 +98,7 @@ fn shutdown_racing_a_launcher_never_leaves_a_waiter_hanging() {
         }
         drop(rt);
         let launcher = std::thread::spawn(move || {
-            let e = Event::new(false, false);
+            let e = Event::with_options(EventOptions::without_timing());
             loop {
                 let op = FnOp::shared("noop", OpKind::Compute, || Ok(()));
                 if s.enqueue(op).is_err() || s.record(&e).is_err() {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use runtime_core::config::ConfigBuilder;
 use runtime_core::error::{Error, StreamError};
-use runtime_core::event::Event;
+use runtime_core::event::{Event, EventOptions};
 use runtime_core::runtime::{self, Runtime};
 use runtime_core::stream::{FnOp, OpKind, Stream};
 
@@ -83,7 +83,7 @@ fn scenarios(pipelining: bool) {
 
     // Another stream with queued work nobody has started (held back by an event): the op
     // cannot run it (it is blocked on the event), so the wait is refused rather than hung.
-    let gate = Event::new(false, false);
+    let gate = Event::with_options(EventOptions::without_timing());
     let holder = Stream::new(rt.device(1).unwrap(), 0).unwrap();
     let (release_tx, release_rx) = mpsc::channel::<()>();
     let release_rx = Mutex::new(release_rx);
@@ -110,7 +110,7 @@ fn scenarios(pipelining: bool) {
     assert!(holder.synchronize(Some(Duration::from_secs(10))).unwrap());
 
     // An event not yet reached, from a runtime thread: refused; a completed one: fine.
-    let pending = Event::new(false, false);
+    let pending = Event::with_options(EventOptions::without_timing());
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let go_rx = Mutex::new(go_rx);
     holder

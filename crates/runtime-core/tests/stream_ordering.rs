@@ -15,7 +15,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use runtime_core::config::ConfigBuilder;
-use runtime_core::event::Event;
+use runtime_core::event::{Event, EventOptions};
 use runtime_core::runtime::{self, Runtime};
 use runtime_core::stream::{FnOp, OpKind, Stream};
 
@@ -174,7 +174,9 @@ fn run_program(
         streams: (0..STREAMS)
             .map(|i| Stream::new(rt.device(devices[i] as i64).unwrap(), priorities[i]).unwrap())
             .collect(),
-        events: (0..EVENTS).map(|_| Event::new(false, false)).collect(),
+        events: (0..EVENTS)
+            .map(|_| Event::with_options(EventOptions::without_timing()))
+            .collect(),
         log: Arc::new(Mutex::new(Vec::new())),
         preds: Vec::new(),
         ids: vec![Vec::new(); STREAMS],

@@ -8,7 +8,7 @@ use std::sync::{mpsc, Arc, Barrier};
 use std::time::Duration;
 
 use runtime_core::config::ConfigBuilder;
-use runtime_core::event::Event;
+use runtime_core::event::{Event, EventOptions};
 use runtime_core::runtime::{self, Runtime};
 use runtime_core::stream::{self, FnOp, OpKind, Stream};
 
@@ -154,7 +154,7 @@ fn threads_record_and_wait_across_streams() {
                     Ok(())
                 }))
                 .unwrap();
-                let e = Event::new(false, false);
+                let e = Event::with_options(EventOptions::without_timing());
                 s.record(&e).unwrap();
                 prev = Some(e);
             }

@@ -4,7 +4,7 @@
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
-use runtime_core::event::Event;
+use runtime_core::event::{Event, EventOptions};
 use runtime_core::runtime as rt;
 
 use crate::convert::{event_arg, stream_or_current, timeout_arg, timeout_obj, type_name};
@@ -34,7 +34,10 @@ impl PyEvent {
         let t = flag(enable_timing, "enable_timing", true)?;
         let b = flag(blocking, "blocking", false)?;
         rt::get().map_err(RtErr)?;
-        Ok(PyEvent::made_now(Event::new(t, b)))
+        Ok(PyEvent::made_now(Event::with_options(EventOptions {
+            timing: t,
+            blocking: b,
+        })))
     }
 
     /// Record on `stream` (the current stream when None).

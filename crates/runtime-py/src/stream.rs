@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyTuple};
-use runtime_core::event::Event;
+use runtime_core::event::{Event, EventOptions};
 use runtime_core::runtime as rt;
 use runtime_core::stream::{Graph, Stream};
 
@@ -125,7 +125,7 @@ impl PyStream {
 
     /// Make later work on this stream wait for everything queued so far on `other`.
     fn wait_stream(&self, other: &Bound<'_, PyStream>) -> RtResult<()> {
-        let e = Event::new(false, false);
+        let e = Event::with_options(EventOptions::without_timing());
         other.get().inner().record(&e)?;
         self.inner().wait_event(&e)?;
         Ok(())
@@ -134,7 +134,10 @@ impl PyStream {
     /// Record and return a new event on this stream.
     #[pyo3(signature = (enable_timing=true))]
     fn record_event(&self, enable_timing: bool) -> RtResult<PyEvent> {
-        let e = Event::new(enable_timing, false);
+        let e = Event::with_options(EventOptions {
+            timing: enable_timing,
+            blocking: false,
+        });
         self.inner().record(&e)?;
         Ok(PyEvent::made_now(e))
     }

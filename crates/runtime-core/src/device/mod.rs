@@ -230,7 +230,8 @@ pub fn submit_blocking(
         let ps = current_stream(p)?;
         // A capturing stream has nothing queued to order after.
         if !ps.is_capturing() {
-            let ev = crate::event::Event::new(false, false);
+            let ev =
+                crate::event::Event::with_options(crate::event::EventOptions::without_timing());
             ps.record(&ev)?;
             s.wait_event(&ev)?;
         }

@@ -201,8 +201,8 @@ fn scalar(
                 KernelArg::Int(n) => *n as f64,
                 KernelArg::Tensor(_) => unreachable!(),
             };
-            // Fix: `i64::MAX as f64` rounds up to 2^63, which is not an i64; a float 2^63
-            // passed the inclusive check and was saturated to i64::MAX instead of refused.
+            // `i64::MAX as f64` rounds up to 2^63, which is not an i64: a float must stay below
+            // it (an integer argument is exact and fits by construction).
             let fits = match (s, dtype) {
                 (KernelArg::Float(_), DType::I64) => v >= lo && v < hi,
                 _ => (lo..=hi).contains(&v),

@@ -172,12 +172,7 @@ impl Tensor {
     pub fn to_vec<T: Element + Default>(&self) -> Result<Vec<T>> {
         self.same_size::<T>()?;
         let mut out = vec![T::default(); self.len()];
-        // SAFETY: `out` is a fresh vector of exactly `nbytes` bytes; `Element` types have no
-        // padding, so viewing it as bytes is valid.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), self.nbytes() as usize)
-        };
-        self.buffer.read(self.offset, bytes)?;
+        self.buffer.read(self.offset, T::as_bytes_mut(&mut out))?;
         Ok(out)
     }
 
@@ -197,12 +192,7 @@ impl Tensor {
                 ),
             ));
         }
-        // SAFETY: `values` is a valid slice; `Element` types have no padding, so its bytes
-        // are initialised.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), size_of_val(values))
-        };
-        self.buffer.write(self.offset, bytes)
+        self.buffer.write(self.offset, T::as_bytes(values))
     }
 
     fn same_size<T: Element>(&self) -> Result<()> {
@@ -386,6 +376,18 @@ pub fn prepare(
         }
     }
     Ok(Arc::new(KernelOp { kernel, args }))
+}
+
+impl Stream {
+    /// Check `args` against the kernel registered as `name` and queue it on this stream:
+    /// the way to launch a kernel (same as [`launch`] with [`find`]).
+    ///
+    /// # Errors
+    /// An unknown name (naming the registered ones); the kernel's argument check; stream
+    /// errors as for [`Stream::launch`].
+    pub fn launch_kernel(&self, name: &str, args: Vec<KernelArg>) -> Result<()> {
+        launch(self, find(name)?, args)
+    }
 }
 
 /// Fault-injection kernels for tests, registered on demand by [`testing::register`].

@@ -30,6 +30,7 @@
 //!   `allocated` is what live buffers consume; `cached = reserved - allocated`.
 
 pub(crate) mod buddy;
+mod element;
 pub(crate) mod host;
 pub(crate) mod slab;
 
@@ -45,6 +46,7 @@ use crate::config::Options;
 use crate::error::{MemoryError, Result};
 use crate::trace;
 use buddy::Buddy;
+pub use element::Element;
 use host::{Arena, PAGE};
 use slab::{Slab, SlabAlloc, SLAB_MAX};
 
@@ -71,22 +73,6 @@ pub fn fresh_block_size(size: u64) -> u64 {
             .unwrap_or(u64::MAX),
     }
 }
-
-/// Element types a typed view of device memory may have: plain numbers, valid for every bit
-/// pattern and without padding. Sealed: the list is the crate's.
-pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed {}
-
-mod sealed {
-    pub trait Sealed {}
-}
-
-macro_rules! elements {
-    ($($t:ty),*) => {$(
-        impl sealed::Sealed for $t {}
-        impl Element for $t {}
-    )*};
-}
-elements!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64);
 
 /// Largest cached block the scrubber zeroes by writing (keeping its pages committed); larger
 /// blocks are zeroed by releasing their pages.

@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use crate::error::{arg_error, KernelFailure, MemoryError, Result};
-use crate::memory::Buffer;
-use crate::stream::{FnOp, Op, OpKind};
+use crate::memory::{Buffer, Element};
+use crate::stream::{FnOp, Op, OpKind, Stream};
 
 /// Host memory a copy may read, and write if [`HostMemory::as_mut_ptr`] says so.
 ///
@@ -150,5 +150,46 @@ unsafe impl HostMemory for HostVec {
     fn len(&self) -> usize {
         // SAFETY: as above.
         unsafe { (*self.data.get()).len() }
+    }
+}
+
+impl Stream {
+    /// Copy `src` into `dst` at byte `offset`, in stream order. The values are staged first,
+    /// so this returns as soon as `src` may be reused (CUDA's rule for pageable host
+    /// memory); the copy itself runs when the stream gets there.
+    ///
+    /// # Errors
+    /// The range does not fit in `dst` (nothing is queued); stream errors as for
+    /// [`Stream::launch`].
+    pub fn copy_from_host<T: Element>(&self, dst: &Buffer, offset: u64, src: &[T]) -> Result<()> {
+        let staged = HostVec::new(T::as_bytes(src).to_vec());
+        let len = staged.len() as u64;
+        self.launch(h2d(dst, offset, staged, 0, len)?)
+    }
+
+    /// Copy from `src` at byte `offset` into `dst` after the work queued so far on this
+    /// stream, and wait for it (run at once when the stream is idle). Like any
+    /// synchronisation it reports an error the stream's earlier work raised.
+    ///
+    /// # Errors
+    /// The range does not fit in `src`; the stream is capturing (`Capturing`); the stream's
+    /// pending error.
+    pub fn copy_to_host<T: Element>(&self, src: &Buffer, offset: u64, dst: &mut [T]) -> Result<()> {
+        let len = size_of_val(dst) as u64;
+        let staged = HostVec::new(vec![0u8; len as usize]);
+        let op = d2h(staged.clone(), 0, src, offset, len)?;
+        if self.try_run_inline(&op)? {
+            drop(op);
+        } else {
+            // The runner drops a command before counting it complete, so after the wait
+            // below the staging buffer has no other owner.
+            self.enqueue(op)?;
+        }
+        self.synchronize(None)?;
+        let bytes = staged
+            .into_inner()
+            .ok_or_else(|| arg_error("dst", "the staging buffer is still in use"))?;
+        T::as_bytes_mut(dst).copy_from_slice(&bytes);
+        Ok(())
     }
 }

@@ -1,0 +1,33 @@
+//! Element types of typed views: plain numbers, valid for every bit pattern and without
+//! padding, so a slice of them can be seen as bytes and bytes as a slice of them.
+
+/// Element types a typed view of device memory may have. Sealed: the list is the crate's.
+pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed {
+    /// The bytes of `values`.
+    fn as_bytes(values: &[Self]) -> &[u8] {
+        // SAFETY: `Self` is a plain number type (sealed list below): no padding, so every
+        // byte of the slice is initialised; the byte slice covers exactly the same memory.
+        unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), size_of_val(values)) }
+    }
+
+    /// The bytes of `values`, writable.
+    fn as_bytes_mut(values: &mut [Self]) -> &mut [u8] {
+        // SAFETY: as for `as_bytes`, and every bit pattern is a valid `Self`, so any bytes
+        // written through the view leave valid values; the borrow is exclusive.
+        unsafe {
+            std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<u8>(), size_of_val(values))
+        }
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+macro_rules! elements {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Element for $t {}
+    )*};
+}
+elements!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64);
