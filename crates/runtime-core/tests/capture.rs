@@ -4,25 +4,19 @@
 //! All tests share one runtime (same settings, never shut down). Streams held back by a gate
 //! op are never synchronised while the gate is closed.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use runtime_core::config::ConfigBuilder;
 use runtime_core::error::{Error, KernelFailure, StreamError};
 use runtime_core::event::{Event, EventOptions};
 use runtime_core::kernel::{self, DType, KernelArg, Tensor};
-use runtime_core::runtime::{self, Runtime};
+use runtime_core::runtime::{self};
 use runtime_core::stream::{FnOp, Op, OpKind, Stream};
 
-fn init() -> Arc<Runtime> {
-    runtime::init(&ConfigBuilder {
-        device_count: Some(2),
-        memory: Some("256MiB".into()),
-        profile: None,
-    })
-    .expect("init the runtime")
-}
+use common::init;
 
 type Log = Arc<Mutex<Vec<String>>>;
 

@@ -4,23 +4,16 @@
 //! All tests share one runtime (same settings, never shut down); each registers its own
 //! kernel names.
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use runtime_core::config::ConfigBuilder;
 use runtime_core::error::{ArgError, Error, KernelFailure, StreamError};
 use runtime_core::kernel::{self, Args, DType, Kernel, KernelArg, Tensor};
-use runtime_core::runtime::{self, Runtime};
 use runtime_core::stream::Stream;
 
-fn init() -> Arc<Runtime> {
-    runtime::init(&ConfigBuilder {
-        device_count: Some(2),
-        memory: Some("256MiB".into()),
-        profile: None,
-    })
-    .expect("init the runtime")
-}
+use common::init;
 
 /// `x[i] = start + i * step` for an int64 tensor `x`.
 struct Iota {

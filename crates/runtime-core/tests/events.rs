@@ -4,25 +4,19 @@
 //! back are never synchronised (or waited on by `synchronize_all`) while the gate is closed:
 //! a synchronising caller may run a queued stream itself.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use runtime_core::config::ConfigBuilder;
 use runtime_core::error::{DeviceError, Error, StreamError};
 use runtime_core::event::{Event, EventOptions};
 use runtime_core::kernel::{self, DType, KernelArg, Tensor};
-use runtime_core::runtime::{self, Runtime};
+use runtime_core::runtime::Runtime;
 use runtime_core::stream::{FnOp, Op, OpKind, Stream};
 
-fn init() -> Arc<Runtime> {
-    runtime::init(&ConfigBuilder {
-        device_count: Some(2),
-        memory: Some("256MiB".into()),
-        profile: None,
-    })
-    .expect("init the runtime")
-}
+use common::init;
 
 fn stream(rt: &Runtime, device: i64) -> Stream {
     Stream::new(rt.device(device).unwrap(), 0).unwrap()

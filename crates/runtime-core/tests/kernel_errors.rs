@@ -5,11 +5,12 @@
 //! All tests share one runtime. They hold a file-level lock, since a device-wide
 //! synchronisation in one test would take (and clear) another test's pending error.
 
+mod common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use runtime_core::config::ConfigBuilder;
 use runtime_core::error::{Error, KernelFailure, StreamError};
 use runtime_core::event::{Event, EventOptions};
 use runtime_core::runtime::{self, Runtime};
@@ -19,13 +20,7 @@ static LOCK: Mutex<()> = Mutex::new(());
 
 fn init() -> (MutexGuard<'static, ()>, Arc<Runtime>) {
     let g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let rt = runtime::init(&ConfigBuilder {
-        device_count: Some(2),
-        memory: Some("256MiB".into()),
-        profile: None,
-    })
-    .expect("init the runtime");
-    (g, rt)
+    (g, common::init())
 }
 
 fn count_op(c: &Arc<AtomicUsize>) -> Arc<dyn Op> {

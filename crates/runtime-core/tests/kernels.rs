@@ -3,26 +3,20 @@
 //!
 //! All tests share one runtime (same settings, never shut down).
 
+mod common;
+
 use std::fmt::Debug;
 use std::sync::Arc;
 
 use proptest::prelude::*;
 use proptest::test_runner::Config;
-use runtime_core::config::ConfigBuilder;
 use runtime_core::error::{ArgError, Error, MemoryError};
 use runtime_core::kernel::{self, DType, KernelArg, Tensor};
 use runtime_core::memory::Buffer;
-use runtime_core::runtime::{self, Runtime};
+use runtime_core::runtime::Runtime;
 use runtime_core::stream::Stream;
 
-fn init() -> Arc<Runtime> {
-    runtime::init(&ConfigBuilder {
-        device_count: Some(2),
-        memory: Some("256MiB".into()),
-        profile: None,
-    })
-    .expect("init the runtime")
-}
+use common::init;
 
 /// An element type with its reference arithmetic.
 trait El: Copy + PartialEq + Debug + Send + Sync + 'static {

@@ -9,24 +9,18 @@
 //!
 //! All tests in this file share one runtime (same settings, never shut down).
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::Config;
-use runtime_core::config::ConfigBuilder;
 use runtime_core::event::{Event, EventOptions};
-use runtime_core::runtime::{self, Runtime};
+use runtime_core::runtime::{self};
 use runtime_core::stream::{FnOp, OpKind, Stream};
 
-fn init() -> Arc<Runtime> {
-    runtime::init(&ConfigBuilder {
-        device_count: Some(2),
-        memory: Some("256MiB".into()),
-        profile: None,
-    })
-    .expect("init the runtime")
-}
+use common::init;
 
 const STREAMS: usize = 3;
 const EVENTS: usize = 3;

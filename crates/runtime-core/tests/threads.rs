@@ -3,23 +3,17 @@
 //!
 //! All tests share one runtime (same settings, never shut down).
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Barrier};
 use std::time::Duration;
 
-use runtime_core::config::ConfigBuilder;
 use runtime_core::event::{Event, EventOptions};
-use runtime_core::runtime::{self, Runtime};
+use runtime_core::runtime::{self};
 use runtime_core::stream::{self, FnOp, OpKind, Stream};
 
-fn init() -> Arc<Runtime> {
-    runtime::init(&ConfigBuilder {
-        device_count: Some(2),
-        memory: Some("256MiB".into()),
-        profile: None,
-    })
-    .expect("init the runtime")
-}
+use common::init;
 
 /// Run `f` on another thread; fail (instead of hanging) if it takes longer than `limit`.
 fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
