@@ -96,22 +96,17 @@ impl Completion {
         ok
     }
 
-    /// Spin (yielding now and then) for up to `limit`: most waits on a running stream end
+    /// Spin, backing off to yielding, for up to `limit`: most waits on a running stream end
     /// within microseconds, much sooner than a sleep and wake-up round trip.
     #[cfg(not(loom))]
     fn spin(&self, target: u64, limit: Duration) -> bool {
         let until = Instant::now() + limit;
-        let mut n = 0u32;
+        let backoff = crossbeam_utils::Backoff::new();
         while Instant::now() < until {
             if self.reached(target) {
                 return true;
             }
-            n += 1;
-            if n.is_multiple_of(8) {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+            backoff.snooze();
         }
         false
     }

@@ -12,16 +12,16 @@
 //! acquire/release: the loom model in `loom_tests` rejected that version, and this one
 //! needs no more than acquire/release.)
 
+use crossbeam_utils::CachePadded;
+
 use crate::sync::{AtomicUsize, Ordering};
 
 const CLOSED: usize = 1 << (usize::BITS - 1);
 
-// Its own cache line: every launch on the device writes it, and the engines' state next to
-// it in `DeviceShared` is written by the workers.
-#[repr(align(128))]
 pub(crate) struct SubmitGate {
-    /// `CLOSED` bit | submitters inside.
-    state: AtomicUsize,
+    /// `CLOSED` bit | submitters inside. On its own cache line: every launch on the device
+    /// writes it, and the engines' state next to it is written by the workers.
+    state: CachePadded<AtomicUsize>,
 }
 
 /// A submission in progress; it leaves the gate when dropped.
@@ -36,7 +36,7 @@ impl Drop for GateGuard<'_> {
 impl SubmitGate {
     pub(crate) fn new() -> Self {
         SubmitGate {
-            state: AtomicUsize::new(0),
+            state: CachePadded::new(AtomicUsize::new(0)),
         }
     }
 
@@ -56,11 +56,13 @@ impl SubmitGate {
     /// from leaving: nothing blocks between `enter` and the guard's drop).
     pub(crate) fn close(&self) {
         self.state.fetch_or(CLOSED, Ordering::AcqRel);
+        #[cfg(not(loom))]
+        let backoff = crossbeam_utils::Backoff::new();
         while self.state.load(Ordering::Acquire) & !CLOSED != 0 {
             #[cfg(loom)]
             loom::thread::yield_now();
             #[cfg(not(loom))]
-            std::thread::yield_now();
+            backoff.snooze();
         }
     }
 }
