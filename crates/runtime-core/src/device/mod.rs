@@ -86,11 +86,13 @@ impl Device {
         memory: Arc<DeviceMemory>,
         exec: Executor,
     ) -> Device {
+        let exec = Arc::new(exec);
+        memory.set_reclaimer(reclaimer(Arc::downgrade(&exec)));
         Device(Arc::new(DeviceShared {
             index,
             props,
             memory,
-            exec: Arc::new(exec),
+            exec,
             default_stream: parking_lot::Mutex::new(None),
         }))
     }
@@ -149,6 +151,31 @@ impl Device {
         self.check_alive()?;
         self.0.exec.synchronize_all(timeout)
     }
+}
+
+/// The device's memory reclaimer: before an allocation fails for lack of memory, wait for
+/// the work queued on every stream of the device, which may hold the last references to
+/// buffers its callers have already freed (true if there was any to wait for). On an engine
+/// worker thread it returns false at once: a kernel that allocates would otherwise wait for
+/// its own stream.
+fn reclaimer(exec: std::sync::Weak<Executor>) -> crate::memory::Reclaimer {
+    Arc::new(move || {
+        if crate::stream::engine::on_worker_thread() {
+            return false;
+        }
+        let Some(exec) = exec.upgrade() else {
+            return false;
+        };
+        let mut waited = false;
+        for s in exec.streams() {
+            let (submitted, completed) = s.counters();
+            if completed < submitted {
+                s.wait_for(submitted, None);
+                waited = true;
+            }
+        }
+        waited
+    })
 }
 
 impl Stream {
