@@ -495,6 +495,22 @@ mod tests {
     }
 
     #[test]
+    fn block_mappings_are_zeroed_and_large_ones_start_on_a_huge_page() {
+        let len = 3 * HUGE_PAGE + PAGE;
+        let a = Arena::map(len).unwrap();
+        assert_eq!(a.len(), len);
+        assert_eq!(a.ptr(0) as usize % HUGE_PAGE as usize, 0);
+        let mut probe = [1u8; 8];
+        a.read(len - 8, &mut probe);
+        assert_eq!(probe, [0; 8]);
+        a.write(len - 8, &[9; 8]);
+        let small = Arena::map(PAGE).unwrap();
+        small.read(PAGE - 8, &mut probe);
+        assert_eq!(probe, [0; 8]);
+        assert!(Arena::map(0).is_none());
+    }
+
+    #[test]
     fn huge_reservations_cost_no_ram() {
         let a = Arena::reserve(0, 64 << 30).unwrap();
         a.write((64 << 30) - 8, &[1; 8]);
