@@ -602,21 +602,21 @@ fn allocation_waits_for_queued_work_that_holds_freed_memory() {
     // Only one of these fits on the 256 MiB device.
     let big = 160 * MIB;
     assert!(s0.reserved + 2 * big > s0.total && s0.reserved + big <= s0.total);
-    let s = Stream::new(&dev, 0).unwrap();
+    let s = Stream::new(dev, 0).unwrap();
     let a = m.allocate(big).unwrap();
     a.fill(0, 4096, 0x77).unwrap();
 
-    // A queued op holds a clone of `a` and runs until the allocation below has failed once
-    // (its caches flushed): only waiting for it can make room.
+    // A queued op holds a clone of `a`. It waits behind a gate that opens only once the
+    // allocation below has failed once (its caches flushed), so only waiting for the stream
+    // can make room.
     let gate = Gate::new();
+    s.launch(gate.op()).unwrap();
     let held = a.clone();
     s.launch(FnOp::shared("hold", OpKind::Compute, move || {
         held.fill(4096, 1, 0x77)
             .map_err(|e| KernelFailure::new("hold", e.to_string()))
     }))
     .unwrap();
-    // (queued before the gate, so the clone is already in the stream)
-    s.launch(gate.op()).unwrap();
     drop(a);
     assert_eq!(m.stats().active_allocations, s0.active_allocations + 1);
 
@@ -658,7 +658,7 @@ fn allocation_in_queued_work_fails_at_once_instead_of_waiting_for_itself() {
     let (_g, rt) = init();
     let dev = rt.device(0).unwrap();
     let m = dev.memory().clone();
-    let s = Stream::new(&dev, 0).unwrap();
+    let s = Stream::new(dev, 0).unwrap();
     let result: Arc<Mutex<Option<bool>>> = Arc::new(Mutex::new(None));
     let (mem, out) = (m.clone(), result.clone());
     s.launch(FnOp::shared("alloc", OpKind::Compute, move || {
