@@ -1,7 +1,10 @@
-"""Allocator policy: capacity is enforced by bytes, not by buddy block boundaries; fault
+"""Allocator policy: capacity is enforced by bytes, not by buddy block boundaries; freed
+memory still used by queued work is waited for rather than reported as out of memory; fault
 injection leaves the allocator usable; shutdown closes the allocator."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -64,3 +67,42 @@ def test_native_fault_kernels_surface_as_kernel_errors():
             s.synchronize()
         s.launch_kernel(runtime.kernels.noop)
         s.synchronize()
+
+
+def test_allocation_waits_for_queued_work_that_holds_a_freed_buffer():
+    # issue 11 item 16: as torch's caching allocator, wait for the work before raising OOM.
+    runtime.shutdown()
+    runtime.init(device_count=1, memory="64MiB")
+    big = 40 << 20  # only one fits on the device
+    buf = runtime.device_malloc(0, big)
+    seen = []
+
+    def slow(view):
+        time.sleep(0.05)
+        seen.append(view.nbytes)
+
+    stream = runtime.Stream(0)
+    stream.launch_kernel(slow, (buf,))
+    runtime.device_free(buf)  # the queued kernel still uses the memory
+    again = runtime.device_malloc(0, big)
+    stream.synchronize()
+    assert seen == [big]
+    stats = runtime.memory_stats(0)
+    assert stats["num_ooms"] == 0
+    assert stats["allocated"] == big
+    runtime.device_free(again)
+
+
+def test_zero_byte_allocations_count_no_bytes():
+    before = runtime.memory_stats(0)
+    bufs = [runtime.device_malloc(0, 0) for _ in range(100)]
+    stats = runtime.memory_stats(0)
+    assert stats["allocated"] == before["allocated"]
+    assert stats["reserved"] == before["reserved"]
+    assert stats["active_allocations"] == before["active_allocations"] + 100
+    assert stats["num_allocs"] == before["num_allocs"] + 100
+    for b in bufs:
+        runtime.device_free(b)
+    after = runtime.memory_stats(0)
+    assert after["active_allocations"] == before["active_allocations"]
+    assert after["num_frees"] == before["num_frees"] + 100

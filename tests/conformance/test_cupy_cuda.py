@@ -754,11 +754,6 @@ def test_pool_alloc_limit():
 
 
 # cupy: tests/cupy_tests/cuda_tests/test_memory.py::TestSingleDeviceMemoryPool::test_alloc_limit_fragmented
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 item 17: a free hole next to a live block cannot be merged, so a "
-    "request that fits in the free capacity raises OutOfMemoryError",
-)
 def test_pool_alloc_limit_fragmented():
     a = runtime.device_malloc(0, 100 * MiB)
     b = runtime.device_malloc(0, 100 * MiB)

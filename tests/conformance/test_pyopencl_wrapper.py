@@ -191,9 +191,6 @@ def test_zero_size_allocations():
 
 
 # pyopencl: test/test_wrapper.py::test_zero_size_svm_allocations (statistics)
-@pytest.mark.xfail(
-    strict=True, reason="issue 11 item 18: a zero-byte allocation counts 64 bytes in memory_stats"
-)
 def test_zero_size_allocation_counts_zero_bytes():
     before = runtime.memory_stats(0)["allocated"]
     z = runtime.device_malloc(0, 0)

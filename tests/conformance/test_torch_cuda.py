@@ -173,11 +173,6 @@ def test_record_stream_on_shifted_view():
 
 
 # torch: test/test_cuda.py::TestCuda::test_caching_allocator_record_stream_oom
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 item 16: freed blocks still used by queued work are not reclaimed "
-    "before raising OutOfMemoryError",
-)
 def test_caching_allocator_record_stream_oom():
     s = runtime.Stream()
     y = runtime.empty(8 * MiB, np.float32)  # 32 MiB

@@ -13,7 +13,11 @@
 //!   (slab class sizes, page-rounded large blocks), `allocated <= reserved <= capacity`,
 //!   `free == capacity - reserved`, `num_ooms` counts the model's failures;
 //! * an injected failure fails exactly the nth allocation; any other out-of-memory error is
-//!   legitimate (the request really does not fit);
+//!   legitimate: the request's fresh block (a slab span for a small one) does not fit in the
+//!   unreserved capacity, and the only memory reserved beyond the live allocations is the
+//!   unused part of slab spans that hold live small allocations (no address-space
+//!   fragmentation can refuse a request);
+//! * zero-byte allocations count as allocations but consume no bytes;
 //! * after the run everything is freed and, after `empty_cache`, `reserved` is 0.
 //!
 //! Tests: [`corpus_replays`] runs every file in `tests/corpus/allocator/`;
@@ -28,7 +32,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use runtime_core::config::ConfigBuilder;
 use runtime_core::error::{Error, MemoryError};
-use runtime_core::memory::{self, Buffer, DeviceMemory, SMALL_MAX};
+use runtime_core::memory::{self, Buffer, DeviceMemory, SLAB_SPAN, SMALL_MAX};
 use runtime_core::runtime;
 
 const CAPACITY: u64 = 4 << 20;
@@ -84,6 +88,17 @@ fn check_tag(b: &Buffer, tag: u8, what: &str) {
             bytes[i]
         );
     }
+}
+
+/// The distinct allocations `live` and `clones` hold.
+fn live_allocations<'a>(live: &'a [Live], clones: &'a [Live]) -> Vec<&'a Buffer> {
+    let mut distinct: Vec<&Buffer> = Vec::new();
+    for l in live.iter().chain(clones) {
+        if !distinct.iter().any(|b| **b == l.buf) {
+            distinct.push(&l.buf);
+        }
+    }
+    distinct
 }
 
 /// The size a selector byte and two more bytes decode to.
@@ -149,19 +164,32 @@ pub fn run(data: &[u8]) {
                         requested,
                         largest_free,
                         free,
+                        allocated,
+                        cached,
                         ..
                     })) => {
                         assert_eq!(requested, size);
                         ooms += 1;
                         if !injected {
-                            // legitimate only if it really does not fit: the capacity, or no
-                            // free block large enough (a slab span, or the power-of-two block
-                            // an exact allocation is carved from)
+                            // Legitimate only if it really does not fit in the capacity:
+                            // after the caches were flushed, what is still reserved beyond
+                            // the live allocations is the unused part of slab spans holding
+                            // live small allocations (slab rounding), and the fresh block the
+                            // request needs (a span for a small one) exceeds what is left.
                             let need = memory::fresh_block_size(size);
+                            let small_live = live_allocations(&live, &clones)
+                                .iter()
+                                .filter(|b| (1..=SMALL_MAX).contains(&b.size()))
+                                .count() as u64;
                             assert!(
-                                block_of(size) > free || largest_free < need,
-                                "spurious out-of-memory for {size} bytes: free {free}, largest free block {largest_free}, need {need}"
+                                need > free,
+                                "spurious out-of-memory for {size} bytes: allocated {allocated}, cached {cached}, free {free}, need {need}"
                             );
+                            assert!(
+                                cached <= small_live * SLAB_SPAN,
+                                "out-of-memory for {size} bytes with {cached} bytes cached beyond the spans of {small_live} live small allocations"
+                            );
+                            assert_eq!(largest_free, free / PAGE * PAGE);
                         }
                     }
                     Err(e) => panic!("allocate({size}) failed with an unexpected error: {e}"),
@@ -221,12 +249,7 @@ pub fn run(data: &[u8]) {
             }
         }
         // statistics against the model: distinct live allocations
-        let mut distinct: Vec<&Buffer> = Vec::new();
-        for l in live.iter().chain(&clones) {
-            if !distinct.iter().any(|b| **b == l.buf) {
-                distinct.push(&l.buf);
-            }
-        }
+        let distinct = live_allocations(&live, &clones);
         let s = m.stats();
         assert_eq!(
             s.active_allocations,

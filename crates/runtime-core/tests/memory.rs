@@ -1,15 +1,17 @@
-//! Device memory: zeroed allocations (after reuse too), statistics, out-of-memory, the
-//! `enableMemoryReuse` option, buffer lifetimes, and stream-ordered copies.
+//! Device memory: zeroed allocations (after reuse too), statistics, out-of-memory (only when
+//! capacity is really exhausted, never from fragmentation, and never while freed memory is
+//! only held by queued work), zero-byte allocations, the `enableMemoryReuse` option, buffer
+//! lifetimes, and stream-ordered copies.
 //!
-//! All tests share one runtime and hold a file-level lock: they read allocator statistics
-//! and one of them flips a process-wide option.
+//! The tests on the shared runtime hold a file-level lock: they read allocator statistics and
+//! one of them flips a process-wide option. Others use a device memory of their own.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use runtime_core::config::ConfigBuilder;
+use runtime_core::config::{ConfigBuilder, Options};
 use runtime_core::error::{Error, KernelFailure, MemoryError};
-use runtime_core::memory::{Buffer, DeviceMemory};
+use runtime_core::memory::{self, Buffer, DeviceMemory, SLAB_SPAN, SMALL_MAX};
 use runtime_core::runtime::{self, Runtime};
 use runtime_core::stream::copy::{self, HostMemory, HostVec};
 use runtime_core::stream::{FnOp, Op, OpKind, Stream};
@@ -392,4 +394,282 @@ fn copy_ranges_are_checked_when_queued() {
     oob(copy::d2d(&a, 0, &a, 1, 100), "src_offset");
     oob(copy::memset(&a, u64::MAX, 2, 0), "offset");
     assert_eq!(s.counters(), (0, 0));
+}
+
+/// SplitMix64: a small seeded PRNG.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A size from 1 B to `max` B, log-uniformly distributed.
+    fn log_size(&mut self, min: u64, max: u64) -> u64 {
+        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        let (lo, hi) = ((min as f64).ln(), (max as f64).ln());
+        ((lo + u * (hi - lo)).exp() as u64).clamp(min, max)
+    }
+}
+
+/// One allocation of the randomized workloads: its first and last byte carry a tag.
+struct Tagged {
+    buf: Buffer,
+    tag: u8,
+}
+
+impl Tagged {
+    fn new(buf: Buffer, tag: u8) -> Tagged {
+        let n = buf.size();
+        let mut probe = [0xFFu8; 2];
+        buf.read(0, &mut probe[..1]).unwrap();
+        buf.read(n - 1, &mut probe[1..]).unwrap();
+        assert_eq!(
+            probe,
+            [0, 0],
+            "a fresh allocation of {n} bytes reads as zero"
+        );
+        buf.write(0, &[tag]).unwrap();
+        buf.write(n - 1, &[tag]).unwrap();
+        Tagged { buf, tag }
+    }
+
+    fn check(&self) {
+        let n = self.buf.size();
+        let mut probe = [0u8; 2];
+        self.buf.read(0, &mut probe[..1]).unwrap();
+        self.buf.read(n - 1, &mut probe[1..]).unwrap();
+        assert_eq!(probe, [self.tag; 2], "{:?} kept its bytes", self.buf);
+    }
+}
+
+/// Random allocations of 1 B .. 40 MiB (log-distributed) and random frees on a 128 MiB
+/// device. Address space never fragments, so an allocation may fail only when the capacity
+/// is really exhausted: after the caches were flushed, the request's fresh block (a slab span
+/// for a small request) exceeds what is not reserved, and all that is reserved beyond the live
+/// allocations is the unused part of slab spans holding live small allocations (slab
+/// rounding). Without live small allocations that is exactly `allocated + block > capacity`;
+/// with them, a large request that fits next to the worst-case slab rounding must succeed.
+fn randomized_workload(seed: u64, min: u64, steps: usize) -> (u64, u64) {
+    const CAPACITY: u64 = 128 * MIB;
+    let m = Arc::new(DeviceMemory::new(0, CAPACITY, Arc::new(Options::default())).unwrap());
+    let mut rng = Rng(seed);
+    let mut live: Vec<Tagged> = Vec::new();
+    let (mut ok, mut ooms) = (0u64, 0u64);
+    for step in 0..steps {
+        if !live.is_empty() && rng.next() % 5 < 2 {
+            let t = live.swap_remove((rng.next() % live.len() as u64) as usize);
+            t.check();
+            continue;
+        }
+        let size = rng.log_size(min, 40 * MIB);
+        let block = memory::block_size(size);
+        let allocated: u64 = live.iter().map(|t| memory::block_size(t.buf.size())).sum();
+        let small = live.iter().filter(|t| t.buf.size() <= SMALL_MAX).count() as u64;
+        match m.allocate(size) {
+            Ok(buf) => {
+                ok += 1;
+                live.push(Tagged::new(buf, (step % 251) as u8 + 1));
+                let s = m.stats();
+                assert!(s.reserved <= s.total, "{s:?}");
+            }
+            Err(Error::Memory(MemoryError::OutOfMemory {
+                requested,
+                free,
+                total,
+                allocated: reported,
+                cached,
+                ..
+            })) => {
+                ooms += 1;
+                assert_eq!((requested, total, reported), (size, CAPACITY, allocated));
+                let need = memory::fresh_block_size(size);
+                assert!(
+                    need > free,
+                    "step {step}: {size} B refused with {free} B free (needs {need} B)"
+                );
+                assert!(
+                    cached <= small * SLAB_SPAN,
+                    "step {step}: {cached} B still cached beyond the spans of {small} small allocations"
+                );
+                if small == 0 {
+                    assert!(
+                        allocated + block > CAPACITY,
+                        "step {step}: {size} B ({block} B block) refused with {allocated} B allocated"
+                    );
+                } else if size > SMALL_MAX {
+                    assert!(
+                        allocated + block + small * SLAB_SPAN > CAPACITY,
+                        "step {step}: {size} B refused with {allocated} B allocated and {small} small allocations"
+                    );
+                }
+                assert_eq!(m.stats().num_ooms, ooms);
+                // Make room, as a caller would.
+                for _ in 0..2 {
+                    if !live.is_empty() {
+                        let t = live.swap_remove((rng.next() % live.len() as u64) as usize);
+                        t.check();
+                    }
+                }
+            }
+            Err(e) => panic!("step {step}: allocate({size}) failed with {e}"),
+        }
+    }
+    for t in &live {
+        t.check();
+    }
+    drop(live);
+    m.empty_cache();
+    let s = m.stats();
+    assert_eq!(
+        (s.allocated, s.reserved, s.active_allocations),
+        (0, 0, 0),
+        "{s:?}"
+    );
+    (ok, ooms)
+}
+
+#[test]
+fn fragmentation_never_causes_out_of_memory() {
+    for seed in [1, 2, 3] {
+        let (ok, ooms) = randomized_workload(seed, 1, 1500);
+        // The workload does run into the capacity, and mostly succeeds.
+        assert!(
+            ooms >= 10 && ok > 10 * ooms,
+            "seed {seed}: {ok} ok, {ooms} oom"
+        );
+    }
+}
+
+#[test]
+fn large_allocations_fail_exactly_when_capacity_is_exhausted() {
+    // Only large requests: nothing but live blocks is ever reserved once the caches are
+    // flushed, so `allocated + block > capacity` is the whole rule, both ways.
+    let (ok, ooms) = randomized_workload(7, SMALL_MAX + 1, 1500);
+    assert!(ooms >= 10 && ok > 5 * ooms, "{ok} ok, {ooms} oom");
+}
+
+#[test]
+fn zero_byte_allocations_count_but_consume_no_bytes() {
+    let m = Arc::new(DeviceMemory::new(0, 4 * MIB, Arc::new(Options::default())).unwrap());
+    let other = m.allocate(100).unwrap();
+    let s0 = m.stats();
+    let bufs: Vec<Buffer> = (0..1000).map(|_| m.allocate(0).unwrap()).collect();
+    let s1 = m.stats();
+    assert_eq!(
+        (s1.allocated, s1.requested, s1.reserved, s1.peak_allocated),
+        (s0.allocated, s0.requested, s0.reserved, s0.peak_allocated)
+    );
+    assert_eq!(s1.active_allocations, s0.active_allocations + 1000);
+    assert_eq!(s1.num_allocs, s0.num_allocs + 1000);
+    assert_eq!(memory::block_size(0), 0);
+    let mut ids: Vec<u64> = bufs.iter().map(Buffer::id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 1000, "every allocation has its own id");
+    for b in &bufs {
+        assert_eq!(b.size(), 0);
+        assert!(!b.as_ptr().is_null());
+        b.write(0, &[]).unwrap();
+        b.read(0, &mut []).unwrap();
+        b.fill(0, 0, 0xAB).unwrap();
+        b.copy_from(0, &other, 0, 0).unwrap();
+        assert!(b.write(0, &[1]).is_err() && b.read(1, &mut []).is_err());
+        // SAFETY: an empty view of a live buffer.
+        assert!(unsafe { b.slice::<f32>(0, 0) }.is_empty());
+    }
+    let mut probe = [0xFFu8; 100];
+    other.read(0, &mut probe).unwrap();
+    assert_eq!(probe, [0; 100], "empty copies and fills wrote nothing");
+    drop(bufs);
+    let s2 = m.stats();
+    assert_eq!(s2.active_allocations, s0.active_allocations);
+    assert_eq!(s2.num_frees, s0.num_frees + 1000);
+    assert_eq!((s2.allocated, s2.reserved), (s0.allocated, s0.reserved));
+}
+
+#[test]
+fn allocation_waits_for_queued_work_that_holds_freed_memory() {
+    let (_g, rt) = init();
+    let dev = rt.device(1).unwrap();
+    let m = dev.memory().clone();
+    m.empty_cache();
+    let s0 = m.stats();
+    // Only one of these fits on the 256 MiB device.
+    let big = 160 * MIB;
+    assert!(s0.reserved + 2 * big > s0.total && s0.reserved + big <= s0.total);
+    let s = Stream::new(dev, 0).unwrap();
+    let a = m.allocate(big).unwrap();
+    a.fill(0, 4096, 0x77).unwrap();
+
+    // A queued op holds a clone of `a`. It waits behind a gate that opens only once the
+    // allocation below has failed once (its caches flushed), so only waiting for the stream
+    // can make room.
+    let gate = Gate::new();
+    s.launch(gate.op()).unwrap();
+    let held = a.clone();
+    s.launch(FnOp::shared("hold", OpKind::Compute, move || {
+        held.fill(4096, 1, 0x77)
+            .map_err(|e| KernelFailure::new("hold", e.to_string()))
+    }))
+    .unwrap();
+    drop(a);
+    assert_eq!(m.stats().active_allocations, s0.active_allocations + 1);
+
+    let flushes = m.stats().cache_flushes;
+    let opener = {
+        let m = m.clone();
+        let gate = Gate(gate.0.clone());
+        std::thread::spawn(move || {
+            eventually("the allocation to run out of memory once", || {
+                m.stats().cache_flushes > flushes
+            });
+            gate.open();
+        })
+    };
+    let b = m
+        .allocate(big)
+        .expect("the freed block is reclaimed from the queued work");
+    opener.join().unwrap();
+    let s1 = m.stats();
+    assert_eq!(
+        s1.num_ooms, s0.num_ooms,
+        "no out-of-memory error was raised"
+    );
+    assert_eq!(s.counters().0, s.counters().1, "the queued work has run");
+    assert_eq!(s1.active_allocations, s0.active_allocations + 1);
+    let mut probe = vec![0xFFu8; 8192];
+    b.read(0, &mut probe).unwrap();
+    assert!(
+        probe.iter().all(|&x| x == 0),
+        "the reclaimed block reads as zero"
+    );
+    drop(b);
+    assert!(s.synchronize(Some(Duration::from_secs(10))).unwrap());
+    m.empty_cache();
+}
+
+#[test]
+fn allocation_in_queued_work_fails_at_once_instead_of_waiting_for_itself() {
+    let (_g, rt) = init();
+    let dev = rt.device(0).unwrap();
+    let m = dev.memory().clone();
+    let s = Stream::new(dev, 0).unwrap();
+    let result: Arc<Mutex<Option<bool>>> = Arc::new(Mutex::new(None));
+    let (mem, out) = (m.clone(), result.clone());
+    s.launch(FnOp::shared("alloc", OpKind::Compute, move || {
+        let oom = matches!(
+            mem.allocate(512 * MIB),
+            Err(Error::Memory(MemoryError::OutOfMemory { .. }))
+        );
+        *out.lock().unwrap() = Some(oom);
+        Ok(())
+    }))
+    .unwrap();
+    assert!(s.synchronize(Some(Duration::from_secs(30))).unwrap());
+    assert_eq!(*result.lock().unwrap(), Some(true));
 }

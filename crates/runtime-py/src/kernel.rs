@@ -27,6 +27,20 @@ struct PyOp {
     views: bool,
 }
 
+impl Drop for PyOp {
+    /// Release the arguments now, attached to the interpreter: dropped detached, PyO3 would
+    /// only decref them at some later attach, and a device buffer among them would keep its
+    /// memory held after the kernel ran (an allocation waiting for that memory would fail).
+    fn drop(&mut self) {
+        Python::attach(|py| {
+            drop(std::mem::replace(
+                &mut self.args,
+                PyTuple::empty(py).unbind(),
+            ));
+        });
+    }
+}
+
 impl Op for PyOp {
     fn name(&self) -> &str {
         &self.name

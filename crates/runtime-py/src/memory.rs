@@ -16,13 +16,15 @@ use crate::handles::{Generation, PyDeviceBuffer};
 /// Allocate `size` zeroed bytes on `device` (a Device or an int).
 #[pyfunction]
 pub fn device_malloc(
+    py: Python<'_>,
     device: &Bound<'_, PyAny>,
     size: &Bound<'_, PyAny>,
 ) -> PyResult<PyDeviceBuffer> {
     let d = resolve_required(device, "device")?;
     let size = nonneg(size, "size")?;
     let gen = Generation::current().map_err(PyErr::from)?;
-    let b = d.memory().allocate(size).map_err(RtErr)?;
+    // Without the GIL: a full device waits for queued work, which may be Python kernels.
+    let b = py.detach(|| d.memory().allocate(size)).map_err(RtErr)?;
     Ok(PyDeviceBuffer::raw(b, gen))
 }
 
@@ -53,7 +55,7 @@ pub fn empty(
         .try_fold(dt.size() as u64, |a, &b| a.checked_mul(b as u64))
         .ok_or_else(|| PyValueError::new_err(format!("shape: {shape:?} is too large")))?;
     let gen = Generation::current().map_err(PyErr::from)?;
-    let b = d.memory().allocate(n).map_err(RtErr)?;
+    let b = py.detach(|| d.memory().allocate(n)).map_err(RtErr)?;
     Ok(PyDeviceBuffer::typed(b, gen, 0, dt, shape))
 }
 

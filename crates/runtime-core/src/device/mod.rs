@@ -86,11 +86,13 @@ impl Device {
         memory: Arc<DeviceMemory>,
         exec: Executor,
     ) -> Device {
+        let exec = Arc::new(exec);
+        memory.set_reclaimer(reclaimer(Arc::downgrade(&exec)));
         Device(Arc::new(DeviceShared {
             index,
             props,
             memory,
-            exec: Arc::new(exec),
+            exec,
             default_stream: parking_lot::Mutex::new(None),
         }))
     }
@@ -149,6 +151,37 @@ impl Device {
         self.check_alive()?;
         self.0.exec.synchronize_all(timeout)
     }
+}
+
+/// How long an allocation that finds the device full waits, at most, for queued work that
+/// may hold freed blocks, before it reports out of memory (a stream blocked on an event
+/// that nobody records must not hang an allocation).
+pub const RECLAIM_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The device's memory reclaimer: before an allocation fails for lack of memory, wait (up to
+/// [`RECLAIM_WAIT`]) for the work queued on every stream of the device, which may hold the
+/// last references to buffers its callers have already freed (true if there was any to wait
+/// for). On an engine worker thread it returns false at once: a kernel that allocates would
+/// otherwise wait for its own stream.
+fn reclaimer(exec: std::sync::Weak<Executor>) -> crate::memory::Reclaimer {
+    Arc::new(move || {
+        if crate::stream::engine::on_worker_thread() {
+            return false;
+        }
+        let Some(exec) = exec.upgrade() else {
+            return false;
+        };
+        let deadline = crate::clock::deadline_after(Some(RECLAIM_WAIT));
+        let mut waited = false;
+        for s in exec.streams() {
+            let (submitted, completed) = s.counters();
+            if completed < submitted {
+                let _ = s.wait_for(submitted, crate::clock::time_left(deadline));
+                waited = true;
+            }
+        }
+        waited
+    })
 }
 
 impl Stream {

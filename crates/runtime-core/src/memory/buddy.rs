@@ -20,6 +20,9 @@
 //!
 //! # Two ways to allocate
 //!
+//! The device allocator uses only the first, with a single block size (its slab spans), so its
+//! free space never fragments; exact allocation is compiled for the tests only.
+//!
 //! * [`Buddy::alloc_block`] hands out one naturally aligned block of a power-of-two size.
 //! * [`Buddy::alloc`] is "exact" allocation (like Linux `alloc_pages_exact`): the size is rounded
 //!   up to a multiple of `min_block` (see [`Buddy::rounded_size`]), a block of the next power of
@@ -163,6 +166,7 @@ impl Buddy {
         Some(offset)
     }
 
+    #[cfg(test)]
     /// Allocates [`rounded_size(size)`](Self::rounded_size) bytes ("exact" allocation).
     ///
     /// Takes a block of `rounded.next_power_of_two()` bytes and immediately returns its unused
@@ -180,6 +184,7 @@ impl Buddy {
         Some(offset)
     }
 
+    #[cfg(test)]
     /// Frees what [`alloc(size)`](Self::alloc) returned, given the same `size`.
     ///
     /// `[offset, offset + rounded_size(size))` is split into aligned power-of-two blocks and
@@ -215,6 +220,7 @@ impl Buddy {
         self.capacity - self.free_bytes
     }
 
+    #[cfg(test)]
     /// Size of the largest free block, 0 if nothing is free (`O(orders)`).
     ///
     /// `alloc_block(s)` succeeds exactly when `s <= largest_free_block()`, and `alloc(s)`
@@ -226,11 +232,13 @@ impl Buddy {
             .map_or(0, |order| self.block_size(order))
     }
 
+    #[cfg(test)]
     /// Number of free blocks over all orders (`O(orders)`).
     pub fn free_block_count(&self) -> usize {
         self.free.iter().map(BTreeSet::len).sum()
     }
 
+    #[cfg(test)]
     /// Bytes that [`alloc(size)`](Self::alloc) consumes: `size` rounded up to a multiple of
     /// `min_block`, with 0 treated as 1. Saturates at `u64::MAX` (which never fits) when the
     /// rounding would overflow.

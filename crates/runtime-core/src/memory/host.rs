@@ -1,10 +1,11 @@
 //! Host backing for device memory: the only `unsafe` of the memory layer.
 //!
-//! An [`Arena`] reserves a device's whole capacity as one private anonymous mapping with
-//! `MAP_NORESERVE`: address space only, no RAM and no swap accounting. The OS commits a page
-//! when it is first touched and hands it out zero-filled, so a fresh allocation is zeroed for
-//! free and costs no RAM until used. [`Arena::release`] gives pages back (`MADV_DONTNEED`);
-//! they read as zero again afterwards, which is how freed blocks return to the allocator clean.
+//! An [`Arena`] is one private anonymous mapping with `MAP_NORESERVE`: address space only, no
+//! RAM and no swap accounting. A device has one for its slab spans ([`Arena::reserve`]) and one
+//! per large block ([`Arena::map`]). The OS commits a page when it is first touched and hands it
+//! out zero-filled, so a fresh allocation is zeroed for free and costs no RAM until used.
+//! [`Arena::release`] gives pages back (`MADV_DONTNEED`); they read as zero again afterwards,
+//! which is how freed blocks return to the allocator clean. Dropping an arena unmaps it.
 //!
 //! Soundness: the arena only hands out raw pointers and performs raw copies; it never creates
 //! Rust references into device memory except through [`Arena::slice`] and
@@ -18,8 +19,11 @@ use std::ptr::NonNull;
 
 use crate::error::ConfigError;
 
-/// Page size assumed for releases (the buddy's minimum block is a multiple of it).
+/// Page size assumed for releases; large blocks are whole pages.
 pub const PAGE: u64 = 4096;
+
+/// Transparent huge page size: mappings at least this large are aligned to it.
+pub const HUGE_PAGE: u64 = 2 << 20;
 
 /// A reserved, lazily committed address range.
 pub struct Arena {
@@ -42,18 +46,43 @@ impl std::fmt::Debug for Arena {
 impl Arena {
     /// Reserve `len` bytes of address space for device `device`.
     pub fn reserve(device: usize, len: u64) -> Result<Arena, ConfigError> {
-        let err = |reason: String| ConfigError::Reserve {
+        Arena::map_anonymous(len).map_err(|reason| ConfigError::Reserve {
             device,
             bytes: len,
             reason,
+        })
+    }
+
+    /// Map `len` bytes of fresh, zero-filled address space; `None` when the OS refuses (the
+    /// address space or the number of mappings is exhausted). Mappings of at least
+    /// [`HUGE_PAGE`] bytes start on a huge-page boundary.
+    pub fn map(len: u64) -> Option<Arena> {
+        Arena::map_anonymous(len).ok()
+    }
+
+    fn map_anonymous(len: u64) -> Result<Arena, String> {
+        let size = usize::try_from(len).map_err(|_| "larger than the address space".to_string())?;
+        if size == 0 {
+            return Err("an empty mapping".into());
+        }
+        // Large mappings are over-reserved by a huge page less one page and trimmed, so that
+        // they start on a huge-page boundary and every whole huge page of them can be backed
+        // by one.
+        let align = HUGE_PAGE as usize;
+        let slack = if size >= align {
+            align - PAGE as usize
+        } else {
+            0
         };
-        let size = usize::try_from(len).map_err(|_| err("larger than the address space".into()))?;
+        let total = size
+            .checked_add(slack)
+            .ok_or_else(|| "larger than the address space".to_string())?;
         // SAFETY: a fresh anonymous private mapping at an address the kernel chooses; no
         // existing memory is affected.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                size,
+                total,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                 -1,
@@ -61,20 +90,39 @@ impl Arena {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(err(io::Error::last_os_error().to_string()));
+            return Err(io::Error::last_os_error().to_string());
         }
-        let base = NonNull::new(p.cast::<u8>()).ok_or_else(|| err("mmap returned null".into()))?;
+        let addr = p as usize;
+        let start = if slack > 0 {
+            addr.next_multiple_of(align)
+        } else {
+            addr
+        };
+        let (head, tail) = (start - addr, addr + total - (start + size));
+        // SAFETY: unmapping the unused, page-aligned head and tail of the mapping made above;
+        // nothing refers to them.
+        unsafe {
+            if head > 0 {
+                libc::munmap(p, head);
+            }
+            if tail > 0 {
+                libc::munmap((start + size) as *mut libc::c_void, tail);
+            }
+        }
+        let base =
+            NonNull::new(start as *mut u8).ok_or_else(|| "mmap returned null".to_string())?;
         // Transparent huge pages where the kernel offers them (THP "madvise" mode): first
         // touch of a large buffer faults 2 MiB at a time (~5x faster here) and large copies
         // run with fewer TLB misses. Only touched memory is committed either way. Failure is
         // harmless (no THP support), so the result is ignored.
-        // SAFETY: advice on our own fresh mapping.
-        unsafe { libc::madvise(p, size, libc::MADV_HUGEPAGE) };
+        if size >= align {
+            // SAFETY: advice on our own fresh mapping.
+            unsafe { libc::madvise(base.as_ptr().cast(), size, libc::MADV_HUGEPAGE) };
+        }
         Ok(Arena { base, len })
     }
 
-    #[cfg(test)]
-    /// Capacity in bytes.
+    /// Length of the mapping in bytes.
     pub fn len(&self) -> u64 {
         self.len
     }
@@ -258,8 +306,9 @@ impl Arena {
 
 impl Drop for Arena {
     fn drop(&mut self) {
-        // SAFETY: unmapping our own mapping; every allocation holds the arena alive through
-        // its `Arc<DeviceMemory>`, so no pointer into it survives this.
+        // SAFETY: unmapping our own mapping. The slab arena lives as long as its
+        // `DeviceMemory`, which every allocation holds through an `Arc`; a large block's arena
+        // is owned by its allocation, then by the caches, so no pointer into either survives.
         unsafe {
             libc::munmap(self.base.as_ptr().cast(), self.len as usize);
         }
@@ -443,6 +492,22 @@ mod tests {
         let mut b = vec![0u8; 1001];
         a.read(0, &mut b);
         assert_eq!(&b[1..], &src[..1000]);
+    }
+
+    #[test]
+    fn block_mappings_are_zeroed_and_large_ones_start_on_a_huge_page() {
+        let len = 3 * HUGE_PAGE + PAGE;
+        let a = Arena::map(len).unwrap();
+        assert_eq!(a.len(), len);
+        assert_eq!(a.ptr(0) as usize % HUGE_PAGE as usize, 0);
+        let mut probe = [1u8; 8];
+        a.read(len - 8, &mut probe);
+        assert_eq!(probe, [0; 8]);
+        a.write(len - 8, &[9; 8]);
+        let small = Arena::map(PAGE).unwrap();
+        small.read(PAGE - 8, &mut probe);
+        assert_eq!(probe, [0; 8]);
+        assert!(Arena::map(0).is_none());
     }
 
     #[test]

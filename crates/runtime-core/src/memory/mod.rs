@@ -1,33 +1,64 @@
 //! Device memory: the allocator of one virtual device and the reference-counted buffers it
 //! hands out.
 //!
-//! * `buddy` (crate-private): power-of-two blocks over the device's address space (large
-//!   allocations, and the spans the slab carves up). Offsets only; no `unsafe`.
-//! * `slab` (crate-private): size classes up to [`SMALL_MAX`] carved from buddy spans. No
-//!   `unsafe`.
-//! * `host` (crate-private): the reserved, lazily committed mapping behind a device; raw
-//!   copies and typed views, every range checked against the mapping.
+//! A virtual device's memory is host virtual memory, so address space is never what runs out:
+//! the allocator spends it freely and enforces the device's capacity in bytes.
+//!
+//! * Large allocations (above [`SMALL_MAX`]) each get their own anonymous `MAP_NORESERVE`
+//!   mapping of [`block_size`] bytes (whole pages). Nothing is carved from a shared range, so
+//!   the free space cannot fragment: a large allocation fails only when `reserved + block`
+//!   would exceed the capacity after the caches were flushed.
+//! * Small allocations come from the slab's size classes, carved from spans of [`SLAB_SPAN`]
+//!   bytes. Spans come from one mapping reserved per device (the capacity rounded up to whole
+//!   spans) through a buddy allocator that only ever hands out blocks of that one size, so it
+//!   cannot fragment either. The only capacity a live allocation can hold beyond its own bytes
+//!   is the unused part of partly used slab spans ("slab rounding").
+//! * Zero-byte allocations take no memory: they count as allocations (`active_allocations`,
+//!   `num_allocs`) but add nothing to `allocated` or `reserved`; their pointer is valid but
+//!   must not be dereferenced.
+//! * With `enableMemoryReuse` on, a freed large block keeps its mapping: it goes to a *dirty*
+//!   list, a per-device scrubber thread zeroes it and moves it to the *clean* cache (keyed by
+//!   block size), and an allocation of that size takes it back without a system call. With
+//!   reuse off, and on `empty_cache`, blocks are unmapped and empty slab spans released.
+//! * When an allocation does not fit, the caches are flushed (waiting for a block the
+//!   scrubber holds) and it is retried; if it still does not fit, the device's *reclaimer*
+//!   ([`DeviceMemory::set_reclaimer`], installed by the device layer) waits once for queued
+//!   work that may still hold freed blocks, and the allocation is retried again. Only then is
+//!   `OutOfMemoryError` raised, naming the requested, free and total bytes.
+//!
+//! Modules:
+//! * `buddy` (crate-private): power-of-two blocks over a range of offsets (here: the slab
+//!   spans of a device). Offsets only; no `unsafe`.
+//! * `slab` (crate-private): size classes up to [`SMALL_MAX`] carved from spans. No `unsafe`.
+//! * `host` (crate-private): reserved, lazily committed mappings (`Arena`); raw copies and
+//!   typed views, every range checked against its mapping.
 //!
 //! The public API is [`DeviceMemory`] (one device's allocator), [`Buffer`] (a reference to
 //! one allocation) and its methods, which check every range against the allocation, never
 //! against the device: no safe call can reach outside a live allocation. The allocators and
-//! the mapping are not reachable from outside the crate:
+//! the mappings are not reachable from outside the crate:
 //!
 //! ```compile_fail
 //! use runtime_core::memory::host::Arena;
 //! ```
 //!
 //! Invariants:
-//! * Every byte the allocator hands out reads as zero. Free space in the buddy is zero
-//!   (untouched pages, or pages released with `MADV_DONTNEED`); free slab slots are zeroed when
-//!   freed (they are small); cached large blocks are zeroed by a background scrubber thread
-//!   before they are reused, so zeroing stays off the allocating caller's path (blocks over
-//!   [`SCRUB_FILL_MAX`] are released rather than filled, so RAM follows what was touched).
+//! * Every byte the allocator hands out reads as zero. A fresh mapping is zero-filled by the
+//!   OS; free space in the slab arena is zero (untouched pages, or pages released with
+//!   `MADV_DONTNEED`); free slab slots are zeroed when freed (they are small); cached large
+//!   blocks are zeroed by the scrubber before they are reused, so zeroing stays off the
+//!   allocating caller's path (blocks over [`SCRUB_FILL_MAX`] are released rather than filled,
+//!   so RAM follows what was touched).
+//! * RAM is spent only on touched pages: mappings are `MAP_NORESERVE` and committed on first
+//!   touch, so a fresh 1 GiB allocation costs no RAM.
 //! * A [`Buffer`] holds an `Arc` to its allocation; views, DLPack capsules and queued stream
-//!   operations hold clones. The block returns to the allocator when the last one drops, and
-//!   the mapping itself lives until the last allocation is gone, even after `shutdown`.
-//! * `reserved` is everything taken from the buddy (live blocks, cached blocks, slab spans);
-//!   `allocated` is what live buffers consume; `cached = reserved - allocated`.
+//!   operations hold clones. The block returns to the allocator when the last one drops.
+//!   [`Buffer::as_ptr`] stays valid while the buffer lives: a large block's mapping is owned by
+//!   its allocation, and the slab mapping lives until the last allocation is gone (each holds
+//!   its `DeviceMemory`), even after `shutdown`.
+//! * `reserved` is live large blocks, cached large blocks and slab spans, and never exceeds
+//!   the capacity; `allocated` is what live buffers consume; `cached = reserved - allocated`.
+//! * The reclaimer is never called with the allocator's state lock held.
 
 pub(crate) mod buddy;
 mod element;
@@ -48,38 +79,46 @@ use crate::trace;
 use buddy::Buddy;
 pub use element::Element;
 use host::{Arena, PAGE};
-use slab::{Slab, SlabAlloc, SLAB_MAX};
+use slab::{Slab, SlabAlloc, SLAB_MAX, SPAN_SIZE};
 
 /// Largest request served from the slab's size classes; larger ones get page-multiple blocks.
 pub const SMALL_MAX: u64 = SLAB_MAX;
 
-/// Bytes the allocator consumes for a request of `size` bytes: its slab class, or its size
-/// rounded up to whole pages.
+/// Size of the spans the slab carves small allocations from (one size for every class).
+pub const SLAB_SPAN: u64 = SPAN_SIZE;
+
+/// Bytes the allocator consumes for a request of `size` bytes: nothing for 0, its slab class,
+/// or its size rounded up to whole pages.
 pub fn block_size(size: u64) -> u64 {
+    if size == 0 {
+        return 0;
+    }
     match slab::class_of(size) {
         Some(c) => slab::class_size(c),
         None => size.checked_next_multiple_of(PAGE).unwrap_or(u64::MAX),
     }
 }
 
-/// The smallest free block of the device's address space a request of `size` bytes needs
-/// when no cached block or partly used slab span can serve it: a slab span for small
-/// requests, the power-of-two block an exact allocation is carved from for large ones.
+/// Unreserved capacity a request of `size` bytes needs when no cached block or partly used
+/// slab span can serve it: a slab span for small requests, its block for large ones.
 pub fn fresh_block_size(size: u64) -> u64 {
-    match slab::class_of(size) {
-        Some(c) => slab::span_size(c),
-        None => block_size(size)
-            .checked_next_power_of_two()
-            .unwrap_or(u64::MAX),
+    match size {
+        0 => 0,
+        s if s <= SLAB_MAX => SLAB_SPAN,
+        s => block_size(s),
     }
 }
+
+/// Waits for queued work that may still hold freed blocks; returns true if it waited (then
+/// the allocation that called it is retried). See [`DeviceMemory::set_reclaimer`].
+pub type Reclaimer = Arc<dyn Fn() -> bool + Send + Sync>;
 
 /// Largest cached block the scrubber zeroes by writing (keeping its pages committed); larger
 /// blocks are zeroed by releasing their pages.
 pub const SCRUB_FILL_MAX: u64 = 16 << 20;
 
 /// Bytes of freed, not yet zeroed blocks above which an allocation reuses (and zeroes) one
-/// itself instead of taking fresh memory.
+/// itself instead of mapping fresh memory.
 const DIRTY_BACKLOG: u64 = 64 << 20;
 
 /// Statistics of one device's allocator, in the manner of `torch.cuda.memory_stats`.
@@ -87,13 +126,15 @@ const DIRTY_BACKLOG: u64 = 64 << 20;
 pub struct MemoryStats {
     /// Capacity of the device.
     pub total: u64,
-    /// Bytes consumed by live allocations (rounded to their slab class or page multiple).
+    /// Bytes consumed by live allocations (rounded to their slab class or page multiple;
+    /// zero-byte allocations consume nothing).
     pub allocated: u64,
     /// Bytes requested by live allocations.
     pub requested: u64,
-    /// Bytes taken from the device's address space: allocated plus cached.
+    /// Bytes taken from the capacity: allocated plus cached.
     pub reserved: u64,
-    /// Bytes held in caches (`reserved - allocated`).
+    /// Bytes held in caches (`reserved - allocated`): cached large blocks, empty slab spans
+    /// and the unused slots of partly used ones.
     pub cached: u64,
     /// Highest `allocated` since start or the last peak reset.
     pub peak_allocated: u64,
@@ -111,31 +152,54 @@ pub struct MemoryStats {
     pub cache_flushes: u64,
     /// Allocations refused for lack of memory.
     pub num_ooms: u64,
-    /// Free blocks in the buddy allocator.
+    /// Free blocks held for reuse: cached large blocks and empty slab spans.
     pub free_blocks: u64,
-    /// Largest block that can be handed out now.
+    /// Largest block that can be handed out now: the unreserved capacity in whole pages (free
+    /// space is not carved from a shared range, so it does not fragment).
     pub largest_free_block: u64,
     /// Bytes not reserved (`total - reserved`).
     pub free: u64,
-    /// External fragmentation of the free space: `1 - largest_free_block / free`.
+    /// External fragmentation of the free space: `1 - largest_free_block / free` (0 but for
+    /// a capacity that is not a whole number of pages).
     pub fragmentation: f64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Slab,
-    Large,
+/// Where an allocation's bytes are.
+enum Place {
+    /// A zero-byte allocation: no memory.
+    Empty,
+    /// A slot at this offset of the device's slab arena.
+    Slab(u64),
+    /// A large block: its own mapping.
+    Large(Arena),
+}
+
+/// A block [`DeviceMemory::take_locked`] found for a request.
+enum Take {
+    /// A slab slot at this offset.
+    Slab(u64),
+    /// A cached large block; `true` when it was freed but not yet zeroed (the caller zeroes
+    /// it outside the lock).
+    Cached(Arena, bool),
+    /// Capacity was claimed for a fresh large block; the caller maps it.
+    Fresh,
 }
 
 struct PoolState {
-    buddy: Buddy,
+    /// Span-sized blocks of the slab arena.
+    spans: Buddy,
     slab: Slab,
     /// Zeroed large blocks ready for reuse, by block size.
-    clean: HashMap<u64, Vec<u64>>,
+    clean: HashMap<u64, Vec<Arena>>,
     /// Large blocks freed while reuse is on, waiting for the scrubber.
-    dirty: Vec<(u64, u64)>,
-    /// Bytes in `clean` and `dirty` and being scrubbed.
-    cached_large: u64,
+    dirty: Vec<Arena>,
+    /// Bytes in `dirty`.
+    dirty_bytes: u64,
+    /// Bytes in `clean`.
+    clean_bytes: u64,
+    /// Bytes of the block the scrubber is zeroing (out of the lists, still cached).
+    scrubbing: u64,
+    /// Bytes of live large blocks, and of fresh ones being mapped.
     large_allocated: u64,
     requested: u64,
     active: u64,
@@ -153,22 +217,18 @@ impl PoolState {
         self.large_allocated + self.slab.allocated_bytes()
     }
 
+    /// Bytes of cached large blocks.
+    fn cached_large(&self) -> u64 {
+        self.dirty_bytes + self.clean_bytes + self.scrubbing
+    }
+
+    fn reserved(&self) -> u64 {
+        self.large_allocated + self.cached_large() + self.spans.used_bytes()
+    }
+
     fn note_peaks(&mut self) {
         self.peak_allocated = self.peak_allocated.max(self.allocated());
-        self.peak_reserved = self.peak_reserved.max(self.buddy.used_bytes());
-    }
-}
-
-/// Address space reserved for a device of `capacity` bytes: twice the next power of two (up
-/// to 256 GiB of capacity), so that the buddy allocator's power-of-two blocks and alignment
-/// almost never make an allocation fail while capacity is left. Only `capacity` bytes may be
-/// reserved at once; the rest is untouched address space that costs nothing.
-fn address_space(capacity: u64) -> u64 {
-    let p = capacity.next_power_of_two();
-    if p <= 256 << 30 {
-        p * 2
-    } else {
-        p
+        self.peak_reserved = self.peak_reserved.max(self.reserved());
     }
 }
 
@@ -176,17 +236,23 @@ fn address_space(capacity: u64) -> u64 {
 pub struct DeviceMemory {
     device: usize,
     capacity: u64,
-    arena: Arena,
+    /// The mapping slab spans are carved from.
+    slab_arena: Arena,
     closed: AtomicBool,
     fault_countdown: AtomicU64,
     state: Mutex<PoolState>,
     options: Arc<Options>,
     scrub: Scrubber,
+    reclaimer: Mutex<Option<Reclaimer>>,
 }
 
 impl std::fmt::Debug for DeviceMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceMemory(device {}, {:?})", self.device, self.arena)
+        write!(
+            f,
+            "DeviceMemory(device {}, {} bytes, slab spans in {:?})",
+            self.device, self.capacity, self.slab_arena
+        )
     }
 }
 
@@ -202,26 +268,32 @@ struct Scrubber {
 }
 
 impl DeviceMemory {
-    /// Reserve the address space of device `device` with `capacity` bytes.
+    /// The memory of device `device` with `capacity` bytes: reserves the address space of its
+    /// slab spans (large blocks are mapped when allocated).
     pub fn new(
         device: usize,
         capacity: u64,
         options: Arc<Options>,
     ) -> Result<DeviceMemory, crate::error::ConfigError> {
-        let space = address_space(capacity);
-        let arena = Arena::reserve(device, space)?;
+        let slab_space = capacity
+            .checked_next_multiple_of(SLAB_SPAN)
+            .unwrap_or(capacity)
+            .max(SLAB_SPAN);
+        let slab_arena = Arena::reserve(device, slab_space)?;
         Ok(DeviceMemory {
             device,
             capacity,
-            arena,
+            slab_arena,
             closed: AtomicBool::new(false),
             fault_countdown: AtomicU64::new(0),
             state: Mutex::new(PoolState {
-                buddy: Buddy::new(space, PAGE),
+                spans: Buddy::new(slab_space, SLAB_SPAN),
                 slab: Slab::new(),
                 clean: HashMap::new(),
                 dirty: Vec::new(),
-                cached_large: 0,
+                dirty_bytes: 0,
+                clean_bytes: 0,
+                scrubbing: 0,
                 large_allocated: 0,
                 requested: 0,
                 active: 0,
@@ -235,6 +307,7 @@ impl DeviceMemory {
             }),
             options,
             scrub: Scrubber::default(),
+            reclaimer: Mutex::new(None),
         })
     }
 
@@ -251,6 +324,16 @@ impl DeviceMemory {
     /// Refuse further allocations (the runtime was shut down). Live buffers stay valid.
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
+    }
+
+    /// Install the hook an allocation calls once before it fails with `OutOfMemory`, after
+    /// flushing the caches: it waits for queued work that may still hold freed blocks (a
+    /// buffer whose handles were dropped while a queued operation still uses it) and returns
+    /// true if it waited, and the allocation is retried. It is called without any allocator
+    /// lock held, on the allocating thread; it must return false at once where waiting could
+    /// deadlock. Replaces any earlier hook.
+    pub fn set_reclaimer(&self, reclaimer: Reclaimer) {
+        *self.reclaimer.lock() = Some(reclaimer);
     }
 
     /// Fault injection for tests: the `nth` allocation from now (1 = the next one) fails
@@ -282,8 +365,14 @@ impl DeviceMemory {
 
     /// Allocate `size` zeroed bytes.
     ///
+    /// Fails only when the request does not fit in the capacity: after the caches were
+    /// flushed and the reclaimer ([`DeviceMemory::set_reclaimer`]) had its chance, `reserved +
+    /// fresh_block_size(size)` exceeds the capacity, where `reserved` is then the live blocks
+    /// and the partly used slab spans.
+    ///
     /// # Errors
-    /// `OutOfMemory` with requested, free, largest free block, fragmentation and total.
+    /// `OutOfMemory` with requested, free, largest free block, fragmentation and total;
+    /// `InvalidHandle` after shutdown.
     pub fn allocate(self: &Arc<Self>, size: u64) -> Result<Buffer> {
         if self.closed.load(Ordering::Acquire) {
             return Err(crate::error::DeviceError::InvalidHandle {
@@ -293,217 +382,253 @@ impl DeviceMemory {
             .into());
         }
         let injected = self.injected_failure();
-        let (offset, block, kind, dirty, id) = {
-            let mut st = self.state.lock();
-            let r = if injected {
-                None
-            } else {
-                self.alloc_locked(&mut st, size)
-            };
-            let r = match r {
-                Some(r) => Some(r),
-                None => {
-                    self.flush_caches_locked(&mut st);
-                    st.cache_flushes += 1;
-                    match (!injected)
-                        .then(|| self.alloc_locked(&mut st, size))
-                        .flatten()
-                    {
-                        Some(r) => Some(r),
-                        None if st.cached_large > 0 && !injected => {
-                            // A block is being zeroed by the scrubber: wait for it (the
-                            // scrubber holds `scrub.busy` while zeroing), then flush again.
-                            drop(st);
-                            drop(self.scrub.busy.lock());
-                            st = self.state.lock();
-                            self.flush_caches_locked(&mut st);
-                            self.alloc_locked(&mut st, size)
-                        }
-                        None => None,
-                    }
+        if size == 0 && !injected {
+            let id = self.commit_locked(&mut self.state.lock(), 0);
+            return Ok(self.buffer(Place::Empty, 0, 0, id));
+        }
+        if let Some(b) = self.try_allocate(size, injected) {
+            return Ok(b);
+        }
+        if !injected {
+            // Cloned out, so that the hook runs without the allocator's locks.
+            let reclaimer = self.reclaimer.lock().clone();
+            if reclaimer.is_some_and(|r| r()) {
+                if let Some(b) = self.try_allocate(size, false) {
+                    return Ok(b);
                 }
-            };
-            let Some(r) = r else {
-                st.num_ooms += 1;
-                let stats = self.stats_locked(&st);
-                return Err(MemoryError::OutOfMemory {
-                    device: self.device,
-                    requested: size,
-                    free: stats.free,
-                    total: stats.total,
-                    largest_free: stats.largest_free_block,
-                    fragmentation: stats.fragmentation,
-                    allocated: stats.allocated,
-                    cached: stats.cached,
-                }
-                .into());
-            };
-            st.requested += size;
-            st.active += 1;
-            st.num_allocs += 1;
-            // The allocation's id is its number (from 1): no atomic counter on this path.
-            let id = st.num_allocs;
-            st.note_peaks();
-            if trace::enabled() {
-                trace::push(trace::Record {
-                    name: format!("alloc {size} B"),
-                    device: self.device,
-                    stream: 0,
-                    ts_ns: now_ns(),
-                    phase: trace::Phase::Alloc {
-                        bytes: size,
-                        allocated: st.allocated(),
-                    },
-                });
-            }
-            let (offset, block, kind, dirty) = r;
-            (offset, block, kind, dirty, id)
-        };
-        if dirty {
-            // Ours now and not visible to anyone else: zero it before handing it out.
-            if block <= SCRUB_FILL_MAX {
-                self.arena.zero(offset, block);
-            } else {
-                self.arena.release(offset, block);
             }
         }
-        Ok(Buffer(Arc::new(Allocation {
-            mem: self.clone(),
-            offset,
-            size,
-            block,
-            kind,
-            id,
-        })))
+        let mut st = self.state.lock();
+        st.num_ooms += 1;
+        let stats = self.stats_locked(&st);
+        Err(MemoryError::OutOfMemory {
+            device: self.device,
+            requested: size,
+            free: stats.free,
+            total: stats.total,
+            largest_free: stats.largest_free_block,
+            fragmentation: stats.fragmentation,
+            allocated: stats.allocated,
+            cached: stats.cached,
+        }
+        .into())
     }
 
-    /// Take a block for `size` bytes: `(offset, block size, kind, dirty)`. A dirty block (a
-    /// freed block the scrubber has not reached yet, taken so that a tight allocate/free loop
-    /// reuses memory instead of growing) must be zeroed by the caller, outside the lock.
-    fn alloc_locked(&self, st: &mut PoolState, size: u64) -> Option<(u64, u64, Kind, bool)> {
+    fn buffer(self: &Arc<Self>, place: Place, size: u64, block: u64, id: u64) -> Buffer {
+        Buffer(Arc::new(Allocation {
+            mem: self.clone(),
+            place,
+            size,
+            block,
+            id,
+        }))
+    }
+
+    /// One attempt at allocating `size` bytes (non-zero, or an injected failure): from the
+    /// caches or fresh capacity, else after flushing the caches. `None` when it does not fit.
+    fn try_allocate(self: &Arc<Self>, size: u64, injected: bool) -> Option<Buffer> {
+        let block = block_size(size);
+        // Unmapped after the lock is released (declared first, so dropped last).
+        let mut flushed: Vec<Arena> = Vec::new();
+        let mut st = self.state.lock();
+        let mut taken = if injected {
+            None
+        } else {
+            self.take_locked(&mut st, size, block)
+        };
+        if taken.is_none() {
+            self.flush_caches_locked(&mut st, &mut flushed);
+            st.cache_flushes += 1;
+            if !injected {
+                taken = self.take_locked(&mut st, size, block);
+                if taken.is_none() && st.scrubbing > 0 {
+                    // A block is being zeroed by the scrubber: wait for it (the scrubber holds
+                    // `scrub.busy` while zeroing), then flush again.
+                    drop(st);
+                    drop(self.scrub.busy.lock());
+                    st = self.state.lock();
+                    self.flush_caches_locked(&mut st, &mut flushed);
+                    taken = self.take_locked(&mut st, size, block);
+                }
+            }
+        }
+        let place = match taken? {
+            Take::Slab(offset) => Place::Slab(offset),
+            Take::Cached(arena, dirty) => {
+                if dirty {
+                    // Ours now and not visible to anyone else: zero it before handing it out,
+                    // outside the lock.
+                    drop(st);
+                    if block <= SCRUB_FILL_MAX {
+                        arena.zero(0, block);
+                    } else {
+                        arena.release(0, block);
+                    }
+                    st = self.state.lock();
+                }
+                Place::Large(arena)
+            }
+            Take::Fresh => {
+                drop(st);
+                let arena = Arena::map(block);
+                st = self.state.lock();
+                match arena {
+                    Some(arena) => Place::Large(arena),
+                    None => {
+                        st.large_allocated -= block;
+                        return None;
+                    }
+                }
+            }
+        };
+        let id = self.commit_locked(&mut st, size);
+        drop(st);
+        Some(self.buffer(place, size, block, id))
+    }
+
+    /// Count an allocation of `size` bytes whose block is taken; returns its id.
+    fn commit_locked(&self, st: &mut PoolState, size: u64) -> u64 {
+        st.requested += size;
+        st.active += 1;
+        st.num_allocs += 1;
+        st.note_peaks();
+        if trace::enabled() {
+            trace::push(trace::Record {
+                name: format!("alloc {size} B"),
+                device: self.device,
+                stream: 0,
+                ts_ns: now_ns(),
+                phase: trace::Phase::Alloc {
+                    bytes: size,
+                    allocated: st.allocated(),
+                },
+            });
+        }
+        // The allocation's id is its number (from 1): no atomic counter on this path.
+        st.num_allocs
+    }
+
+    /// Find a block for `size` (non-zero) bytes of block size `block`, or claim the capacity
+    /// for a fresh one. `None` when neither a cache nor the unreserved capacity can serve it.
+    fn take_locked(&self, st: &mut PoolState, size: u64, block: u64) -> Option<Take> {
         if size <= SLAB_MAX {
             loop {
                 match st.slab.alloc(size) {
-                    SlabAlloc::Ok(off) => {
-                        let class = slab::class_size(slab::class_of(size)?);
-                        return Some((off, class, Kind::Slab, false));
-                    }
+                    SlabAlloc::Ok(off) => return Some(Take::Slab(off)),
                     SlabAlloc::NeedSpan { class, span_size } => {
-                        if st.buddy.used_bytes() + span_size > self.capacity {
+                        if st.reserved().saturating_add(span_size) > self.capacity {
                             return None;
                         }
-                        let span = st.buddy.alloc_block(span_size)?;
+                        let span = st.spans.alloc_block(span_size)?;
                         st.slab.add_span(class, span);
                     }
                 }
             }
         }
-        let block = st.buddy.rounded_size(size);
         if self.reuse() {
-            if let Some(off) = st.clean.get_mut(&block).and_then(Vec::pop) {
-                st.cached_large -= block;
+            if let Some(arena) = st.clean.get_mut(&block).and_then(Vec::pop) {
+                st.clean_bytes -= block;
                 st.cache_hits += 1;
                 st.large_allocated += block;
-                return Some((off, block, Kind::Large, false));
+                return Some(Take::Cached(arena, false));
             }
             // Prefer fresh (untouched, free to zero) memory while the scrubber's backlog is
             // small; reuse a dirty block, zeroing it here, once the backlog passes
             // `DIRTY_BACKLOG` or the device is full, so a tight loop stays bounded.
-            let backlog: u64 = st.dirty.iter().map(|&(_, b)| b).sum();
-            let fresh_fits = st.buddy.used_bytes().saturating_add(block) <= self.capacity;
-            let reuse_dirty = backlog >= DIRTY_BACKLOG || !fresh_fits;
-            if let Some(i) = reuse_dirty
-                .then(|| st.dirty.iter().rposition(|&(_, b)| b == block))
-                .flatten()
-            {
-                let (off, _) = st.dirty.swap_remove(i);
-                st.cached_large -= block;
-                st.cache_hits += 1;
-                st.large_allocated += block;
-                return Some((off, block, Kind::Large, true));
+            let fresh_fits = st.reserved().saturating_add(block) <= self.capacity;
+            if st.dirty_bytes >= DIRTY_BACKLOG || !fresh_fits {
+                if let Some(i) = st.dirty.iter().rposition(|a| a.len() == block) {
+                    let arena = st.dirty.swap_remove(i);
+                    st.dirty_bytes -= block;
+                    st.cache_hits += 1;
+                    st.large_allocated += block;
+                    return Some(Take::Cached(arena, true));
+                }
             }
         }
-        if st.buddy.used_bytes().saturating_add(block) > self.capacity {
+        if st.reserved().saturating_add(block) > self.capacity {
             return None;
         }
-        let off = st.buddy.alloc(size)?;
         st.large_allocated += block;
-        Some((off, block, Kind::Large, false))
+        Some(Take::Fresh)
     }
 
-    /// Give every cached block back to the buddy (dirty ones are released, which zeroes
-    /// them; clean ones too, so `reserved` and RSS fall).
-    fn flush_caches_locked(&self, st: &mut PoolState) {
-        let mut blocks: Vec<(u64, u64)> = std::mem::take(&mut st.dirty);
-        for (size, offs) in st.clean.drain() {
-            blocks.extend(offs.into_iter().map(|o| (o, size)));
+    /// Take every cached large block out of the caches (into `out`, to be unmapped once the
+    /// lock is released) and release the empty slab spans, so `reserved` and RSS fall.
+    fn flush_caches_locked(&self, st: &mut PoolState, out: &mut Vec<Arena>) {
+        out.append(&mut st.dirty);
+        st.dirty_bytes = 0;
+        for (_, blocks) in st.clean.drain() {
+            out.extend(blocks);
         }
-        for (off, size) in blocks {
-            self.arena.release(off, size);
-            st.cached_large -= size;
-            st.buddy
-                .free(off, size)
-                .expect("cached block belongs to the buddy");
-        }
+        st.clean_bytes = 0;
+        self.release_empty_spans_locked(st);
+    }
+
+    fn release_empty_spans_locked(&self, st: &mut PoolState) {
         for (off, size) in st.slab.take_empty_spans() {
-            self.arena.release(off, size);
-            st.buddy
+            self.slab_arena.release(off, size);
+            st.spans
                 .free_block(off, size)
-                .expect("slab span belongs to the buddy");
+                .expect("slab span belongs to the span allocator");
         }
     }
 
     /// Release all cached blocks (`empty_cache`), including one the scrubber is zeroing now
     /// (waited for, so that afterwards nothing freed before the call is still cached).
     pub fn empty_cache(&self) {
+        let mut flushed = Vec::new();
         let _busy = self.scrub.busy.lock();
         let mut st = self.state.lock();
-        self.flush_caches_locked(&mut st);
+        self.flush_caches_locked(&mut st, &mut flushed);
+        drop(st);
+        drop(flushed);
     }
 
-    fn free_allocation(self: &Arc<Self>, a: &Allocation) {
-        match a.kind {
-            Kind::Slab => {
-                // Small: zero in place now so the slot is clean when it is handed out again.
-                self.arena.fill(a.offset, a.block, 0);
+    fn free_allocation(self: &Arc<Self>, place: Place, size: u64, block: u64) {
+        match place {
+            Place::Empty => {
                 let mut st = self.state.lock();
-                st.slab
-                    .free(a.offset, a.size)
-                    .expect("slab object freed once");
-                st.requested -= a.size;
                 st.active -= 1;
                 st.num_frees += 1;
-                self.trace_free(&st, a.size);
+                self.trace_free(&st, 0);
+            }
+            Place::Slab(offset) => {
+                // Small: zero in place now so the slot is clean when it is handed out again.
+                self.slab_arena.fill(offset, block, 0);
+                let mut st = self.state.lock();
+                st.slab.free(offset, size).expect("slab object freed once");
+                st.requested -= size;
+                st.active -= 1;
+                st.num_frees += 1;
+                self.trace_free(&st, size);
                 if !self.reuse() {
-                    for (off, size) in st.slab.take_empty_spans() {
-                        self.arena.release(off, size);
-                        st.buddy
-                            .free_block(off, size)
-                            .expect("slab span belongs to the buddy");
-                    }
+                    self.release_empty_spans_locked(&mut st);
                 }
             }
-            Kind::Large => {
+            Place::Large(arena) => {
                 let reuse = self.reuse();
                 if !reuse {
-                    self.arena.release(a.offset, a.block);
+                    // Unmapped before the capacity is offered again.
+                    drop(arena);
+                    let mut st = self.state.lock();
+                    st.large_allocated -= block;
+                    st.requested -= size;
+                    st.active -= 1;
+                    st.num_frees += 1;
+                    self.trace_free(&st, size);
+                    return;
                 }
                 let mut st = self.state.lock();
-                st.large_allocated -= a.block;
-                st.requested -= a.size;
+                st.large_allocated -= block;
+                st.requested -= size;
                 st.active -= 1;
                 st.num_frees += 1;
-                self.trace_free(&st, a.size);
-                if reuse {
-                    st.dirty.push((a.offset, a.block));
-                    st.cached_large += a.block;
-                    drop(st);
-                    self.wake_scrubber();
-                } else {
-                    st.buddy
-                        .free(a.offset, a.size)
-                        .expect("large block freed once");
-                }
+                self.trace_free(&st, size);
+                st.dirty.push(arena);
+                st.dirty_bytes += block;
+                drop(st);
+                self.wake_scrubber();
             }
         }
     }
@@ -544,26 +669,34 @@ impl DeviceMemory {
     /// Blocks up to [`SCRUB_FILL_MAX`] are zeroed in place, so their pages stay committed and
     /// reuse costs no page faults. Larger ones are released to the OS instead: filling would
     /// commit every page of the block, so a mostly untouched multi-GiB buffer would cost its
-    /// full size in RAM after `device_free`.
+    /// full size in RAM after `device_free`. With reuse switched off meanwhile, the block is
+    /// unmapped instead.
     fn scrub_one(&self) -> bool {
         let _busy = self.scrub.busy.lock();
-        let Some((off, size)) = self.state.lock().dirty.pop() else {
-            return false;
+        let arena = {
+            let mut st = self.state.lock();
+            let Some(arena) = st.dirty.pop() else {
+                return false;
+            };
+            st.dirty_bytes -= arena.len();
+            st.scrubbing = arena.len();
+            arena
         };
+        let size = arena.len();
+        if !self.reuse() {
+            drop(arena);
+            self.state.lock().scrubbing = 0;
+            return true;
+        }
         if size <= SCRUB_FILL_MAX {
-            self.arena.zero(off, size);
+            arena.zero(0, size);
         } else {
-            self.arena.release(off, size);
+            arena.release(0, size);
         }
         let mut st = self.state.lock();
-        if self.reuse() {
-            st.clean.entry(size).or_default().push(off);
-        } else {
-            st.cached_large -= size;
-            st.buddy
-                .free(off, size)
-                .expect("scrubbed block belongs to the buddy");
-        }
+        st.scrubbing = 0;
+        st.clean_bytes += size;
+        st.clean.entry(size).or_default().push(arena);
         true
     }
 
@@ -575,10 +708,14 @@ impl DeviceMemory {
 
     fn stats_locked(&self, st: &PoolState) -> MemoryStats {
         let total = self.capacity;
-        let reserved = st.buddy.used_bytes();
+        let reserved = st.reserved();
         let allocated = st.allocated();
         let free = total.saturating_sub(reserved);
-        let largest = st.buddy.largest_free_block().min(free);
+        let largest = free / PAGE * PAGE;
+        let cached_blocks = st.dirty.len()
+            + st.clean.values().map(Vec::len).sum::<usize>()
+            + usize::from(st.scrubbing > 0)
+            + st.slab.empty_span_count();
         MemoryStats {
             total,
             allocated,
@@ -593,7 +730,7 @@ impl DeviceMemory {
             cache_hits: st.cache_hits,
             cache_flushes: st.cache_flushes,
             num_ooms: st.num_ooms,
-            free_blocks: st.buddy.free_block_count() as u64,
+            free_blocks: cached_blocks as u64,
             largest_free_block: largest,
             free,
             fragmentation: if free == 0 {
@@ -608,7 +745,7 @@ impl DeviceMemory {
     pub fn reset_peak_stats(&self) {
         let mut st = self.state.lock();
         st.peak_allocated = st.allocated();
-        st.peak_reserved = st.buddy.used_bytes();
+        st.peak_reserved = st.reserved();
     }
 }
 
@@ -648,16 +785,29 @@ fn scrub_loop(mem: std::sync::Weak<DeviceMemory>) {
 /// One allocation; returns its block to the allocator when dropped.
 pub struct Allocation {
     mem: Arc<DeviceMemory>,
-    offset: u64,
+    place: Place,
     size: u64,
     block: u64,
-    kind: Kind,
     id: u64,
+}
+
+impl Allocation {
+    /// The mapping the allocation's bytes are in, and the offset of byte 0 in it. A zero-byte
+    /// allocation points at the start of the slab mapping (a valid address, never accessed:
+    /// every range of it is empty).
+    fn at(&self) -> (&Arena, u64) {
+        match &self.place {
+            Place::Large(arena) => (arena, 0),
+            Place::Slab(offset) => (&self.mem.slab_arena, *offset),
+            Place::Empty => (&self.mem.slab_arena, 0),
+        }
+    }
 }
 
 impl Drop for Allocation {
     fn drop(&mut self) {
-        self.mem.free_allocation(self);
+        let place = std::mem::replace(&mut self.place, Place::Empty);
+        self.mem.free_allocation(place, self.size, self.block);
     }
 }
 
@@ -700,9 +850,10 @@ impl Buffer {
         self.0.mem.device
     }
 
-    /// Offset of the allocation in its device's address space.
+    /// Address of the allocation in its device's address space, which is the host's (a
+    /// large block has its own mapping): live allocations of a device never overlap.
     pub fn device_offset(&self) -> u64 {
-        self.0.offset
+        self.as_ptr() as u64
     }
 
     /// The device memory this buffer lives in.
@@ -712,7 +863,8 @@ impl Buffer {
 
     /// Host address of byte 0 (the device is host-backed). Valid while this buffer lives.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.0.mem.arena.ptr(self.0.offset)
+        let (arena, base) = self.0.at();
+        arena.ptr(base)
     }
 
     /// Number of live clones of this handle (views, queued operations).
@@ -758,14 +910,16 @@ impl Buffer {
     /// Copy `src` into the buffer at `offset` (synchronous, not stream ordered).
     pub fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
         self.check_range("offset", offset, src.len() as u64)?;
-        self.0.mem.arena.write(self.0.offset + offset, src);
+        let (arena, base) = self.0.at();
+        arena.write(base + offset, src);
         Ok(())
     }
 
     /// Copy buffer bytes at `offset` into `dst` (synchronous, not stream ordered).
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         self.check_range("offset", offset, dst.len() as u64)?;
-        self.0.mem.arena.read(self.0.offset + offset, dst);
+        let (arena, base) = self.0.at();
+        arena.read(base + offset, dst);
         Ok(())
     }
 
@@ -773,19 +927,16 @@ impl Buffer {
     pub fn copy_from(&self, dst_off: u64, src: &Buffer, src_off: u64, count: u64) -> Result<()> {
         self.check_range("dst_offset", dst_off, count)?;
         src.check_range("src_offset", src_off, count)?;
-        self.0.mem.arena.copy_from(
-            self.0.offset + dst_off,
-            &src.0.mem.arena,
-            src.0.offset + src_off,
-            count,
-        );
+        let ((dst, dst_base), (src, src_base)) = (self.0.at(), src.0.at());
+        dst.copy_from(dst_base + dst_off, src, src_base + src_off, count);
         Ok(())
     }
 
     /// Fill `count` bytes at `offset` with `byte`.
     pub fn fill(&self, offset: u64, count: u64, byte: u8) -> Result<()> {
         self.check_range("offset", offset, count)?;
-        self.0.mem.arena.fill(self.0.offset + offset, count, byte);
+        let (arena, base) = self.0.at();
+        arena.fill(base + offset, count, byte);
         Ok(())
     }
 
@@ -795,8 +946,9 @@ impl Buffer {
     /// `src` valid for `len` reads and not overlapping this buffer.
     pub unsafe fn write_raw(&self, offset: u64, src: *const u8, len: usize) -> Result<()> {
         self.check_range("offset", offset, len as u64)?;
+        let (arena, base) = self.0.at();
         // SAFETY: range checked above; the caller vouches for `src`.
-        unsafe { self.0.mem.arena.write_raw(self.0.offset + offset, src, len) };
+        unsafe { arena.write_raw(base + offset, src, len) };
         Ok(())
     }
 
@@ -806,8 +958,9 @@ impl Buffer {
     /// `dst` valid for `len` writes and not overlapping this buffer.
     pub unsafe fn read_raw(&self, offset: u64, dst: *mut u8, len: usize) -> Result<()> {
         self.check_range("offset", offset, len as u64)?;
+        let (arena, base) = self.0.at();
         // SAFETY: range checked above; the caller vouches for `dst`.
-        unsafe { self.0.mem.arena.read_raw(self.0.offset + offset, dst, len) };
+        unsafe { arena.read_raw(base + offset, dst, len) };
         Ok(())
     }
 
@@ -845,9 +998,10 @@ impl Buffer {
     /// caller orders its accesses with streams and events.
     pub unsafe fn slice<T: Element>(&self, offset: u64, count: usize) -> &[T] {
         let bytes = self.view_range::<T>(offset, count);
+        let (arena, base) = self.0.at();
         // SAFETY: the range is inside this live allocation and aligned (checked above); `T`
         // is valid for every bit pattern (`Element`); the caller guarantees no aliasing write.
-        unsafe { self.0.mem.arena.slice(self.0.offset + offset, bytes, count) }
+        unsafe { arena.slice(base + offset, bytes, count) }
     }
 
     /// Typed exclusive view of `count` elements at byte `offset`.
@@ -861,12 +1015,8 @@ impl Buffer {
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice_mut<T: Element>(&self, offset: u64, count: usize) -> &mut [T] {
         let bytes = self.view_range::<T>(offset, count);
+        let (arena, base) = self.0.at();
         // SAFETY: as for `slice`, and the caller guarantees exclusivity.
-        unsafe {
-            self.0
-                .mem
-                .arena
-                .slice_mut(self.0.offset + offset, bytes, count)
-        }
+        unsafe { arena.slice_mut(base + offset, bytes, count) }
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! [`Slab`] owns the bookkeeping for requests of at most [`SLAB_MAX`] (32 KiB, the split point:
 //! larger requests go to the buddy allocator). Each request is rounded up to one of
-//! [`NUM_CLASSES`] size classes and served from a *span*, a contiguous power-of-two block carved
-//! into equal objects of one class. The slab does not allocate spans itself and does not depend
+//! [`NUM_CLASSES`] size classes and served from a *span*, a contiguous block of [`SPAN_SIZE`]
+//! (256 KiB) carved into equal objects of one class. The slab does not allocate spans itself and does not depend
 //! on the buddy: when a class has no room, [`Slab::alloc`] answers [`SlabAlloc::NeedSpan`] and
 //! the caller obtains a span (naturally aligned to its size) wherever it likes, registers it
 //! with [`Slab::add_span`] and retries. Like the buddy it only manages offsets, never memory.
@@ -11,27 +11,28 @@
 //! # Size classes
 //!
 //! Multiples of 64 up to 512 (8 classes), then four classes per doubling up to 32 KiB
-//! (24 classes). A span is `max(64 KiB, (8 * class_size).next_power_of_two())`, so it holds at
-//! least 8 objects; the bytes after its last whole object (the span tail) are never used.
+//! (24 classes). Every span has the same size, [`SPAN_SIZE`], so it holds at least 8 objects,
+//! and a span given back by one class fits any other: the space spans are taken from never
+//! fragments. The bytes after a span's last whole object (the span tail) are never used.
 //!
-//! | class | size (B) | span | objects | tail (B) | | class | size (B) | span | objects | tail (B) |
-//! |------:|---------:|-----:|--------:|---------:|-|------:|---------:|-----:|--------:|---------:|
-//! |     0 |       64 | 64K  |    1024 |        0 | |    16 |     2560 | 64K  |      25 |     1536 |
-//! |     1 |      128 | 64K  |     512 |        0 | |    17 |     3072 | 64K  |      21 |     1024 |
-//! |     2 |      192 | 64K  |     341 |       64 | |    18 |     3584 | 64K  |      18 |     1024 |
-//! |     3 |      256 | 64K  |     256 |        0 | |    19 |     4096 | 64K  |      16 |        0 |
-//! |     4 |      320 | 64K  |     204 |      256 | |    20 |     5120 | 64K  |      12 |     4096 |
-//! |     5 |      384 | 64K  |     170 |      256 | |    21 |     6144 | 64K  |      10 |     4096 |
-//! |     6 |      448 | 64K  |     146 |      128 | |    22 |     7168 | 64K  |       9 |     1024 |
-//! |     7 |      512 | 64K  |     128 |        0 | |    23 |     8192 | 64K  |       8 |        0 |
-//! |     8 |      640 | 64K  |     102 |      256 | |    24 |    10240 | 128K |      12 |     8192 |
-//! |     9 |      768 | 64K  |      85 |      256 | |    25 |    12288 | 128K |      10 |     8192 |
-//! |    10 |      896 | 64K  |      73 |      128 | |    26 |    14336 | 128K |       9 |     2048 |
-//! |    11 |     1024 | 64K  |      64 |        0 | |    27 |    16384 | 128K |       8 |        0 |
-//! |    12 |     1280 | 64K  |      51 |      256 | |    28 |    20480 | 256K |      12 |    16384 |
-//! |    13 |     1536 | 64K  |      42 |     1024 | |    29 |    24576 | 256K |      10 |    16384 |
-//! |    14 |     1792 | 64K  |      36 |     1024 | |    30 |    28672 | 256K |       9 |     4096 |
-//! |    15 |     2048 | 64K  |      32 |        0 | |    31 |    32768 | 256K |       8 |        0 |
+//! | class | size (B) | objects | tail (B) | | class | size (B) | objects | tail (B) |
+//! |------:|---------:|--------:|---------:|-|------:|---------:|--------:|---------:|
+//! |     0 |       64 |    4096 |        0 | |    16 |     2560 |     102 |     1024 |
+//! |     1 |      128 |    2048 |        0 | |    17 |     3072 |      85 |     1024 |
+//! |     2 |      192 |    1365 |       64 | |    18 |     3584 |      73 |      512 |
+//! |     3 |      256 |    1024 |        0 | |    19 |     4096 |      64 |        0 |
+//! |     4 |      320 |     819 |       64 | |    20 |     5120 |      51 |     1024 |
+//! |     5 |      384 |     682 |      256 | |    21 |     6144 |      42 |     4096 |
+//! |     6 |      448 |     585 |       64 | |    22 |     7168 |      36 |     4096 |
+//! |     7 |      512 |     512 |        0 | |    23 |     8192 |      32 |        0 |
+//! |     8 |      640 |     409 |      384 | |    24 |    10240 |      25 |     6144 |
+//! |     9 |      768 |     341 |      256 | |    25 |    12288 |      21 |     4096 |
+//! |    10 |      896 |     292 |      512 | |    26 |    14336 |      18 |     4096 |
+//! |    11 |     1024 |     256 |        0 | |    27 |    16384 |      16 |        0 |
+//! |    12 |     1280 |     204 |     1024 | |    28 |    20480 |      12 |    16384 |
+//! |    13 |     1536 |     170 |     1024 | |    29 |    24576 |      10 |    16384 |
+//! |    14 |     1792 |     146 |      512 | |    30 |    28672 |       9 |     4096 |
+//! |    15 |     2048 |     128 |        0 | |    31 |    32768 |       8 |        0 |
 //!
 //! # Alignment
 //!
@@ -46,17 +47,18 @@
 //!
 //! * `1 <= s <= 512`: at most 63 bytes. Relative to the object that is below 50% once
 //!   `s > 64` (at most 63 of 128 bytes), but up to 63 of 64 bytes for tiny requests.
-//!   A zero-byte request takes a 64-byte object.
+//!   (Zero-byte requests never reach the slab: the device allocator serves them without a
+//!   slot.)
 //! * `512 < s <= 32768`: the classes of a doubling `(2^k, 2^(k+1)]` are `2^(k-2)` apart, so the
 //!   waste is below `2^(k-2)`, which is under 25% of the request and under 20% of the object.
 //!
-//! On top of that each span loses its tail: at most 6.25% of the span (classes 20, 21, 24, 25,
-//! 28 and 29), nothing for the power-of-two classes.
+//! On top of that each span loses its tail: at most 6.25% of the span (classes 28 and 29),
+//! nothing for the power-of-two classes.
 //!
 //! # Complexity
 //!
 //! `alloc` and `free` are `O(log n)` in the number of spans of the class (one `HashMap` lookup
-//! and at most one `BTreeSet` update). `add_span` is `O(objects per span)` (at most 1024) to
+//! and at most one `BTreeSet` update). `add_span` is `O(objects per span)` (at most 4096) to
 //! build the span's free-slot stack; `take_empty_spans` is linear in what it returns.
 
 use std::collections::{BTreeSet, HashMap};
@@ -85,8 +87,8 @@ const CLASS_SIZES: [u64; 32] = [
     20480, 24576, 28672, 32768,
 ];
 
-/// Smallest span size.
-const MIN_SPAN: u64 = 64 * 1024;
+/// Size of every span: 8 objects of the largest class.
+pub const SPAN_SIZE: u64 = 256 * 1024;
 
 /// The class serving `size` bytes: the smallest class at least `size` bytes large (size 0 maps
 /// to class 0). `None` if `size > SLAB_MAX`.
@@ -103,7 +105,7 @@ pub fn class_size(class: usize) -> u64 {
     CLASS_SIZES[class]
 }
 
-/// Size of the spans `class` is carved from: `max(64 KiB, (8 * class_size).next_power_of_two())`.
+/// Size of the spans `class` is carved from: [`SPAN_SIZE`] for every class.
 ///
 /// It is a power of two, so a span obtained from the buddy allocator is naturally aligned to it.
 ///
@@ -111,12 +113,13 @@ pub fn class_size(class: usize) -> u64 {
 ///
 /// If `class >= NUM_CLASSES`.
 pub fn span_size(class: usize) -> u64 {
-    (8 * class_size(class)).next_power_of_two().max(MIN_SPAN)
+    assert!(class < NUM_CLASSES, "no slab class {class}");
+    SPAN_SIZE
 }
 
 /// Whole objects of `class` that fit in one span.
 fn objects_per_span(class: usize) -> u32 {
-    // At most 64 KiB / 64 B = 1024.
+    // At most 256 KiB / 64 B = 4096.
     (span_size(class) / class_size(class)) as u32
 }
 
@@ -420,9 +423,7 @@ impl Slab {
     #[cfg(test)]
     /// Removes one empty span and returns it as `(offset, span_size)`, `None` if there is none.
     ///
-    /// Takes the lowest-address empty span of the highest class that has one; span sizes grow
-    /// with the class, so this frees the most memory per call (used when the buddy allocator is
-    /// exhausted).
+    /// Takes the lowest-address empty span of the highest class that has one.
     pub fn take_one_empty_span(&mut self) -> Option<(u64, u64)> {
         let (class, offset) = self
             .empty
@@ -453,7 +454,6 @@ impl Slab {
         self.live
     }
 
-    #[cfg(test)]
     /// Number of cached empty spans (`O(NUM_CLASSES)`).
     pub fn empty_span_count(&self) -> usize {
         self.empty.iter().map(BTreeSet::len).sum()
@@ -492,14 +492,13 @@ mod tests {
                 assert_eq!(class_of(class_size(class - 1) + 1), Some(class));
             }
             let span = span_size(class);
-            assert!(span.is_power_of_two() && span >= MIN_SPAN);
+            assert!(span.is_power_of_two() && span == SPAN_SIZE);
             assert!(objects_per_span(class) >= 8);
             // Span tail at most 6.25%.
             assert!((span % size) * 16 <= span, "class {class}");
         }
-        assert_eq!(span_size(0), 64 * 1024);
-        assert_eq!(span_size(24), 128 * 1024);
-        assert_eq!(span_size(31), 256 * 1024);
+        assert_eq!(objects_per_span(0), 4096);
+        assert_eq!(objects_per_span(31), 8);
     }
 
     #[test]
@@ -542,12 +541,12 @@ mod tests {
             slab.alloc(100),
             SlabAlloc::NeedSpan {
                 class: 1,
-                span_size: 64 * 1024
+                span_size: SPAN_SIZE
             }
         );
         slab.add_span(1, 0x10_0000);
         assert_eq!(slab.empty_span_count(), 1);
-        assert_eq!(slab.reserved_bytes(), 64 * 1024);
+        assert_eq!(slab.reserved_bytes(), SPAN_SIZE);
         assert_eq!(slab.alloc(100), SlabAlloc::Ok(0x10_0000));
         assert_eq!(slab.alloc(128), SlabAlloc::Ok(0x10_0080));
         assert_eq!(slab.empty_span_count(), 0);
@@ -556,13 +555,13 @@ mod tests {
         assert_eq!(slab.free(0x10_0000, 100), Ok(128));
         assert_eq!(slab.free(0x10_0080, 65), Ok(128));
         assert_eq!(slab.empty_span_count(), 1);
-        assert_eq!(slab.take_empty_spans(), vec![(0x10_0000, 64 * 1024)]);
+        assert_eq!(slab.take_empty_spans(), vec![(0x10_0000, SPAN_SIZE)]);
         assert_eq!(slab.reserved_bytes(), 0);
         assert_eq!(
             slab.alloc(100),
             SlabAlloc::NeedSpan {
                 class: 1,
-                span_size: 64 * 1024
+                span_size: SPAN_SIZE
             }
         );
     }
@@ -594,7 +593,7 @@ mod tests {
         let mut next = 0;
         let a = alloc_with(&mut slab, &mut next, 640);
         let b = alloc_with(&mut slab, &mut next, 64);
-        assert_eq!((a, b), (0, 64 * 1024));
+        assert_eq!((a, b), (0, SPAN_SIZE));
         let (allocated, live) = (slab.allocated_bytes(), slab.live_objects());
 
         assert_eq!(
@@ -614,13 +613,13 @@ mod tests {
                 span_class_size: 640
             })
         );
-        // Wrong size with a larger span size: its span start (0) holds another class.
+        // Wrong size the other way: the span at `b` holds 64-byte objects.
         assert_eq!(
             slab.free(b, SLAB_MAX),
             Err(SlabError::SizeMismatch {
                 offset: b,
                 size: SLAB_MAX,
-                span_class_size: 640
+                span_class_size: 64
             })
         );
         assert_eq!(
@@ -630,11 +629,11 @@ mod tests {
                 class_size: 640
             })
         );
-        // In the span tail, past the last whole object (102 * 640 = 65280).
+        // In the span tail, past the last whole object (409 * 640 = 261760).
         assert_eq!(
-            slab.free(a + 102 * 640, 640),
+            slab.free(a + 409 * 640, 640),
             Err(SlabError::Misaligned {
-                offset: a + 102 * 640,
+                offset: a + 409 * 640,
                 class_size: 640
             })
         );
@@ -681,15 +680,15 @@ mod tests {
     }
 
     #[test]
-    fn take_one_empty_span_prefers_large_spans() {
+    fn take_one_empty_span_prefers_high_classes() {
         let mut slab = Slab::new();
         assert_eq!(slab.take_one_empty_span(), None);
         slab.add_span(0, 2 << 20);
         slab.add_span(31, 1 << 20);
         slab.add_span(31, 0);
-        assert_eq!(slab.take_one_empty_span(), Some((0, 256 * 1024)));
-        assert_eq!(slab.take_one_empty_span(), Some((1 << 20, 256 * 1024)));
-        assert_eq!(slab.take_one_empty_span(), Some((2 << 20, 64 * 1024)));
+        assert_eq!(slab.take_one_empty_span(), Some((0, SPAN_SIZE)));
+        assert_eq!(slab.take_one_empty_span(), Some((1 << 20, SPAN_SIZE)));
+        assert_eq!(slab.take_one_empty_span(), Some((2 << 20, SPAN_SIZE)));
         assert_eq!(slab.take_one_empty_span(), None);
         assert_eq!(slab.reserved_bytes(), 0);
     }
