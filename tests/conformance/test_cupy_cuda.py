@@ -147,10 +147,6 @@ def test_stream_per_device():
 
 
 # cupy: tests/cupy_tests/cuda_tests/test_stream.py::TestStream::test_per_device_failure
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 item 5: `with stream` does not make the stream's device current",
-)
 def test_stream_of_other_device_in_with():
     # CuPy refuses a stream of another device; runtime (like torch) switches to its device.
     s0 = runtime.Stream(0)

@@ -438,10 +438,6 @@ def test_parallel_tasks_each_with_its_stream():
 
 
 # numba: numba/cuda/tests/cudadrv/test_streams.py::TestCudaStream::test_parallel_tasks
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 item 5: the current stream is per thread, not per asyncio task (contextvars)",
-)
 def test_current_stream_per_asyncio_task():
     s = runtime.Stream()
 

@@ -296,10 +296,6 @@ def test_stream_context_manager():
 
 
 # torch: test/test_cuda.py::TestCuda::test_multi_device_stream_context_manager
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 item 5: `with stream` does not make the stream's device current",
-)
 def test_multi_device_stream_context_manager():
     runtime.set_device(0)
     src_prev = runtime.current_stream(0)

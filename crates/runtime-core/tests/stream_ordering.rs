@@ -163,6 +163,10 @@ fn run_program(
     devices: [usize; STREAMS],
     priorities: [i32; STREAMS],
 ) -> Result<(), TestCaseError> {
+    // Programs capture, and the all-streams barrier below refuses while any stream
+    // captures: one program at a time.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let rt = init();
     let mut m = Model {
         streams: (0..STREAMS)

@@ -1,6 +1,7 @@
 //! Argument conversion: Python objects to the values the core takes, with `TypeError` /
 //! `ValueError` naming the argument. Sizes and offsets, shapes, dtypes, timeouts, and the
-//! handle arguments (device, stream, event, buffer). Depends on no domain file.
+//! handle arguments (device, stream, event, buffer); `None` for a device or stream is the
+//! current one of the calling context (`context`). Depends on no domain file.
 
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -12,6 +13,7 @@ use runtime_core::kernel::DType;
 use runtime_core::runtime as rt;
 use runtime_core::stream::Stream;
 
+use crate::context;
 use crate::errors::RtErr;
 use crate::handles::{PyDevice, PyDeviceBuffer, PyEvent, PyStream};
 
@@ -202,12 +204,13 @@ pub fn device_at(i: i64) -> PyResult<Device> {
     Ok(r.device(i).map_err(RtErr)?.clone())
 }
 
-/// An optional device argument (`None` = the thread's current device).
-pub fn resolve(obj: Option<&Bound<'_, PyAny>>, arg: &str) -> PyResult<Device> {
+/// An optional device argument (`None` = the current device: the innermost `with`'s, else
+/// the thread's).
+pub fn resolve(py: Python<'_>, obj: Option<&Bound<'_, PyAny>>, arg: &str) -> PyResult<Device> {
     let r = rt::get().map_err(RtErr)?;
     let idx = match obj {
         Some(o) if !o.is_none() => device_arg(o, arg)?,
-        _ => runtime_core::device::current_device_index() as i64,
+        _ => context::device_index(py)? as i64,
     };
     Ok(r.device(idx).map_err(RtErr)?.clone())
 }
@@ -220,7 +223,7 @@ pub fn resolve_required(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Device> {
             "{arg} must be a runtime.Device or an int, got None"
         )));
     }
-    resolve(Some(obj), arg)
+    resolve(obj.py(), Some(obj), arg)
 }
 
 /// The `stream=` argument of a copy: a Stream, or None (the copy is then blocking).
@@ -240,8 +243,8 @@ pub fn stream_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Stream>> {
 }
 
 /// An optional stream argument: a Stream, or None for the current stream of the current
-/// device.
-pub fn stream_or_current(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Stream> {
+/// device (both as the calling context sees them).
+pub fn stream_or_current(py: Python<'_>, obj: Option<&Bound<'_, PyAny>>) -> PyResult<Stream> {
     match obj {
         Some(o) if !o.is_none() => Ok(o
             .cast::<PyStream>()
@@ -255,8 +258,8 @@ pub fn stream_or_current(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Stream> {
             .inner()
             .clone()),
         _ => {
-            let d = resolve(None, "device")?;
-            Ok(runtime_core::device::current_stream(&d).map_err(RtErr)?)
+            let d = resolve(py, None, "device")?;
+            context::stream(py, &d)
         }
     }
 }

@@ -1,13 +1,12 @@
 //! Devices: the `Device` class, the property records (`DeviceProperties`, `MemoryInfo`,
 //! `ComputeInfo`), and the device functions (`get_device_*`, `set_device`, `get_device`).
 
-use std::cell::RefCell;
-
 use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use runtime_core::runtime as rt;
 
+use crate::context;
 use crate::convert::{device_arg, device_at, resolve_required, timeout_obj};
 use crate::errors::{RtErr, RtResult};
 use crate::handles::PyDevice;
@@ -70,10 +69,6 @@ record!(
     }
 );
 
-thread_local! {
-    static DEVICE_STACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
-}
-
 #[pymethods]
 impl PyDevice {
     #[new]
@@ -105,22 +100,22 @@ impl PyDevice {
         )
     }
 
+    /// Make this device current for the block (in this thread or asyncio task only); restored
+    /// on exit. The current streams stay as they were.
     fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
-        let prev = runtime_core::device::current_device_index();
-        rt::set_device(slf.get().index as i64).map_err(RtErr)?;
-        DEVICE_STACK.with(|s| s.borrow_mut().push(prev));
+        let d = device_at(slf.get().index as i64)?;
+        context::enter(slf.py(), &d, None)?;
         Ok(slf)
     }
 
     fn __exit__(
         &self,
+        py: Python<'_>,
         _t: Option<&Bound<'_, PyAny>>,
         _v: Option<&Bound<'_, PyAny>>,
         _tb: Option<&Bound<'_, PyAny>>,
-    ) {
-        if let Some(prev) = DEVICE_STACK.with(|s| s.borrow_mut().pop()) {
-            let _ = rt::set_device(prev as i64);
-        }
+    ) -> PyResult<()> {
+        context::exit(py)
     }
 
     fn __repr__(&self) -> String {
@@ -206,16 +201,21 @@ pub fn get_device_compute_info(device: &Bound<'_, PyAny>) -> PyResult<ComputeInf
     })
 }
 
-/// Make `device` the calling thread's current device.
+/// Make `device` the calling thread's current device. Inside a `with` (stream or device) it is
+/// current for the rest of that block, and the block's exit restores the device from before it.
 #[pyfunction]
-pub fn set_device(device: &Bound<'_, PyAny>) -> PyResult<()> {
-    rt::set_device(device_arg(device, "device")?).map_err(RtErr)?;
+pub fn set_device(py: Python<'_>, device: &Bound<'_, PyAny>) -> PyResult<()> {
+    let d = device_at(device_arg(device, "device")?)?;
+    if !context::set_device(py, &d)? {
+        rt::set_device(d.index() as i64).map_err(RtErr)?;
+    }
     Ok(())
 }
 
-/// The calling thread's current device index (default 0).
+/// The current device index: the innermost `with`'s in this thread or task, else the
+/// thread's (`set_device`, default 0).
 #[pyfunction]
-pub fn get_device() -> RtResult<usize> {
-    rt::get()?;
-    Ok(runtime_core::device::current_device_index())
+pub fn get_device(py: Python<'_>) -> PyResult<usize> {
+    rt::get().map_err(RtErr)?;
+    context::device_index(py)
 }

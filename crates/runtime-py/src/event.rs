@@ -42,8 +42,8 @@ impl PyEvent {
 
     /// Record on `stream` (the current stream when None).
     #[pyo3(signature = (stream=None))]
-    fn record(&self, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let s = stream_or_current(stream)?;
+    fn record(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let s = stream_or_current(py, stream)?;
         s.record(self.live()?).map_err(RtErr)?;
         Ok(())
     }
@@ -72,8 +72,8 @@ impl PyEvent {
 
     /// Make `stream` (current when None) wait for this event.
     #[pyo3(signature = (stream=None))]
-    fn wait(&self, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let s = stream_or_current(stream)?;
+    fn wait(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let s = stream_or_current(py, stream)?;
         s.wait_event(self.live()?).map_err(RtErr)?;
         Ok(())
     }

@@ -120,7 +120,7 @@ impl PyKernel {
         args: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let s = stream_or_current(stream)?;
+        let s = stream_or_current(py, stream)?;
         launch_native(py, &s, self.kernel.clone(), args)
     }
 }

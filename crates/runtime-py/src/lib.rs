@@ -5,6 +5,7 @@
 // Layers (each uses only those above it):
 //   errors                      error classes and the core-to-Python mapping
 //   handles                     the handle classes' data and the runtime-generation check
+//   context                     the context-local current device and streams (`with`)
 //   convert                     argument conversion
 //   wait                        GIL-released waits and submission
 //   host, dlpack                buffer-protocol import/export, DLPack capsules
@@ -14,6 +15,7 @@
 //   stream                      Stream, Graph and the stream functions
 //   lifecycle                   init, shutdown, options
 mod buffer;
+mod context;
 mod convert;
 mod copy;
 mod device;

@@ -44,7 +44,7 @@ pub fn empty(
     dtype: Option<&Bound<'_, PyAny>>,
     device: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyDeviceBuffer> {
-    let d = resolve(device, "device")?;
+    let d = resolve(py, device, "device")?;
     let dt = match dtype {
         Some(t) if !t.is_none() => parse_dtype(py, t)?,
         _ => DType::F32,

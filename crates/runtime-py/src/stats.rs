@@ -37,7 +37,7 @@ pub fn memory_stats<'py>(
     py: Python<'py>,
     device: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Bound<'py, PyDict>> {
-    let d = resolve(device, "device")?;
+    let d = resolve(py, device, "device")?;
     let s = d.memory().stats();
     let out = PyDict::new(py);
     out.set_item("device", d.index())?;

@@ -2,8 +2,6 @@
 //! class, and the stream functions (`stream_synchronize`, `current_stream`, ...). Launches are
 //! converted in `kernel`; waits and submission are in `wait`.
 
-use std::cell::RefCell;
-
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyTuple};
@@ -11,19 +9,20 @@ use runtime_core::event::{Event, EventOptions};
 use runtime_core::runtime as rt;
 use runtime_core::stream::{Graph, Stream};
 
+use crate::context;
 use crate::convert::{event_arg, resolve, stream_or_current, timeout_obj, type_name};
 use crate::errors::{RtErr, RtResult};
 use crate::handles::{PyDevice, PyEvent, PyStream};
 use crate::kernel;
 use crate::wait;
 
-thread_local! {
-    static STREAM_STACK: RefCell<Vec<(runtime_core::device::Device, Option<Stream>)>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Forget per-thread stream state (at shutdown).
+/// Forget the calling thread's (context's) `with` state at shutdown: its streams belong to the
+/// old runtime (see `context::clear`).
 pub fn clear_thread_state() {
-    STREAM_STACK.with(|s| s.borrow_mut().clear());
+    Python::attach(|py| {
+        // Only drops references early; a failure here leaves a frame that reads as absent.
+        let _ = context::clear(py);
+    });
 }
 
 #[pymethods]
@@ -31,6 +30,7 @@ impl PyStream {
     #[new]
     #[pyo3(signature = (device=None, priority=None))]
     fn new(
+        py: Python<'_>,
         device: Option<&Bound<'_, PyAny>>,
         priority: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
@@ -54,7 +54,7 @@ impl PyStream {
             }
             _ => 0,
         };
-        let d = resolve(device, "device")?;
+        let d = resolve(py, device, "device")?;
         Ok(PyStream::wrap(Stream::new(&d, p).map_err(RtErr)?))
     }
 
@@ -168,26 +168,26 @@ impl PyStream {
         Ok(())
     }
 
+    /// Make this stream current, and its device the current device, for the block (in this
+    /// thread or asyncio task only); both are restored on exit.
     fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
         let s = slf.get().inner();
         s.check().map_err(RtErr)?;
         let d = rt::get()
             .and_then(|r| r.device(s.device_index() as i64).cloned())
             .map_err(RtErr)?;
-        let prev = runtime_core::device::set_current_stream(&d, Some(s.clone()));
-        STREAM_STACK.with(|st| st.borrow_mut().push((d, prev)));
+        context::enter(slf.py(), &d, Some(s))?;
         Ok(slf)
     }
 
     fn __exit__(
         &self,
+        py: Python<'_>,
         _t: Option<&Bound<'_, PyAny>>,
         _v: Option<&Bound<'_, PyAny>>,
         _tb: Option<&Bound<'_, PyAny>>,
-    ) {
-        if let Some((d, prev)) = STREAM_STACK.with(|st| st.borrow_mut().pop()) {
-            runtime_core::device::set_current_stream(&d, prev);
-        }
+    ) -> PyResult<()> {
+        context::exit(py)
     }
 
     fn __repr__(&self) -> String {
@@ -216,7 +216,7 @@ impl PyGraph {
     /// Replay on `stream` (the current stream when None).
     #[pyo3(signature = (stream=None))]
     fn launch(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        let s = stream_or_current(stream)?;
+        let s = stream_or_current(py, stream)?;
         if s.enqueue_graph(&self.inner).map_err(RtErr)? {
             wait::after_enqueue(py, &s)?;
         }
@@ -258,21 +258,20 @@ pub fn stream_synchronize(py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) ->
     )
 }
 
-/// The calling thread's current stream on `device` (the current device when None).
+/// The current stream on `device` (the current device when None): the one the innermost
+/// `with stream:` of this thread or task made current there, else the thread's.
 #[pyfunction]
 #[pyo3(signature = (device=None))]
-pub fn current_stream(device: Option<&Bound<'_, PyAny>>) -> PyResult<PyStream> {
-    let d = resolve(device, "device")?;
-    Ok(PyStream::wrap(
-        runtime_core::device::current_stream(&d).map_err(RtErr)?,
-    ))
+pub fn current_stream(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<PyStream> {
+    let d = resolve(py, device, "device")?;
+    Ok(PyStream::wrap(context::stream(py, &d)?))
 }
 
 /// The default stream of `device` (the current device when None).
 #[pyfunction]
 #[pyo3(signature = (device=None))]
-pub fn default_stream(device: Option<&Bound<'_, PyAny>>) -> PyResult<PyStream> {
-    let d = resolve(device, "device")?;
+pub fn default_stream(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<PyStream> {
+    let d = resolve(py, device, "device")?;
     Ok(PyStream::wrap(d.default_stream().map_err(RtErr)?))
 }
 

@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use runtime_core::runtime as rt;
 use runtime_core::stream::{Op, Stream};
 
+use crate::context;
 use crate::convert::timeout_arg;
 use crate::errors::{self, RtErr};
 
@@ -109,8 +110,9 @@ pub fn after_enqueue(py: Python<'_>, s: &Stream) -> PyResult<()> {
 }
 
 /// Run a copy op: queued on `stream` (asynchronous) or, with no stream, submitted by the core
-/// as a blocking copy on `device`'s current stream (ordered after `peer`'s too; see
-/// `runtime_core::device::submit_blocking`) and waited for here with the GIL released.
+/// as a blocking copy on `device`'s current stream as the calling context sees it (ordered
+/// after `peer`'s too; see `runtime_core::device::submit_blocking_on`) and waited for here
+/// with the GIL released.
 pub fn submit_copy(
     py: Python<'_>,
     op: Arc<dyn Op>,
@@ -122,13 +124,13 @@ pub fn submit_copy(
         return submit(py, &s, op);
     }
     let r = rt::get().map_err(RtErr)?;
-    let d = r.device(device as i64).map_err(RtErr)?;
-    let p = match peer {
-        Some(p) => Some(r.device(p as i64).map_err(RtErr)?),
+    let s = context::stream(py, r.device(device as i64).map_err(RtErr)?)?;
+    let ps = match peer {
+        Some(p) => Some(context::stream(py, r.device(p as i64).map_err(RtErr)?)?),
         None => None,
     };
     let s = py
-        .detach(|| runtime_core::device::submit_blocking(d, p, op))
+        .detach(|| runtime_core::device::submit_blocking_on(&s, ps.as_ref(), op))
         .map_err(RtErr)?;
     sync_stream(py, &s, None)
 }

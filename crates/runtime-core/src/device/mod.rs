@@ -245,34 +245,51 @@ pub fn current_stream(device: &Device) -> Result<Stream> {
 /// Submit work the caller will wait for (a blocking copy or memset without a stream): on the
 /// calling thread's current stream of `device`, ordered also after the work queued so far on
 /// `peer`'s current stream (the other device of a cross-device copy, as `cudaMemcpyPeer` is
-/// serialised with both devices). Runs it right here when the stream is idle; otherwise
-/// queues it. Returns the stream to wait for (`Stream::synchronize`, or a sliced
-/// `Stream::wait_for` then `Stream::take_error`).
+/// serialised with both devices). See [`submit_blocking_on`].
 ///
 /// # Errors
-/// `Capturing` when the current stream is capturing (the copy would return before it ran,
-/// as CUDA's `cudaErrorStreamCaptureImplicit`); `InvalidHandle` after shutdown.
+/// As [`submit_blocking_on`].
 pub fn submit_blocking(
     device: &Device,
     peer: Option<&Device>,
     op: Arc<dyn crate::stream::Op>,
 ) -> Result<Stream> {
     let s = current_stream(device)?;
-    s.refuse_if_capturing("a blocking copy or memset")?;
-    if let Some(p) = peer.filter(|p| p.index() != device.index()) {
-        let ps = current_stream(p)?;
+    let ps = match peer.filter(|p| p.index() != device.index()) {
+        Some(p) => Some(current_stream(p)?),
+        None => None,
+    };
+    submit_blocking_on(&s, ps.as_ref(), op)
+}
+
+/// Submit work the caller will wait for on `stream`, ordered also after the work queued so
+/// far on `peer` (when it is another stream). Callers that keep their own notion of the
+/// current stream (the Python bindings' context-local one) pass it here. Runs the op right
+/// here when the stream is idle; otherwise queues it. Returns the stream to wait for
+/// (`Stream::synchronize`, or a sliced `Stream::wait_for` then `Stream::take_error`).
+///
+/// # Errors
+/// `Capturing` when `stream` is capturing (the copy would return before it ran, as CUDA's
+/// `cudaErrorStreamCaptureImplicit`); `InvalidHandle` after shutdown.
+pub fn submit_blocking_on(
+    stream: &Stream,
+    peer: Option<&Stream>,
+    op: Arc<dyn crate::stream::Op>,
+) -> Result<Stream> {
+    stream.refuse_if_capturing("a blocking copy or memset")?;
+    if let Some(p) = peer.filter(|p| *p != stream) {
         // A capturing stream has nothing queued to order after.
-        if !ps.is_capturing() {
+        if !p.is_capturing() {
             let ev =
                 crate::event::Event::with_options(crate::event::EventOptions::without_timing());
-            ps.record(&ev)?;
-            s.wait_event(&ev)?;
+            p.record(&ev)?;
+            stream.wait_event(&ev)?;
         }
     }
-    if !s.try_run_inline(&op)? {
-        s.enqueue(op)?;
+    if !stream.try_run_inline(&op)? {
+        stream.enqueue(op)?;
     }
-    Ok(s)
+    Ok(stream.clone())
 }
 
 /// Make `stream` the calling thread's current stream on `device` (`None` restores the
