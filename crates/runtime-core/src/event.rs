@@ -323,8 +323,29 @@ impl Event {
         self.0.recorded() > 0
     }
 
-    /// Wait for the latest record; false on timeout.
-    pub fn synchronize(&self, timeout: Option<Duration>) -> Result<bool> {
+    /// Wait until the latest record has completed.
+    ///
+    /// # Errors
+    /// `Timeout` when `timeout` passed first; `InvalidHandle`; `NotPermitted` from a runtime
+    /// thread while the record is pending.
+    pub fn synchronize(&self, timeout: Option<Duration>) -> Result<()> {
+        if self.wait(timeout)? {
+            Ok(())
+        } else {
+            Err(StreamError::Timeout {
+                what: format!("Event#{}", self.0.id),
+                timeout_ms: timeout.map_or(f64::INFINITY, |t| t.as_secs_f64() * 1e3),
+            }
+            .into())
+        }
+    }
+
+    /// Wait up to `timeout` for the latest record: `Ok(false)` if it is still pending then
+    /// (for callers that wait in slices, such as the Python bindings).
+    ///
+    /// # Errors
+    /// As for [`Event::synchronize`], without `Timeout`.
+    pub fn wait(&self, timeout: Option<Duration>) -> Result<bool> {
         self.check()?;
         let target = self.0.recorded();
         if self.0.gate.latest() >= target {

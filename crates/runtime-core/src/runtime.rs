@@ -198,19 +198,33 @@ pub fn shutdown() -> Result<()> {
 
 /// The all-streams barrier (`stream_synchronize`): wait for every stream of every device and
 /// report every error raised since each stream's last synchronisation, each once
-/// (`StreamError::Multiple` when several streams failed). `Ok(false)` on timeout.
+/// (`StreamError::Multiple` when several streams failed).
 ///
 /// # Errors
-/// `NotInitialized`; the streams' errors.
-pub fn synchronize_all(timeout: Option<std::time::Duration>) -> Result<bool> {
+/// `NotInitialized`; `Timeout` when `timeout` passed first; the streams' errors;
+/// `Capturing`; `NotPermitted` from a runtime thread.
+pub fn synchronize_all(timeout: Option<std::time::Duration>) -> Result<()> {
+    if wait_all(timeout)? {
+        Ok(())
+    } else {
+        Err(StreamError::Timeout {
+            what: "the all-streams barrier".into(),
+            timeout_ms: timeout.map_or(f64::INFINITY, |t| t.as_secs_f64() * 1e3),
+        }
+        .into())
+    }
+}
+
+/// [`synchronize_all`] for callers that wait in slices: `Ok(false)` on timeout.
+///
+/// # Errors
+/// As for [`synchronize_all`], without `Timeout`.
+pub fn wait_all(timeout: Option<std::time::Duration>) -> Result<bool> {
     let rt = get()?;
     let deadline = crate::clock::deadline_after(timeout);
     let mut errors = Vec::new();
     for d in &rt.devices {
-        match d
-            .executor()
-            .synchronize_all(crate::clock::time_left(deadline))
-        {
+        match d.executor().wait_all(crate::clock::time_left(deadline)) {
             Ok(true) => {}
             Ok(false) => return Ok(false),
             Err(Error::Stream(StreamError::Multiple(es))) => errors.extend(es),

@@ -116,7 +116,7 @@ fn replay_runs_everything_in_order_each_time() {
     assert_eq!(names[5], "c");
 
     s.launch_graph(&g).unwrap();
-    assert!(s.synchronize(None).unwrap());
+    s.synchronize(None).unwrap();
     assert_eq!(*log.lock().unwrap(), ["a", "b", "c"]);
     assert_eq!(read_f32(&buf, 8), vec![3.0; 8]);
     assert!(e.query().unwrap());
@@ -124,7 +124,7 @@ fn replay_runs_everything_in_order_each_time() {
 
     s.launch_graph(&g).unwrap();
     s.launch(log_op(&log, "after")).unwrap();
-    assert!(s.synchronize(None).unwrap());
+    s.synchronize(None).unwrap();
     assert_eq!(
         *log.lock().unwrap(),
         ["a", "b", "c", "a", "b", "c", "after"]
@@ -149,7 +149,7 @@ fn capture_state_errors() {
     let g = s.end_capture().unwrap();
     assert!(g.is_empty());
     s.launch_graph(&g).unwrap();
-    assert!(s.synchronize(None).unwrap());
+    s.synchronize(None).unwrap();
 }
 
 #[test]
@@ -169,7 +169,7 @@ fn a_graph_launched_inside_a_capture_is_inlined() {
     assert_eq!(outer.len(), 5);
     assert!(log.lock().unwrap().is_empty());
     s.launch_graph(&outer).unwrap();
-    assert!(s.synchronize(None).unwrap());
+    s.synchronize(None).unwrap();
     assert_eq!(*log.lock().unwrap(), ["start", "x", "y", "x", "y"]);
 }
 
@@ -184,7 +184,7 @@ fn a_graph_runs_on_another_stream_too() {
     let g = s.end_capture().unwrap();
     t.launch_graph(&g).unwrap();
     t.launch_graph(&g).unwrap();
-    assert!(t.synchronize(None).unwrap());
+    t.synchronize(None).unwrap();
     assert_eq!(*log.lock().unwrap(), ["g", "g"]);
 }
 
@@ -239,10 +239,8 @@ fn a_graph_wait_does_not_wait_for_a_record_queued_after_the_launch() {
     s.launch_graph(&g).unwrap();
     s.record(&e).unwrap();
     gate.open();
-    assert!(
-        s.synchronize(Some(Duration::from_secs(10))).unwrap(),
-        "the stream deadlocked on a record queued behind the graph"
-    );
+    s.synchronize(Some(Duration::from_secs(10)))
+        .expect("the stream deadlocked on a record queued behind the graph");
     assert_eq!(*log.lock().unwrap(), ["step"]);
 
     // Same with an event never recorded before the launch: the wait is a no-op.
@@ -256,10 +254,8 @@ fn a_graph_wait_does_not_wait_for_a_record_queued_after_the_launch() {
     s.launch_graph(&g).unwrap();
     s.record(&fresh).unwrap();
     gate.open();
-    assert!(
-        s.synchronize(Some(Duration::from_secs(10))).unwrap(),
-        "the stream deadlocked on a record queued behind the graph"
-    );
+    s.synchronize(Some(Duration::from_secs(10)))
+        .expect("the stream deadlocked on a record queued behind the graph");
     assert_eq!(*log.lock().unwrap(), ["step", "step2"]);
 }
 
@@ -297,16 +293,16 @@ fn a_wait_after_launch_graph_waits_for_the_graphs_record() {
     .unwrap();
     assert!(!e.query().unwrap(), "the graph's record is pending");
     assert!(
-        !b.synchronize(Some(Duration::from_millis(20))).unwrap(),
+        common::timed_out(b.synchronize(Some(Duration::from_millis(20)))),
         "b must wait for the graph"
     );
     gate.open();
-    assert!(b.synchronize(Some(Duration::from_secs(10))).unwrap());
+    b.synchronize(Some(Duration::from_secs(10))).unwrap();
     assert!(
         saw.load(Ordering::SeqCst),
         "b's op ran after the graph's op"
     );
-    assert!(s.synchronize(None).unwrap());
+    s.synchronize(None).unwrap();
 }
 
 fn is_capturing_error<T: std::fmt::Debug>(r: runtime_core::Result<T>) -> bool {
@@ -330,8 +326,8 @@ fn waits_on_a_capturing_stream_are_refused() {
     assert!(is_capturing_error(s.refuse_if_capturing("to_host")));
     let g = s.end_capture().unwrap();
     assert!(g.is_empty());
-    assert!(s.synchronize(None).unwrap());
-    assert!(dev.synchronize(None).unwrap());
+    s.synchronize(None).unwrap();
+    dev.synchronize(None).unwrap();
     assert!(log.lock().unwrap().is_empty());
 }
 
@@ -403,14 +399,14 @@ fn cross_stream_capture_forks_and_joins() {
 
     for round in 1..=3 {
         a.launch_graph(&g).unwrap();
-        assert!(a.synchronize(None).unwrap());
+        a.synchronize(None).unwrap();
         assert_eq!(read_f32(&buf, 4), vec![4.0; 4], "round {round}");
         let l = log.lock().unwrap();
         assert_eq!(&l[l.len() - 3..], ["a1", "b1", "a2"]);
     }
     // The events work normally again outside the capture.
     b.record(&join).unwrap();
-    assert!(b.synchronize(None).unwrap());
+    b.synchronize(None).unwrap();
     assert!(join.query().unwrap());
 }
 
@@ -435,7 +431,7 @@ fn a_capture_with_an_unjoined_fork_fails_to_end() {
     }
     assert!(!a.is_capturing() && !b.is_capturing());
     b.launch(log_op(&log, "after")).unwrap();
-    assert!(b.synchronize(None).unwrap());
+    b.synchronize(None).unwrap();
     assert_eq!(*log.lock().unwrap(), ["after"]);
 }
 
@@ -464,6 +460,6 @@ fn a_captured_wait_on_an_outside_event_is_an_ordinary_dependency() {
         "the replay waited for the record"
     );
     gate.open();
-    assert!(s.synchronize(None).unwrap());
+    s.synchronize(None).unwrap();
     assert_eq!(*log.lock().unwrap(), ["producer", "consumer"]);
 }

@@ -98,7 +98,7 @@ fn a_registered_kernel_is_found_and_launched_by_name() {
         vec![KernelArg::Tensor(x), KernelArg::Int(5), KernelArg::Int(-2)],
     )
     .unwrap();
-    assert!(s.synchronize(None).unwrap());
+    s.synchronize(None).unwrap();
     assert_eq!(
         read_i64(&buf, 16),
         (0..16).map(|i| 5 - 2 * i).collect::<Vec<_>>()
@@ -117,7 +117,7 @@ fn a_registered_kernel_is_found_and_launched_by_name() {
         ],
     )
     .unwrap();
-    assert!(s.synchronize(None).unwrap());
+    s.synchronize(None).unwrap();
     assert_eq!(
         read_i64(&buf, 16),
         (0..16).map(|i| 3 * (5 - 2 * i)).collect::<Vec<_>>()
@@ -173,7 +173,7 @@ fn a_custom_kernel_failure_names_the_kernel() {
         }
         other => panic!("{other:?}"),
     }
-    assert!(s.synchronize(None).unwrap());
+    s.synchronize(None).unwrap();
 }
 
 #[test]

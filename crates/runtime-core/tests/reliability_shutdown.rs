@@ -104,7 +104,7 @@ fn shutdown_racing_a_launcher_never_leaves_a_waiter_hanging() {
                 if s.enqueue(op).is_err() || s.record(&e).is_err() {
                     return true;
                 }
-                match e.synchronize(Some(Duration::from_secs(10))) {
+                match e.wait(Some(Duration::from_secs(10))) {
                     Ok(true) => {}
                     Ok(false) => return false, // a record no engine will run
                     Err(_) => return true,

@@ -81,10 +81,10 @@ fn eight_threads_launch_on_own_and_shared_streams() {
                             .unwrap();
                         if i % 250 == 0 {
                             // Sometimes synchronise in the middle, from this thread.
-                            assert!(own.synchronize(None).unwrap());
+                            own.synchronize(None).unwrap();
                         }
                     }
-                    assert!(own.synchronize(None).unwrap());
+                    own.synchronize(None).unwrap();
                     assert_eq!(own_counts[t].load(Ordering::SeqCst), OPS);
                     let (submitted, completed) = own.counters();
                     assert_eq!((submitted, completed), (OPS as u64, OPS as u64));
@@ -94,8 +94,8 @@ fn eight_threads_launch_on_own_and_shared_streams() {
         for h in handles {
             h.join().unwrap();
         }
-        assert!(shared.synchronize(None).unwrap());
-        assert!(runtime::synchronize_all(None).unwrap());
+        shared.synchronize(None).unwrap();
+        runtime::synchronize_all(None).unwrap();
         assert!(
             !out_of_order.load(Ordering::SeqCst),
             "an op ran out of order"
@@ -156,7 +156,7 @@ fn threads_record_and_wait_across_streams() {
             streams[0].wait_event(prev.as_ref().unwrap()).unwrap();
         }
         for s in &streams {
-            assert!(s.synchronize(None).unwrap());
+            s.synchronize(None).unwrap();
         }
         assert_eq!(counter.load(Ordering::SeqCst), (rounds * n) as u64);
         assert!(!bad.load(Ordering::SeqCst), "a step ran out of chain order");
@@ -194,7 +194,7 @@ fn dropping_streams_while_others_synchronize() {
             std::thread::spawn(move || {
                 // Device 0 has none of the dropped streams: its scans skip (and drop) them.
                 while finished.load(Ordering::SeqCst) < droppers {
-                    assert!(rt.device(0).unwrap().synchronize(None).unwrap());
+                    rt.device(0).unwrap().synchronize(None).unwrap();
                 }
             })
         };
@@ -253,7 +253,7 @@ fn launch_waits_while_the_backlog_is_full() {
     assert!(s.backlog_target().is_some());
     open.store(true, Ordering::SeqCst);
     within(Duration::from_secs(60), move || launcher.join().unwrap());
-    assert!(s.synchronize(Some(Duration::from_secs(60))).unwrap());
+    s.synchronize(Some(Duration::from_secs(60))).unwrap();
     assert_eq!(ran.load(Ordering::SeqCst), total);
     assert_eq!(s.pending(), 0);
     assert!(s.backlog_target().is_none());

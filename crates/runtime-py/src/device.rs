@@ -96,7 +96,7 @@ impl PyDevice {
             py,
             || format!("Device({})", self.index),
             timeout,
-            |slice| d.synchronize(Some(slice)),
+            |slice| d.wait_idle(Some(slice)),
         )
     }
 

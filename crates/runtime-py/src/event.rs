@@ -66,7 +66,7 @@ impl PyEvent {
             py,
             || format!("{e:?}"),
             timeout,
-            |slice| e.synchronize(Some(slice)),
+            |slice| e.wait(Some(slice)),
         )
     }
 

@@ -254,7 +254,7 @@ pub fn stream_synchronize(py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) ->
         py,
         || "stream_synchronize".to_string(),
         timeout,
-        |slice| runtime_core::runtime::synchronize_all(Some(slice)),
+        |slice| runtime_core::runtime::wait_all(Some(slice)),
     )
 }
 

@@ -145,11 +145,31 @@ impl Device {
         Ok(s)
     }
 
-    /// Wait until every stream of this device has finished its queued work; report every
-    /// stream's error (see [`Executor::synchronize_all`]). `Ok(false)` on timeout.
-    pub fn synchronize(&self, timeout: Option<std::time::Duration>) -> Result<bool> {
+    /// Wait until every stream of this device has finished its queued work and report every
+    /// stream's error (see [`Executor::wait_all`]).
+    ///
+    /// # Errors
+    /// `Timeout` when `timeout` passed first; the streams' errors; `Capturing` while one of
+    /// its streams captures; `NotPermitted` from a runtime thread.
+    pub fn synchronize(&self, timeout: Option<std::time::Duration>) -> Result<()> {
+        if self.wait_idle(timeout)? {
+            Ok(())
+        } else {
+            Err(crate::error::StreamError::Timeout {
+                what: format!("{self:?}"),
+                timeout_ms: timeout.map_or(f64::INFINITY, |t| t.as_secs_f64() * 1e3),
+            }
+            .into())
+        }
+    }
+
+    /// [`Device::synchronize`] for callers that wait in slices: `Ok(false)` on timeout.
+    ///
+    /// # Errors
+    /// As for [`Device::synchronize`], without `Timeout`.
+    pub fn wait_idle(&self, timeout: Option<std::time::Duration>) -> Result<bool> {
         self.check_alive()?;
-        self.0.exec.synchronize_all(timeout)
+        self.0.exec.wait_all(timeout)
     }
 }
 

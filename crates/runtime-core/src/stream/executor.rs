@@ -143,7 +143,7 @@ impl Executor {
     /// # Errors
     /// The first failed stream's error; every error when several failed
     /// (`StreamError::Multiple`).
-    pub fn synchronize_all(&self, timeout: Option<Duration>) -> Result<bool> {
+    pub fn wait_all(&self, timeout: Option<Duration>) -> Result<bool> {
         let deadline = deadline_after(timeout);
         let streams = self.streams();
         for s in streams.iter().filter(|s| !s.is_destroyed()) {

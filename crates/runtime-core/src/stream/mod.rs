@@ -322,7 +322,7 @@ impl Stream {
             }
             Ok(())
         } else {
-            self.synchronize(None).map(|_| ())
+            self.synchronize(None)
         }
     }
 
@@ -395,15 +395,15 @@ impl Stream {
     /// Wait until everything queued so far has run, then report (and clear) the first error
     /// a command raised since the last synchronisation.
     ///
-    /// Returns `Ok(false)` if `timeout` passed first. A caller that finds the stream queued
-    /// but not picked up runs it itself.
-    pub fn synchronize(&self, timeout: Option<Duration>) -> Result<bool> {
+    /// # Errors
+    /// `Timeout` when `timeout` passed first (the work goes on); the stream's pending
+    /// `Kernel` error; `InvalidHandle`; `Capturing`; `NotPermitted` from a runtime thread.
+    pub fn synchronize(&self, timeout: Option<Duration>) -> Result<()> {
         let target = self.synchronize_target()?;
         if !self.wait_for(target, timeout)? {
-            return Ok(false);
+            return Err(timed_out(format!("{self:?}"), timeout));
         }
-        self.take_error()?;
-        Ok(true)
+        self.take_error()
     }
 
     /// What [`Stream::synchronize`] checks and waits for, for callers that wait in their own
@@ -686,6 +686,15 @@ impl Stream {
     pub fn counters(&self) -> (u64, u64) {
         (self.0.done.submitted(), self.0.done.completed())
     }
+}
+
+/// The error of a wait that ran out of time.
+pub(crate) fn timed_out(what: String, timeout: Option<Duration>) -> crate::error::Error {
+    StreamError::Timeout {
+        what,
+        timeout_ms: timeout.map_or(f64::INFINITY, |t| t.as_secs_f64() * 1e3),
+    }
+    .into()
 }
 
 fn trace_enqueue(s: &StreamInner, cmd: &Command) {

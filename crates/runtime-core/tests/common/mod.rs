@@ -21,3 +21,13 @@ pub fn settings() -> ConfigBuilder {
 pub fn init() -> Arc<Runtime> {
     runtime::init(&settings()).expect("init the runtime")
 }
+
+/// Whether `r` is the error of a wait that ran out of time.
+pub fn timed_out<T: std::fmt::Debug>(r: runtime_core::Result<T>) -> bool {
+    matches!(
+        r,
+        Err(runtime_core::Error::Stream(
+            runtime_core::error::StreamError::Timeout { .. }
+        ))
+    )
+}
