@@ -193,6 +193,9 @@ pub struct DeviceMemory {
     arena: Arena,
     closed: AtomicBool,
     fault_countdown: AtomicU64,
+    /// The fork count when the memory was made: in a child process (after `fork()`) the
+    /// parent's memory is abandoned, since a thread that vanished in the fork may hold its lock.
+    forks: u64,
     state: Mutex<PoolState>,
     options: Arc<Options>,
     scrub: Scrubber,
@@ -230,6 +233,7 @@ impl DeviceMemory {
             arena,
             closed: AtomicBool::new(false),
             fault_countdown: AtomicU64::new(0),
+            forks: crate::generation::forks(),
             state: Mutex::new(PoolState {
                 buddy: Buddy::new(space, PAGE),
                 slab: Slab::new(),
@@ -476,6 +480,9 @@ impl DeviceMemory {
     }
 
     fn free_allocation(self: &Arc<Self>, a: &Allocation) {
+        if self.forks != crate::generation::forks() {
+            return; // the parent's memory, abandoned in this forked child: leak the block
+        }
         match a.kind {
             Kind::Slab => {
                 // Small: zero in place now so the slot is clean when it is handed out again.
@@ -540,10 +547,13 @@ impl DeviceMemory {
     fn wake_scrubber(self: &Arc<Self>) {
         if !self.scrub.started.swap(true, Ordering::AcqRel) {
             let weak = Arc::downgrade(self);
-            std::thread::Builder::new()
-                .name(format!("runtime-scrub-{}", self.device))
-                .spawn(move || scrub_loop(weak))
-                .expect("spawn the memory scrubber thread");
+            let name = format!("runtime-scrub-{}", self.device);
+            if crate::sync::spawn_thread(name, move || scrub_loop(weak)).is_err() {
+                // No background thread: zero the dirty blocks here, and try to start the
+                // scrubber again at the next free.
+                self.scrub.started.store(false, Ordering::Release);
+                while self.scrub_one() {}
+            }
             return;
         }
         if self.scrub.sleeping.load(Ordering::Acquire) {
@@ -657,6 +667,11 @@ fn scrub_loop(mem: std::sync::Weak<DeviceMemory>) {
             idle = 0;
         }
     }
+}
+
+/// After `fork()`, in the child: the copy helpers are made afresh on next use.
+pub(crate) fn after_fork_in_child() {
+    host::after_fork_in_child();
 }
 
 /// One allocation; returns its block to the allocator when dropped.
