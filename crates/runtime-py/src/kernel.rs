@@ -35,6 +35,13 @@ impl Op for PyOp {
         OpKind::Compute
     }
     fn run(&self) -> Result<(), KernelFailure> {
+        if !crate::interp::prepare() {
+            return Err(KernelFailure::new(
+                self.name.clone(),
+                "the Python interpreter is shutting down: Python kernels cannot run any more"
+                    .to_string(),
+            ));
+        }
         Python::attach(|py| {
             let call = || -> PyResult<()> {
                 let args = self.args.bind(py);
