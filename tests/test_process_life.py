@@ -126,8 +126,9 @@ def test_exit_code_preserved_with_an_exit_time_runtime():
 
 def interrupt_when_ready(code: str) -> tuple[int, str, str]:
     """Start `code`, wait for its "ready" line, send SIGINT, and return (rc, stdout, stderr)."""
+    code = f"MAIN_SOURCE = {textwrap.dedent(code)!r}\n" + textwrap.dedent(code)
     p = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-c", code],
         cwd=Path(__file__).parent,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -157,6 +158,19 @@ def k():
         time.sleep(0.01)
 s.launch_kernel(k)
 started.wait()
+
+def ready_when_main_calls(marker):
+    # Print "ready" once the main thread is inside the call on the line ending in `marker`.
+    import sys
+    lines = MAIN_SOURCE.splitlines()
+    line = next(i + 2 for i, t in enumerate(lines) if t.endswith(marker))  # after MAIN_SOURCE
+    main = threading.main_thread().ident
+    def poll():
+        while sys._current_frames()[main].f_lineno != line:
+            time.sleep(0.005)
+        time.sleep(0.05)
+        print("ready", flush=True)
+    threading.Thread(target=poll, daemon=True).start()
 """
 
 
@@ -164,9 +178,9 @@ def test_shutdown_waiting_for_a_long_kernel_is_interruptible():
     code = (
         WAIT_FOR_KERNEL
         + """
-print("ready", flush=True)
+ready_when_main_calls("# <- SIGINT")
 try:
-    runtime.shutdown()
+    runtime.shutdown()  # <- SIGINT
     print("not interrupted")
 except KeyboardInterrupt:
     print("interrupted", runtime.is_initialized())
@@ -196,9 +210,9 @@ try:
     runtime.shutdown()
 except KeyboardInterrupt:
     pass
-print("ready", flush=True)
+ready_when_main_calls("# <- SIGINT")
 try:
-    runtime.init(device_count=1, memory="64MiB")
+    runtime.init(device_count=1, memory="64MiB")  # <- SIGINT
     print("not interrupted")
 except KeyboardInterrupt:
     print("interrupted")
