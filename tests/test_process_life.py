@@ -346,14 +346,17 @@ def _pool_worker(n: int) -> list[float]:
 @needs_fork
 def test_multiprocessing_fork_pool_workers_init_their_own_runtime():
     runtime.init(device_count=1, memory="64MiB")  # the parent uses the runtime too
-    s = runtime.Stream(0)
-    s.launch_kernel(lambda: None)
-    s.synchronize()
-    with multiprocessing.get_context("fork").Pool(2) as pool:
-        got = pool.map(_pool_worker, [1, 2, 3, 4])
-    assert got == [[2.0 * i for i in range(n)] for n in [1, 2, 3, 4]]
-    s.launch_kernel(lambda: None)
-    s.synchronize()
+    try:
+        s = runtime.Stream(0)
+        s.launch_kernel(lambda: None)
+        s.synchronize()
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            got = pool.map(_pool_worker, [1, 2, 3, 4])
+        assert got == [[2.0 * i for i in range(n)] for n in [1, 2, 3, 4]]
+        s.launch_kernel(lambda: None)
+        s.synchronize()
+    finally:
+        runtime.shutdown()
 
 
 # -- item 13: thread-start failures --------------------------------------------------------
