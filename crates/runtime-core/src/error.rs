@@ -78,6 +78,14 @@ pub enum DeviceError {
         /// Why (freed, destroyed, the runtime was shut down).
         why: String,
     },
+    /// The OS refused to start one of the runtime's threads (an engine worker).
+    #[error("cannot start {what}: {reason}")]
+    ThreadSpawn {
+        /// Which thread.
+        what: String,
+        /// The OS error.
+        reason: String,
+    },
 }
 
 /// Memory errors.

@@ -35,3 +35,19 @@ pub(crate) fn install(generation: u64) {
 pub(crate) fn clear() {
     LIVE.store(0, Ordering::Release);
 }
+
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+/// How many `fork()`s this process is away from the one that started: 0 in the original
+/// process, one more in each child (see `runtime::after_fork_in_child`). Objects made before a
+/// fork compare it with theirs and, in the child, leave their locks alone: a thread that held
+/// one does not exist there.
+pub fn forks() -> u64 {
+    FORKS.load(Ordering::Acquire)
+}
+
+/// In a forked child: a new fork count, and no runtime is live.
+pub(crate) fn after_fork_in_child() {
+    FORKS.fetch_add(1, Ordering::SeqCst);
+    clear();
+}

@@ -65,10 +65,31 @@ pub fn live_generation() -> u64 {
 /// `ConfigError` for bad settings; `InvalidArgument` when already initialised with different
 /// explicit settings (call `shutdown` first).
 pub fn init(builder: &ConfigBuilder) -> Result<Arc<Runtime>> {
+    loop {
+        if let Some(rt) = init_within(builder, None)? {
+            return Ok(rt);
+        }
+    }
+}
+
+/// [`init`] that waits at most `timeout` for a shutdown in progress (`Ok(None)` when the time
+/// ran out first; call again to keep waiting). Callers that must stay interruptible (the
+/// Python bindings, for Ctrl-C) call it in slices.
+///
+/// A runtime whose shutdown was begun but not finished (its caller was interrupted) is
+/// drained and taken out here, as [`shutdown_within`] would, before the new one is built.
+///
+/// # Errors
+/// As [`init`].
+pub fn init_within(
+    builder: &ConfigBuilder,
+    timeout: Option<std::time::Duration>,
+) -> Result<Option<Arc<Runtime>>> {
+    let deadline = crate::clock::deadline_after(timeout);
     let config = builder.build()?;
     let mut slot = RUNTIME.write();
-    // While `shutdown` drains, the dying runtime is still installed: wait until it has been
-    // taken out (work queued on the dying runtime cannot wait for its own drain: it gets an
+    // While `shutdown` drains, the dying runtime is still installed: help drain it and take
+    // it out (work queued on the dying runtime cannot wait for its own drain: it gets an
     // error instead).
     while let Some(rt) = slot
         .as_ref()
@@ -82,7 +103,9 @@ pub fn init(builder: &ConfigBuilder) -> Result<Arc<Runtime>> {
             .into());
         }
         drop(slot);
-        std::thread::sleep(std::time::Duration::from_millis(1));
+        if !shutdown_within(crate::clock::time_left(deadline))? {
+            return Ok(None);
+        }
         slot = RUNTIME.write();
     }
     if let Some(rt) = slot.as_ref() {
@@ -96,7 +119,7 @@ pub fn init(builder: &ConfigBuilder) -> Result<Arc<Runtime>> {
                 ),
             ));
         }
-        return Ok(rt.clone());
+        return Ok(Some(rt.clone()));
     }
     let generation = crate::generation::next();
     let opts = options().clone();
@@ -129,7 +152,7 @@ pub fn init(builder: &ConfigBuilder) -> Result<Arc<Runtime>> {
     });
     *slot = Some(rt.clone());
     crate::generation::install(generation);
-    Ok(rt)
+    Ok(Some(rt))
 }
 
 /// The current runtime.
@@ -155,17 +178,30 @@ pub fn is_initialized() -> bool {
 /// `NotPermitted` from a runtime thread (a kernel or host function): the drain would wait
 /// for the work running the call.
 pub fn shutdown() -> Result<()> {
+    while !shutdown_within(None)? {}
+    Ok(())
+}
+
+/// [`shutdown`] that waits at most `timeout` for the queued work: `Ok(false)` when the time
+/// ran out first. The runtime then stays closing (new work is refused, queued work keeps
+/// running); calling again (or `init`) continues the drain and finishes the shutdown.
+/// Callers that must stay interruptible (the Python bindings, for Ctrl-C) call it in slices.
+///
+/// # Errors
+/// As [`shutdown`].
+pub fn shutdown_within(timeout: Option<std::time::Duration>) -> Result<bool> {
     if crate::stream::engine::on_worker_thread() {
         return Err(StreamError::NotPermitted {
             what: "shutdown() from a kernel or host function".into(),
         }
         .into());
     }
+    let deadline = crate::clock::deadline_after(timeout);
     // Refuse new work first and wait for submissions already past their check (the gate),
     // drain with the runtime still installed (queued work may look it up while it runs),
     // then take it out.
     let Some(rt) = RUNTIME.read().clone() else {
-        return Ok(());
+        return Ok(true);
     };
     rt.closing.store(true, Ordering::Release);
     for d in &rt.devices {
@@ -173,12 +209,14 @@ pub fn shutdown() -> Result<()> {
     }
     for d in &rt.devices {
         // Queued work finishes first; errors it raised are dropped with the runtime.
-        d.executor().drain();
+        if !d.executor().drain_until(deadline) {
+            return Ok(false);
+        }
     }
     {
         let mut slot = RUNTIME.write();
         if !slot.as_ref().is_some_and(|cur| Arc::ptr_eq(cur, &rt)) {
-            return Ok(()); // another thread's shutdown took it meanwhile
+            return Ok(true); // another thread's shutdown took it meanwhile
         }
         slot.take();
         crate::generation::clear();
@@ -193,7 +231,68 @@ pub fn shutdown() -> Result<()> {
         d.memory().close();
     }
     crate::device::reset_thread_state();
-    Ok(())
+    Ok(true)
+}
+
+/// Call in the parent just before `fork()` (Python: `os.register_at_fork(before=...)`), then
+/// [`after_fork_in_parent`] in the parent or [`after_fork_in_child`] in the child. It takes
+/// the runtime's process-wide locks so that no other thread is inside one when the process
+/// is copied: the child then finds every one of them consistent.
+///
+/// Must not be called from a thread that holds one of them (no runtime call is in progress
+/// on the calling thread); threads holding them never wait for the caller.
+pub fn before_fork() {
+    std::mem::forget(RUNTIME.write());
+    crate::kernel::before_fork();
+    crate::trace::before_fork();
+}
+
+/// Call in the parent after `fork()` returned (or failed), to release what
+/// [`before_fork`] took.
+pub fn after_fork_in_parent() {
+    crate::trace::after_fork();
+    crate::kernel::after_fork();
+    // SAFETY: `before_fork` took the write lock on this thread and forgot the guard.
+    unsafe { RUNTIME.force_unlock_write() };
+}
+
+/// Call in the child after `fork()` (Python: `os.register_at_fork(after_in_child=...)`),
+/// before any other runtime call.
+///
+/// The child has only the thread that forked: the engine workers, scrubbers and copy helpers
+/// of the parent's runtime are gone, and a lock one of them held stays held. So the inherited
+/// runtime is abandoned without touching its threads or its locks (it is leaked), the
+/// generation moves on so that every inherited handle fails (`InvalidHandle`, or
+/// `NotInitialized` until `init`), and the process-wide state (the runtime slot, the copy
+/// helpers, the calling thread's state) is reset: `init` then builds a runtime of the
+/// child's own. Works with or without [`before_fork`] having run in the parent (then a lock
+/// held by a vanished thread is released by force).
+pub fn after_fork_in_child() {
+    crate::generation::after_fork_in_child();
+    crate::sync::after_fork_in_child();
+    crate::trace::after_fork();
+    crate::kernel::after_fork();
+    // Whoever holds the slot's lock (this thread after `before_fork`, or a vanished one)
+    // does not exist as a holder any more.
+    if RUNTIME.is_locked_exclusive() {
+        // SAFETY: the child has one thread, which is not inside a critical section of the lock.
+        unsafe { RUNTIME.force_unlock_write() };
+    }
+    while RUNTIME.is_locked() {
+        // SAFETY: as above, for read locks held by threads that vanished in the fork.
+        unsafe { RUNTIME.force_unlock_read() };
+    }
+    std::mem::forget(RUNTIME.write().take());
+    crate::memory::after_fork_in_child();
+    crate::stream::after_fork_in_child();
+    crate::device::reset_thread_state();
+}
+
+/// Testing hook: the next `n` thread starts of the runtime (engine workers, memory
+/// scrubbers, copy helpers) fail as if the OS refused them; 0 disarms.
+#[doc(hidden)]
+pub fn inject_thread_spawn_failures(n: u64) {
+    crate::sync::inject_spawn_failures(n);
 }
 
 /// The all-streams barrier (`stream_synchronize`): wait for every stream of every device and

@@ -20,6 +20,39 @@ pub(crate) fn mark_runtime_thread() {
     RUNTIME_THREAD.with(|w| w.set(true));
 }
 
+/// Thread starts still to fail on purpose (see [`inject_spawn_failures`]).
+static SPAWN_FAILURES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Make the next `n` thread starts of the runtime fail as if the OS refused them (0 disarms).
+pub(crate) fn inject_spawn_failures(n: u64) {
+    SPAWN_FAILURES.store(n, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Start a named runtime thread (engine worker, scrubber, copy helper). A refusal is returned,
+/// never a panic, so that every caller can fail cleanly or do the work inline.
+pub(crate) fn spawn_thread<F>(name: String, f: F) -> std::io::Result<std::thread::JoinHandle<()>>
+where
+    F: FnOnce() + Send + 'static,
+{
+    use std::sync::atomic::Ordering as O;
+    if SPAWN_FAILURES
+        .fetch_update(O::SeqCst, O::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+    {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::WouldBlock,
+            "thread creation refused (injected failure)",
+        ));
+    }
+    std::thread::Builder::new().name(name).spawn(f)
+}
+
+/// After `fork()`, in the child: the calling thread is the only one, and it is no engine
+/// worker even if the parent's forking thread was.
+pub(crate) fn after_fork_in_child() {
+    RUNTIME_THREAD.with(|w| w.set(false));
+}
+
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 

@@ -12,6 +12,21 @@ use parking_lot::Mutex;
 static ON: AtomicBool = AtomicBool::new(false);
 static LOG: Mutex<Vec<Record>> = Mutex::new(Vec::new());
 
+/// Around `fork()`: hold the log's lock so no other thread is inside it when the process
+/// is copied (see `runtime::before_fork`).
+pub(crate) fn before_fork() {
+    std::mem::forget(LOG.lock());
+}
+
+/// After `fork()`, in the parent or the child: release the log's lock if it is held.
+pub(crate) fn after_fork() {
+    if LOG.is_locked() {
+        // SAFETY: held by this thread's `before_fork` (guard forgotten), or in a child by a
+        // thread that no longer exists.
+        unsafe { LOG.force_unlock() };
+    }
+}
+
 /// What happened.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Phase {

@@ -135,7 +135,8 @@ pub fn to_pyerr(py: Python<'_>, e: Error) -> PyErr {
         Error::Device(DeviceError::InvalidHandle { .. }) => err_of(py, &c.invalid_handle, msg),
         Error::Memory(MemoryError::OutOfMemory { .. }) => err_of(py, &c.out_of_memory, msg),
         Error::Memory(MemoryError::OutOfBounds { .. }) => PyValueError::new_err(msg),
-        Error::Memory(MemoryError::Corrupt { .. }) => err_of(py, &c.base, msg),
+        Error::Memory(MemoryError::Corrupt { .. })
+        | Error::Device(DeviceError::ThreadSpawn { .. }) => err_of(py, &c.base, msg),
         Error::Stream(StreamError::Timeout { .. }) => err_of(py, &c.timeout, msg),
         Error::Stream(StreamError::NotReady { .. }) => err_of(py, &c.not_ready, msg),
         Error::Stream(

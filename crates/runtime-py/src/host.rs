@@ -65,6 +65,9 @@ impl HostBuf {
 
 impl Drop for HostBuf {
     fn drop(&mut self) {
+        if !crate::interp::prepare() {
+            return; // the interpreter is going away: the exporter is left to it
+        }
         // SAFETY: the view was filled by a successful PyObject_GetBuffer and is released once.
         Python::attach(|_| unsafe { ffi::PyBuffer_Release(&mut *self.view) });
     }

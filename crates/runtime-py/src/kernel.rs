@@ -31,7 +31,11 @@ impl Drop for PyOp {
     /// Release the arguments now, attached to the interpreter: dropped detached, PyO3 would
     /// only decref them at some later attach, and a device buffer among them would keep its
     /// memory held after the kernel ran (an allocation waiting for that memory would fail).
+    /// Once the interpreter is finalising nothing attaches; the arguments are left to it.
     fn drop(&mut self) {
+        if !crate::interp::prepare() {
+            return;
+        }
         Python::attach(|py| {
             drop(std::mem::replace(
                 &mut self.args,
@@ -49,6 +53,13 @@ impl Op for PyOp {
         OpKind::Compute
     }
     fn run(&self) -> Result<(), KernelFailure> {
+        if !crate::interp::prepare() {
+            return Err(KernelFailure::new(
+                self.name.clone(),
+                "the Python interpreter is shutting down: Python kernels cannot run any more"
+                    .to_string(),
+            ));
+        }
         Python::attach(|py| {
             let call = || -> PyResult<()> {
                 let args = self.args.bind(py);

@@ -3,6 +3,7 @@
 //! lives in the core.
 
 // Layers (each uses only those above it):
+//   interp                      whether threads may attach; engine workers' thread states
 //   errors                      error classes and the core-to-Python mapping
 //   handles                     the handle classes' data and the runtime-generation check
 //   context                     the context-local current device and streams (`with`)
@@ -24,6 +25,7 @@ mod errors;
 mod event;
 mod handles;
 mod host;
+mod interp;
 mod kernel;
 mod lifecycle;
 mod memory;
@@ -40,11 +42,9 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
-    // Each engine worker attaches once and keeps its Python thread state for its lifetime,
-    // detached except while it runs Python code.
-    runtime_core::stream::engine::set_thread_wrapper(Arc::new(|body| {
-        Python::attach(|py| py.detach(body));
-    }));
+    // An engine worker keeps one Python thread state from its first Python kernel on.
+    runtime_core::stream::engine::set_thread_wrapper(Arc::new(interp::worker));
+    lifecycle::register_process_hooks(m)?;
     // Commands a stream holds before a launch waits for room (back-pressure).
     m.add("MAX_QUEUED", runtime_core::stream::MAX_QUEUED)?;
     m.add_class::<handles::PyDevice>()?;
@@ -90,5 +90,6 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(trace::trace_enabled, m)?)?;
     m.add_function(wrap_pyfunction!(testing::_inject_alloc_failure, m)?)?;
     m.add_function(wrap_pyfunction!(testing::_register_test_kernels, m)?)?;
+    m.add_function(wrap_pyfunction!(testing::_inject_thread_spawn_failures, m)?)?;
     Ok(())
 }

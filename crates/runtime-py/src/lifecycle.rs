@@ -3,13 +3,13 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyString};
+use pyo3::types::{PyBool, PyDict, PyString};
 use runtime_core::config::ConfigBuilder;
 use runtime_core::runtime as rt;
 
 use crate::convert::type_name;
 use crate::errors::RtErr;
-use crate::stream;
+use crate::{stream, wait};
 
 /// Initialise the runtime (idempotent). Keywords: `device_count`, `memory` (bytes or a size
 /// string such as "16GiB"), `profile` ("ascend910" or "host"); unset ones come from
@@ -72,19 +72,86 @@ pub fn init(
         memory,
         profile,
     };
-    // Without the GIL: an init racing a shutdown waits for its drain, which may run Python
-    // kernels.
-    py.detach(|| rt::init(&b)).map_err(RtErr)?;
-    Ok(())
+    // Without the GIL, in slices with Ctrl-C live: an init racing a shutdown (or following
+    // an interrupted one) waits for its drain, which may run Python kernels.
+    wait::wait_result(
+        py,
+        || "init() waiting for the previous runtime's shutdown".to_string(),
+        None,
+        |slice| rt::init_within(&b, Some(slice)).map(|rt| rt.is_some()),
+    )
 }
 
 /// Shut the runtime down: waits for queued work, invalidates every handle. A no-op when not
 /// initialised.
 #[pyfunction]
 pub fn shutdown(py: Python<'_>) -> PyResult<()> {
-    py.detach(rt::shutdown).map_err(RtErr)?;
+    // In slices with Ctrl-C live: interrupted, the runtime stays closing (refusing new work,
+    // finishing the queued work), and the next shutdown() or init() finishes the shutdown.
+    wait::wait_result(
+        py,
+        || "shutdown() draining the queued work".to_string(),
+        None,
+        |slice| rt::shutdown_within(Some(slice)),
+    )?;
     stream::clear_thread_state();
     Ok(())
+}
+
+/// Register the process-life hooks: at interpreter exit, and around `os.fork()`.
+pub fn register_process_hooks(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    let at_exit = wrap_pyfunction!(_at_exit, m)?;
+    m.add_function(at_exit.clone())?;
+    // Registered at the extension's import, before the package registers `shutdown`: atexit
+    // runs this one after it.
+    py.import("atexit")?.call_method1("register", (at_exit,))?;
+    let before = wrap_pyfunction!(_before_fork, m)?;
+    let parent = wrap_pyfunction!(_after_fork_in_parent, m)?;
+    let child = wrap_pyfunction!(_after_fork_in_child, m)?;
+    m.add_function(before.clone())?;
+    m.add_function(parent.clone())?;
+    m.add_function(child.clone())?;
+    let kw = PyDict::new(py);
+    kw.set_item("before", before)?;
+    kw.set_item("after_in_parent", parent)?;
+    kw.set_item("after_in_child", child)?;
+    py.import("os")?
+        .call_method("register_at_fork", (), Some(&kw))?;
+    Ok(())
+}
+
+/// At interpreter exit, after the package's `shutdown`: shut down a runtime that was
+/// initialised meanwhile, and from now on make every submission wait for its work
+/// (`enableAsync` off), so that a runtime initialised by a later exit handler has no work
+/// running or queued when the interpreter finalises: its engine threads could not take the
+/// interpreter lock back then.
+#[pyfunction]
+pub fn _at_exit(py: Python<'_>) -> PyResult<()> {
+    shutdown(py)?;
+    rt::set_option("enableAsync", false).map_err(RtErr)?;
+    Ok(())
+}
+
+/// `os.register_at_fork(before=...)`: take the runtime's process-wide locks across the fork.
+/// The interpreter lock stays held: no thread waits for it while holding one of them.
+#[pyfunction]
+pub fn _before_fork() {
+    rt::before_fork();
+}
+
+/// `os.register_at_fork(after_in_parent=...)`.
+#[pyfunction]
+pub fn _after_fork_in_parent() {
+    rt::after_fork_in_parent();
+}
+
+/// `os.register_at_fork(after_in_child=...)`: abandon the parent's runtime (its threads did
+/// not survive the fork); every inherited handle now fails, and `init()` builds a new one.
+#[pyfunction]
+pub fn _after_fork_in_child() {
+    rt::after_fork_in_child();
+    stream::clear_thread_state();
 }
 
 /// Whether the runtime is initialised.
@@ -93,7 +160,6 @@ pub fn is_initialized() -> bool {
     rt::is_initialized()
 }
 
-/// Number of devices.
 /// Set a runtime option: "enableMemoryReuse", "enablePipelining" or "enableAsync" (bool).
 #[pyfunction]
 pub fn set_option(name: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult<()> {

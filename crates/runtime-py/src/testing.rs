@@ -18,3 +18,10 @@ pub fn _inject_alloc_failure(device: &Bound<'_, PyAny>, nth: u64) -> PyResult<()
 pub fn _register_test_kernels() {
     runtime_core::kernel::testing::register();
 }
+
+/// Make the next `n` thread starts of the runtime (engine workers, memory scrubbers, copy
+/// helpers) fail as if the OS refused them (0 disarms).
+#[pyfunction]
+pub fn _inject_thread_spawn_failures(n: u64) {
+    runtime_core::runtime::inject_thread_spawn_failures(n);
+}

@@ -295,6 +295,22 @@ static REGISTRY: LazyLock<RwLock<HashMap<String, Arc<dyn Kernel>>>> = LazyLock::
     RwLock::new(m)
 });
 
+/// Around `fork()`: hold the registry's lock so no other thread is inside it when the
+/// process is copied (see `runtime::before_fork`).
+pub(crate) fn before_fork() {
+    std::mem::forget(REGISTRY.write());
+}
+
+/// After `fork()`, in the parent or the child: release the registry's lock if it is held
+/// (by [`before_fork`] on this thread, or in a child by a thread that vanished).
+pub(crate) fn after_fork() {
+    if REGISTRY.is_locked_exclusive() {
+        // SAFETY: held by this thread's `before_fork` (guard forgotten), or in a child by a
+        // thread that no longer exists.
+        unsafe { REGISTRY.force_unlock_write() };
+    }
+}
+
 /// Register a kernel under its name, replacing any kernel of that name. Returns the one it
 /// replaced.
 pub fn register(kernel: Arc<dyn Kernel>) -> Option<Arc<dyn Kernel>> {

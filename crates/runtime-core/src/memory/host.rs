@@ -359,37 +359,70 @@ struct CopyPool {
     helpers: usize,
 }
 
+/// The process's copy pool: made on first use, and made again in a forked child (whose
+/// helpers did not survive the fork; the parent's pool is leaked there).
+static POOL: std::sync::atomic::AtomicPtr<CopyPool> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+static POOL_INIT: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
 fn copy_pool() -> &'static CopyPool {
-    static POOL: std::sync::OnceLock<CopyPool> = std::sync::OnceLock::new();
-    POOL.get_or_init(|| {
-        let (tx, rx) = crossbeam_channel::unbounded::<CopyJob>();
-        let helpers = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(4)
-            - 1;
-        for i in 0..helpers {
-            let rx = rx.clone();
-            std::thread::Builder::new()
-                .name(format!("runtime-copy-{i}"))
-                .spawn(move || loop {
-                    let start = std::time::Instant::now();
-                    let mut job = None;
-                    while start.elapsed() < HELPER_SPIN {
-                        if let Ok(j) = rx.try_recv() {
-                            job = Some(j);
-                            break;
-                        }
-                        std::hint::spin_loop();
-                    }
-                    match job.map_or_else(|| rx.recv().ok(), Some) {
-                        Some(j) => j.run(),
-                        None => return,
-                    }
-                })
-                .expect("spawn a copy helper thread");
+    use std::sync::atomic::Ordering;
+    let p = POOL.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: a non-null POOL points to a leaked (never freed) pool.
+        return unsafe { &*p };
+    }
+    let _init = POOL_INIT.lock();
+    let p = POOL.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: as above.
+        return unsafe { &*p };
+    }
+    let pool: &'static CopyPool = Box::leak(Box::new(new_copy_pool()));
+    POOL.store(std::ptr::from_ref(pool).cast_mut(), Ordering::Release);
+    pool
+}
+
+/// After `fork()`, in the child: forget the parent's pool (its helpers are gone and its
+/// channel may be locked by one of them); the next large copy makes a new one.
+pub(crate) fn after_fork_in_child() {
+    if POOL_INIT.is_locked() {
+        // SAFETY: the child has one thread, which is here: the holder vanished in the fork.
+        unsafe { POOL_INIT.force_unlock() };
+    }
+    POOL.store(std::ptr::null_mut(), std::sync::atomic::Ordering::Release);
+}
+
+/// Start the helpers; as many as the OS lets start (a copy with none runs on its caller).
+fn new_copy_pool() -> CopyPool {
+    let (tx, rx) = crossbeam_channel::unbounded::<CopyJob>();
+    let wanted = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(4)
+        - 1;
+    let mut helpers = 0;
+    for i in 0..wanted {
+        let rx = rx.clone();
+        let started = crate::sync::spawn_thread(format!("runtime-copy-{i}"), move || loop {
+            let start = std::time::Instant::now();
+            let mut job = None;
+            while start.elapsed() < HELPER_SPIN {
+                if let Ok(j) = rx.try_recv() {
+                    job = Some(j);
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            match job.map_or_else(|| rx.recv().ok(), Some) {
+                Some(j) => j.run(),
+                None => return,
+            }
+        });
+        if started.is_ok() {
+            helpers += 1;
         }
-        CopyPool { tx, rx, helpers }
-    })
+    }
+    CopyPool { tx, rx, helpers }
 }
 
 /// `memcpy`, split across the copy helpers for large copies (on a 2-vCPU VM one thread moves

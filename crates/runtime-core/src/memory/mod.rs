@@ -240,6 +240,9 @@ pub struct DeviceMemory {
     slab_arena: Arena,
     closed: AtomicBool,
     fault_countdown: AtomicU64,
+    /// The fork count when the memory was made: in a child process (after `fork()`) the
+    /// parent's memory is abandoned, since a thread that vanished in the fork may hold its lock.
+    forks: u64,
     state: Mutex<PoolState>,
     options: Arc<Options>,
     scrub: Scrubber,
@@ -286,6 +289,7 @@ impl DeviceMemory {
             slab_arena,
             closed: AtomicBool::new(false),
             fault_countdown: AtomicU64::new(0),
+            forks: crate::generation::forks(),
             state: Mutex::new(PoolState {
                 spans: Buddy::new(slab_space, SLAB_SPAN),
                 slab: Slab::new(),
@@ -586,6 +590,12 @@ impl DeviceMemory {
     }
 
     fn free_allocation(self: &Arc<Self>, place: Place, size: u64, block: u64) {
+        if self.forks != crate::generation::forks() {
+            // The parent's memory, abandoned in this forked child (a thread that vanished in
+            // the fork may hold its lock): leak the block.
+            std::mem::forget(place);
+            return;
+        }
         match place {
             Place::Empty => {
                 let mut st = self.state.lock();
@@ -651,10 +661,13 @@ impl DeviceMemory {
     fn wake_scrubber(self: &Arc<Self>) {
         if !self.scrub.started.swap(true, Ordering::AcqRel) {
             let weak = Arc::downgrade(self);
-            std::thread::Builder::new()
-                .name(format!("runtime-scrub-{}", self.device))
-                .spawn(move || scrub_loop(weak))
-                .expect("spawn the memory scrubber thread");
+            let name = format!("runtime-scrub-{}", self.device);
+            if crate::sync::spawn_thread(name, move || scrub_loop(weak)).is_err() {
+                // No background thread: zero the dirty blocks here, and try to start the
+                // scrubber again at the next free.
+                self.scrub.started.store(false, Ordering::Release);
+                while self.scrub_one() {}
+            }
             return;
         }
         if self.scrub.sleeping.load(Ordering::Acquire) {
@@ -780,6 +793,11 @@ fn scrub_loop(mem: std::sync::Weak<DeviceMemory>) {
             idle = 0;
         }
     }
+}
+
+/// After `fork()`, in the child: the copy helpers are made afresh on next use.
+pub(crate) fn after_fork_in_child() {
+    host::after_fork_in_child();
 }
 
 /// One allocation; returns its block to the allocator when dropped.

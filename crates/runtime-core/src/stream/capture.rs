@@ -40,6 +40,14 @@ static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 static RECORDED_IN: LazyLock<Mutex<HashMap<u64, Weak<Session>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
+/// After `fork()`, in the child: release the record map's lock if a vanished thread held it.
+pub(crate) fn after_fork_in_child() {
+    if RECORDED_IN.is_locked() {
+        // SAFETY: the child has one thread, which is not inside this lock.
+        unsafe { RECORDED_IN.force_unlock() };
+    }
+}
+
 /// One step with the stream that issued it.
 struct Step {
     node: Node,

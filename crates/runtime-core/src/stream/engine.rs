@@ -5,11 +5,14 @@
 //! kernels on a compute worker, so copies on one stream overlap compute on another; with it
 //! off, the serial engine runs all of the device's work in submission order.
 //!
-//! Threads are started on first use and reused by every stream; creating a stream spawns
-//! nothing. A worker that runs out of work spins for [`SPIN`] before it parks, at most
-//! [`max_spinners`] at a time in the process, so that a launch right after another one costs
-//! no wake-up (waking a parked thread costs 10-25 us on these VMs); a push wakes a sleeping
-//! worker only when none of the engine's workers is spinning. Ready streams wait in one
+//! Threads are started by the first submission to the device (all three engines, so that a
+//! stream handed from one engine to another always finds workers) and reused by every
+//! stream; creating a stream spawns nothing. A thread the OS refuses is an error of that
+//! submission (`ThreadSpawn`), and the command is not queued. A worker that runs out of work
+//! spins for [`SPIN`] before it parks, at most [`max_spinners`] at a time in the process, so
+//! that a launch right after another one costs no wake-up (waking a parked thread costs
+//! 10-25 us on these VMs); a push wakes a sleeping worker only when none of the engine's
+//! workers is spinning. Ready streams wait in one
 //! queue per priority level; workers always take the highest level first.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -22,6 +25,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::command::OpKind;
 use super::{run_stream, Runner, StreamInner, PRIORITY_LEVELS};
+use crate::error::{DeviceError, Result};
 
 /// How long an idle worker spins before parking.
 pub const SPIN: Duration = Duration::from_micros(200);
@@ -33,6 +37,11 @@ pub fn max_spinners() -> usize {
 }
 
 static SPINNERS: AtomicUsize = AtomicUsize::new(0);
+
+/// After `fork()`, in the child: the parent's spinning workers are gone.
+pub(crate) fn after_fork_in_child() {
+    SPINNERS.store(0, Ordering::SeqCst);
+}
 
 /// Whether the calling thread is an engine worker (running a kernel or host function).
 pub fn on_worker_thread() -> bool {
@@ -97,10 +106,12 @@ impl Engine {
         })
     }
 
-    /// Queue a ready stream at its priority level; starts the workers on first use.
+    /// Queue a ready stream at its priority level. The engine was started before the command
+    /// was accepted ([`Engines::ensure_started`]); a push that still finds it stopped starts it,
+    /// and if that fails too, the stream waits for the next successful start.
     pub(crate) fn push(self: &Arc<Self>, s: Arc<StreamInner>) {
         if !self.started.load(Ordering::Acquire) {
-            self.start();
+            let _ = self.start();
         }
         let level = s.level;
         let _ = self.queues[level].0.send(Msg::Run(s));
@@ -119,26 +130,43 @@ impl Engine {
         }
     }
 
-    fn start(self: &Arc<Self>) {
+    /// Start every worker, or none: when the OS refuses one, the workers already started are
+    /// told to stop (they are not joined: the caller may hold the interpreter lock that a
+    /// starting worker needs) and the error is returned, so a later call can try again.
+    fn start(self: &Arc<Self>) -> Result<()> {
         let mut threads = self.threads.lock();
         if self.started.load(Ordering::Acquire) {
-            return;
+            return Ok(());
         }
+        let mut spawned = Vec::with_capacity(self.workers);
         for i in 0..self.workers {
             let me = self.clone();
             let body: Box<dyn FnOnce() + Send> = Box::new(move || me.work());
             let wrapper = THREAD_WRAPPER.get().cloned();
             let name = format!("runtime-d{}-{:?}-{i}", self.device, self.kind).to_lowercase();
-            let h = std::thread::Builder::new()
-                .name(name)
-                .spawn(move || match wrapper {
-                    Some(w) => w(body),
-                    None => body(),
-                })
-                .expect("spawn an engine worker thread");
-            threads.push(h);
+            let started = crate::sync::spawn_thread(name.clone(), move || match wrapper {
+                Some(w) => w(body),
+                None => body(),
+            });
+            match started {
+                Ok(h) => spawned.push(h),
+                Err(e) => {
+                    for _ in &spawned {
+                        let _ = self.queues[0].0.send(Msg::Stop);
+                    }
+                    let _g = self.sleep_lock.lock();
+                    self.wake.notify_all();
+                    return Err(DeviceError::ThreadSpawn {
+                        what: format!("engine worker thread {name}"),
+                        reason: e.to_string(),
+                    }
+                    .into());
+                }
+            }
         }
+        *threads = spawned;
         self.started.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// Stop the workers and join them. Queued streams must have been drained before.
@@ -272,6 +300,20 @@ impl Engines {
             (true, Some(OpKind::Compute)) => Some(EngineKind::Compute),
             (true, None) => None,
         }
+    }
+
+    /// Start every engine of the device that is not running yet (before a command is
+    /// accepted, so that no command waits for a worker that could not start).
+    ///
+    /// # Errors
+    /// `ThreadSpawn` when the OS refuses a worker thread; engines started fully stay started.
+    pub(crate) fn ensure_started(&self) -> Result<()> {
+        for e in [&self.compute, &self.copy, &self.serial] {
+            if !e.started.load(Ordering::Acquire) {
+                e.start()?;
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn stop(&self) {

@@ -28,6 +28,9 @@ pub struct Executor {
     gate: SubmitGate,
     /// Every live stream of the device, for the device barrier and shutdown's drain.
     streams: Mutex<HashMap<u64, Weak<StreamInner>>>,
+    /// The fork count when the device was made (see [`crate::generation::forks`]): in a
+    /// forked child the device is dead and its locks are left alone.
+    forks: u64,
 }
 
 impl std::fmt::Debug for Executor {
@@ -51,6 +54,7 @@ impl Executor {
             options,
             gate: SubmitGate::new(),
             streams: Mutex::new(HashMap::new()),
+            forks: crate::generation::forks(),
         }
     }
 
@@ -76,12 +80,17 @@ impl Executor {
 
     /// Whether the device still takes work (its runtime has not begun shutting down).
     pub fn is_open(&self) -> bool {
-        self.gate.is_open()
+        self.gate.is_open() && !self.forked_away()
+    }
+
+    /// Whether this device belongs to the parent of this (forked) process.
+    fn forked_away(&self) -> bool {
+        self.forks != crate::generation::forks()
     }
 
     /// Fails with `InvalidHandle` once the runtime that made this device began shutting down.
     pub fn check_alive(&self) -> Result<()> {
-        if self.gate.is_open() {
+        if self.is_open() {
             Ok(())
         } else {
             Err(self.dead())
@@ -89,17 +98,30 @@ impl Executor {
     }
 
     fn dead(&self) -> Error {
+        let why = if self.forked_away() {
+            "it belongs to the runtime of the parent process (this process was forked); call runtime.init() here"
+        } else {
+            "the runtime was shut down"
+        };
         DeviceError::InvalidHandle {
             what: format!("Device({})", self.device),
-            why: "the runtime was shut down".into(),
+            why: why.into(),
         }
         .into()
     }
 
     /// Begin a submission: fails like [`Executor::check_alive`] once shutdown has begun;
     /// while the guard lives, [`Executor::close`] waits, so shutdown's drain covers it.
+    ///
+    /// The device's engines are started here (on first use), so a command is accepted only
+    /// when there are workers to run it.
     pub(crate) fn enter_submit(&self) -> Result<GateGuard<'_>> {
-        self.gate.enter().ok_or_else(|| self.dead())
+        if self.forked_away() {
+            return Err(self.dead());
+        }
+        let guard = self.gate.enter().ok_or_else(|| self.dead())?;
+        self.engines.ensure_started()?;
+        Ok(guard)
     }
 
     /// Refuse new work and wait for submissions already past their check.
@@ -117,6 +139,9 @@ impl Executor {
     }
 
     pub(crate) fn unregister(&self, id: u64) {
+        if self.forked_away() {
+            return; // a thread that vanished in the fork may hold the lock
+        }
         self.streams.lock().remove(&id);
     }
 
@@ -124,6 +149,9 @@ impl Executor {
     /// after it is released: an upgraded handle can be the last one when its owner drops
     /// the stream meanwhile, and dropping a stream takes this lock.
     pub(crate) fn streams(&self) -> Vec<Stream> {
+        if self.forked_away() {
+            return Vec::new();
+        }
         let all: Vec<Arc<StreamInner>> = self
             .streams
             .lock()
@@ -165,11 +193,15 @@ impl Executor {
         Error::collect(errors).map(|()| true)
     }
 
-    /// Wait for all queued work of the device, the work's errors dropped (shutdown, after
-    /// `close`). Never called from a runtime thread (shutdown refuses that first).
-    pub(crate) fn drain(&self) {
+    /// Wait until `deadline` (forever when `None`) for all queued work of the device, the
+    /// work's errors dropped (shutdown, after `close`). Returns false if the deadline came
+    /// first. Never called from a runtime thread (shutdown refuses that first).
+    pub(crate) fn drain_until(&self, deadline: Option<std::time::Instant>) -> bool {
         for s in self.streams() {
-            let _ = s.wait_for(s.submitted(), None);
+            if let Ok(false) = s.wait_for(s.submitted(), time_left(deadline)) {
+                return false;
+            }
         }
+        true
     }
 }

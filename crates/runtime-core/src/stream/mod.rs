@@ -713,6 +713,13 @@ fn trace_enqueue(s: &StreamInner, cmd: &Command) {
     });
 }
 
+/// After `fork()`, in the child (see `runtime::after_fork_in_child`).
+pub(crate) fn after_fork_in_child() {
+    engine::after_fork_in_child();
+    capture::after_fork_in_child();
+    RUNNING_HERE.with(|r| std::mem::forget(r.take()));
+}
+
 /// Queue a stream that just became ready on the engine its next command wants.
 fn schedule(s: &Arc<StreamInner>, kind: Option<OpKind>) {
     let target = Engines::target(s.exec.options.pipelining(), kind).unwrap_or(EngineKind::Compute);

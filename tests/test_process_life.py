@@ -1,0 +1,416 @@
+"""Process life (issue 11, items 11-13): interpreter exit, Ctrl-C in init/shutdown, fork(),
+and thread-start failures.
+
+Each scenario runs in a fresh interpreter (``sys.executable -c script``); a test asserts the
+exit code, the printed lines, and that stderr has no panic, traceback or abort text. Tests
+check behaviour, never timing.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import runtime
+
+BAD = ("panicked", "Traceback", "Fatal", "fatal", "Aborted", "abort", "core dumped", "SIGSEGV")
+
+
+def run(code: str, expect_rc: int = 0) -> list[str]:
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=Path(__file__).parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    for word in BAD:
+        assert word not in r.stderr, r.stderr
+    assert r.returncode == expect_rc, (r.returncode, r.stdout, r.stderr)
+    return r.stdout.split()
+
+
+# -- item 11: interpreter exit -------------------------------------------------------------
+
+SLOW_KERNELS = """
+    s = runtime.Stream(0)
+    log = []
+    for i in range(4):
+        s.launch_kernel(lambda i=i: (time.sleep(0.05), log.append(i)))
+"""
+
+
+def test_exit_drains_queued_python_kernels():
+    code = f"""
+    import atexit
+    def report():
+        print("ran", len(log))
+    atexit.register(report)  # registered before import: runs after the package's shutdown
+    import time, runtime
+    runtime.init(device_count=1, memory="64MiB")
+    {SLOW_KERNELS}
+    print("queued")
+    """
+    assert run(code) == ["queued", "ran", "4"]
+
+
+@pytest.mark.parametrize("before_import", [True, False])
+def test_init_and_launch_in_an_atexit_handler(before_import):
+    handler = """
+    def late():
+        import time, runtime
+        from runtime import kernels
+        runtime.init(device_count=1, memory="64MiB")
+        s = runtime.Stream(0)
+        log = []
+        for i in range(3):
+            s.launch_kernel(lambda i=i: (time.sleep(0.05), log.append(i)))
+        x = runtime.empty(1024, "float32")
+        s.launch_kernel(kernels.fill, (x, 2.0))
+        print("late", len(log) if runtime.get_option("enableAsync") is False else "async")
+    atexit.register(late)
+    """
+    code = f"""
+    import atexit
+    {handler if before_import else ""}
+    import runtime
+    runtime.init(device_count=1, memory="64MiB")
+    {"" if before_import else handler}
+    print("main")
+    """
+    # After the exit-time shutdown, submissions wait for their work; before it, they do not
+    # (and the package's shutdown drains them).
+    assert run(code) == ["main", "late", "3" if before_import else "async"]
+
+
+def test_kernel_still_running_at_sys_exit_keeps_the_exit_code():
+    code = """
+    import sys, threading, time, runtime
+    runtime.init(device_count=1, memory="64MiB")
+    s = runtime.Stream(0)
+    started = threading.Event()
+    def k():
+        started.set()
+        time.sleep(0.3)
+        print("kernel done", flush=True)
+    s.launch_kernel(k)
+    started.wait()
+    print("exiting", flush=True)
+    sys.exit(3)
+    """
+    assert run(code, expect_rc=3) == ["exiting", "kernel", "done"]
+
+
+def test_exit_code_preserved_with_an_exit_time_runtime():
+    code = """
+    import atexit, sys
+    def late():
+        import runtime
+        runtime.init(device_count=1, memory="64MiB")
+        runtime.Stream(0).launch_kernel(lambda: None)
+    atexit.register(late)
+    import runtime
+    runtime.init(device_count=1, memory="64MiB")
+    sys.exit(3)
+    """
+    assert run(code, expect_rc=3) == []
+
+
+def interrupt_when_ready(code: str) -> tuple[int, str, str]:
+    """Start `code`, wait for its "ready" line, send SIGINT, and return (rc, stdout, stderr)."""
+    code = f"MAIN_SOURCE = {textwrap.dedent(code)!r}\n" + textwrap.dedent(code)
+    p = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout is not None
+        assert p.stdout.readline().strip() == "ready"
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    return p.returncode, out, err
+
+
+WAIT_FOR_KERNEL = """
+import threading, time, runtime
+runtime.init(device_count=1, memory="64MiB")
+s = runtime.Stream(0)
+stop = threading.Event()
+started = threading.Event()
+def k():
+    started.set()
+    deadline = time.monotonic() + 30
+    while not stop.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)
+s.launch_kernel(k)
+started.wait()
+
+def ready_when_main_calls(marker):
+    # Print "ready" once the main thread is inside the call on the line ending in `marker`.
+    import sys
+    lines = MAIN_SOURCE.splitlines()
+    line = next(i + 2 for i, t in enumerate(lines) if t.endswith(marker))  # after MAIN_SOURCE
+    main = threading.main_thread().ident
+    def poll():
+        while sys._current_frames()[main].f_lineno != line:
+            time.sleep(0.005)
+        time.sleep(0.05)
+        print("ready", flush=True)
+    threading.Thread(target=poll, daemon=True).start()
+"""
+
+
+def test_shutdown_waiting_for_a_long_kernel_is_interruptible():
+    code = (
+        WAIT_FOR_KERNEL
+        + """
+ready_when_main_calls("# <- SIGINT")
+try:
+    runtime.shutdown()  # <- SIGINT
+    print("not interrupted")
+except KeyboardInterrupt:
+    print("interrupted", runtime.is_initialized())
+stop.set()
+runtime.shutdown()  # finishes the interrupted shutdown
+print("after", runtime.is_initialized())
+runtime.init(device_count=1, memory="64MiB")
+log = []
+runtime.Stream(0).launch_kernel(log.append, (1,))
+runtime.synchronize()
+print("again", log)
+"""
+    )
+    rc, out, err = interrupt_when_ready(code)
+    assert rc == 0, err
+    assert out.split() == ["interrupted", "True", "after", "False", "again", "[1]"]
+    for word in BAD:
+        assert word not in err, err
+
+
+def test_init_waiting_for_an_interrupted_shutdown_is_interruptible():
+    code = (
+        WAIT_FOR_KERNEL
+        + """
+try:
+    threading.Timer(0.05, lambda: __import__("_thread").interrupt_main()).start()
+    runtime.shutdown()
+except KeyboardInterrupt:
+    pass
+ready_when_main_calls("# <- SIGINT")
+try:
+    runtime.init(device_count=1, memory="64MiB")  # <- SIGINT
+    print("not interrupted")
+except KeyboardInterrupt:
+    print("interrupted")
+stop.set()
+runtime.init(device_count=1, memory="64MiB")  # finishes the old shutdown, then builds anew
+import numpy as np
+x = runtime.to_device(np.ones(4, "float32"))
+out = np.empty(4, np.float32)
+runtime.memcpy_device_to_host(out, x)
+print("init", runtime.is_initialized(), float(out.sum()))
+"""
+    )
+    rc, out, err = interrupt_when_ready(code)
+    assert rc == 0, err
+    assert out.split() == ["interrupted", "init", "True", "4.0"]
+    for word in BAD:
+        assert word not in err, err
+
+
+# -- item 12: fork() -----------------------------------------------------------------------
+
+needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() here")
+
+
+@needs_fork
+def test_fork_child_gets_errors_from_inherited_handles_and_can_init():
+    code = """
+    import os, numpy as np, runtime
+    from runtime import kernels
+    runtime.init(device_count=2, memory="64MiB")
+    buf = runtime.to_device(np.arange(8, dtype=np.float32))
+    s = runtime.Stream(0)
+    e = runtime.Event()
+    s.launch_kernel(kernels.fill, (buf, 1.0))
+    e.record(s)
+    pid = os.fork()
+    if pid == 0:
+        errors = (runtime.InvalidHandleError, runtime.NotInitializedError)
+        calls = {
+            "buffer": lambda: runtime.memcpy_device_to_host(np.empty(8, np.float32), buf),
+            "stream": s.synchronize,
+            "query": s.query,
+            "event": e.synchronize,
+            "launch": lambda: s.launch_kernel(kernels.fill, (buf, 2.0)),
+            "device": lambda: runtime.Device(0).synchronize(),
+        }
+        for name, call in calls.items():
+            try:
+                call()
+                print(name, "no-error")
+            except errors:
+                print(name, "error")
+        runtime.init(device_count=2, memory="64MiB")
+        x = runtime.to_device(np.arange(8, dtype=np.float32))
+        y = runtime.empty(8, "float32", device=0)
+        s2 = runtime.Stream(0)
+        s2.launch_kernel(kernels.add, (y, x, x))
+        big = runtime.to_device(np.arange(1 << 20, dtype=np.float32))  # a split copy
+        back = np.empty(1 << 20, np.float32)
+        runtime.memcpy_device_to_host(back, big)
+        out = np.empty(8, np.float32)
+        runtime.memcpy_device_to_host(out, y, s2)
+        s2.synchronize()
+        try:
+            s.synchronize()
+        except runtime.InvalidHandleError:
+            print("old-stream", "error")
+        ok = out.tolist() == [2.0 * i for i in range(8)] and (back == np.arange(1 << 20)).all()
+        print("child", ok, flush=True)
+        del buf, s, e
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    s.synchronize()
+    got = np.empty(8, np.float32)
+    runtime.memcpy_device_to_host(got, buf)
+    print("parent", os.waitstatus_to_exitcode(status), got.tolist() == [1.0] * 8)
+    """
+    out = run(code)
+    child = dict(zip(out[:12:2], out[1:12:2]))
+    assert child == {k: "error" for k in ("buffer", "stream", "query", "event", "launch", "device")}
+    assert out[12:] == ["old-stream", "error", "child", "True", "parent", "0", "True"]
+
+
+@needs_fork
+def test_fork_from_a_process_with_busy_engines():
+    code = """
+    import os, time, numpy as np, runtime
+    from runtime import kernels
+    runtime.init(device_count=1, memory="256MiB")
+    a = runtime.to_device(np.ones((256, 256), np.float32))
+    c = runtime.empty((256, 256), "float32")
+    streams = [runtime.Stream(0) for _ in range(3)]
+    for _ in range(3):
+        for s in streams:
+            for _ in range(20):
+                s.launch_kernel(kernels.matmul, (c, a, a))
+        pid = os.fork()
+        if pid == 0:
+            runtime.init(device_count=1, memory="64MiB")
+            x = runtime.to_device(np.full(4, 3.0, np.float32))
+            y = runtime.empty(4, "float32")
+            runtime.Stream(0).launch_kernel(kernels.add, (y, x, x))
+            runtime.synchronize()
+            out = np.empty(4, np.float32)
+            runtime.memcpy_device_to_host(out, y)
+            os._exit(0 if out.tolist() == [6.0] * 4 else 1)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status), end=" ")
+    runtime.synchronize()
+    out = np.empty((256, 256), np.float32)
+    runtime.memcpy_device_to_host(out, c)
+    print(bool((out == 256.0).all()))
+    """
+    assert run(code) == ["0", "0", "0", "True"]
+
+
+def _pool_worker(n: int) -> list[float]:
+    from runtime import kernels
+
+    runtime.init(device_count=1, memory="64MiB")
+    x = runtime.to_device(np.arange(n, dtype=np.float32))
+    y = runtime.empty(n, "float32")
+    s = runtime.Stream(0)
+    s.launch_kernel(kernels.add, (y, x, x))
+    out = np.empty(n, np.float32)
+    runtime.memcpy_device_to_host(out, y, s)
+    s.synchronize()
+    return out.tolist()
+
+
+@needs_fork
+def test_multiprocessing_fork_pool_workers_init_their_own_runtime():
+    runtime.init(device_count=1, memory="64MiB")  # the parent uses the runtime too
+    try:
+        s = runtime.Stream(0)
+        s.launch_kernel(lambda: None)
+        s.synchronize()
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            got = pool.map(_pool_worker, [1, 2, 3, 4])
+        assert got == [[2.0 * i for i in range(n)] for n in [1, 2, 3, 4]]
+        s.launch_kernel(lambda: None)
+        s.synchronize()
+    finally:
+        runtime.shutdown()
+
+
+# -- item 13: thread-start failures --------------------------------------------------------
+
+
+def test_engine_thread_start_failure_is_an_error_and_nothing_is_queued():
+    code = """
+    import numpy as np, runtime
+    from runtime import kernels
+    runtime.init(device_count=1, memory="64MiB")
+    x = runtime.empty(16, "float32")
+    s = runtime.Stream(0)
+    for n in (1, 3, 1000):
+        runtime._runtime._inject_thread_spawn_failures(n)
+        try:
+            s.launch_kernel(kernels.fill, (x, 1.0))
+            print("launched")
+        except runtime.Error as e:
+            print("error", "cannot start" in str(e), isinstance(e, runtime.Error))
+        print("idle", s.query())
+    runtime._runtime._inject_thread_spawn_failures(0)
+    s.launch_kernel(kernels.fill, (x, 5.0))
+    log = []
+    s.launch_kernel(log.append, (1,))
+    out = np.empty(16, np.float32)
+    runtime.memcpy_device_to_host(out, x, s)
+    s.synchronize()
+    print("works", out.tolist() == [5.0] * 16, log)
+    runtime.shutdown()
+    print("down")
+    """
+    out = run(code)
+    assert out == ["error", "True", "True", "idle", "True"] * 3 + ["works", "True", "[1]", "down"]
+
+
+def test_scrubber_and_copy_helper_start_failures_fall_back_to_inline_work():
+    code = """
+    import numpy as np, runtime
+    runtime.init(device_count=1, memory="256MiB")
+    runtime.Stream(0).launch_kernel(lambda: None)  # the engines start here
+    runtime.synchronize()
+    runtime._runtime._inject_thread_spawn_failures(1000)
+    big = np.arange(4 << 20, dtype=np.uint8)  # large enough to be split across copy helpers
+    for _ in range(3):
+        b = runtime.to_device(big)
+        back = np.empty_like(big)
+        runtime.memcpy_device_to_host(back, b)
+        assert (back == big).all()
+        del b  # a cached large block: scrubbed inline, as no scrubber can start
+    fresh = runtime.empty(4 << 20, "uint8")
+    back = np.empty(4 << 20, np.uint8)
+    runtime.memcpy_device_to_host(back, fresh)
+    print("zeroed", not back.any())
+    runtime._runtime._inject_thread_spawn_failures(0)
+    print("ok")
+    """
+    assert run(code) == ["zeroed", "True", "ok"]
