@@ -320,6 +320,10 @@ pub fn synchronize_all(timeout: Option<std::time::Duration>) -> Result<()> {
 /// As for [`synchronize_all`], without `Timeout`.
 pub fn wait_all(timeout: Option<std::time::Duration>) -> Result<bool> {
     let rt = get()?;
+    // Refused before anything is waited for or any stream's error is taken.
+    for d in &rt.devices {
+        d.executor().refuse_if_any_captures()?;
+    }
     let deadline = crate::clock::deadline_after(timeout);
     let mut errors = Vec::new();
     for d in &rt.devices {

@@ -161,6 +161,18 @@ impl Executor {
         all.into_iter().map(Stream).collect()
     }
 
+    /// Fails with `Capturing` when a live stream of the device captures: a barrier would wait
+    /// for work that is only being recorded.
+    ///
+    /// # Errors
+    /// As said.
+    pub fn refuse_if_any_captures(&self) -> Result<()> {
+        for s in self.streams().iter().filter(|s| !s.is_destroyed()) {
+            s.refuse_if_capturing("a device or all-streams synchronize")?;
+        }
+        Ok(())
+    }
+
     /// Wait for every live stream of the device; report every error raised since each
     /// stream's last synchronisation (each once). Returns `Ok(false)` on timeout.
     ///
@@ -173,10 +185,8 @@ impl Executor {
     /// (`StreamError::Multiple`).
     pub fn wait_all(&self, timeout: Option<Duration>) -> Result<bool> {
         let deadline = deadline_after(timeout);
+        self.refuse_if_any_captures()?;
         let streams = self.streams();
-        for s in streams.iter().filter(|s| !s.is_destroyed()) {
-            s.refuse_if_capturing("a device or all-streams synchronize")?;
-        }
         let mut errors = Vec::new();
         for s in streams {
             if !s.wait_for(s.submitted(), time_left(deadline))? {
