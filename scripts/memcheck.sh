@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 
 export PROPTEST_CASES="${PROPTEST_CASES:-16}"
 export FUZZ_SECONDS="${FUZZ_SECONDS:-3}"
-BINARIES="lib memory kernels kernel_errors stream_ordering events capture lifecycle custom_kernel fuzz_allocator reliability_regressions reliability_shutdown"
+BINARIES="lib memory kernels kernel_errors stream_ordering events capture copy lifecycle custom_kernel fuzz_allocator reliability_regressions reliability_shutdown"
 failed=()
 
 if [ "${SKIP_VALGRIND:-0}" != "1" ]; then

@@ -16,11 +16,11 @@ arguments is fine).
 
 Engines:
 
-* atheris (libFuzzer) when it is installed: ``python tests/test_fuzz_args.py
-  -max_total_time=SECONDS CORPUS_OUT tests/corpus/fuzz_args`` (the test below runs it for
+* atheris (libFuzzer) when it is installed: ``python tests/reliability/test_fuzz_args.py
+  -max_total_time=SECONDS CORPUS_OUT tests/reliability/corpus/fuzz_args`` (the test below runs it for
   ``FUZZ_SECONDS``, default 10, in a subprocess, and prints libFuzzer's execution count);
 * Hypothesis feeding the same decoder (always, a few hundred inputs);
-* the committed corpus ``tests/corpus/fuzz_args/`` and ``SEEDS`` below, replayed every run.
+* the committed corpus ``tests/reliability/corpus/fuzz_args/`` and ``SEEDS`` below, replayed every run.
 """
 
 from __future__ import annotations
