@@ -29,6 +29,10 @@ use crate::errors::RtErr;
 
 static VAR: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
+/// Whether any frame was ever set in this process: until the first `with`, every lookup
+/// answers from the thread's state without asking the `ContextVar` (one relaxed load).
+static USED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// The `ContextVar` holding the current [`Frame`] (default `None`).
 fn var(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
     Ok(VAR
@@ -56,6 +60,9 @@ pub struct Frame {
 
 /// The calling context's frame, if it was made under the installed runtime.
 fn frame(py: Python<'_>) -> PyResult<Option<Bound<'_, Frame>>> {
+    if !USED.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(None);
+    }
     let v = var(py)?.call_method0(intern!(py, "get"))?;
     let Ok(f) = v.cast_into::<Frame>() else {
         return Ok(None);
@@ -113,6 +120,7 @@ pub fn enter(py: Python<'_>, device: &Device, stream: Option<&Stream>) -> PyResu
             token: OnceLock::new(),
         },
     )?;
+    USED.store(true, std::sync::atomic::Ordering::Relaxed);
     let token = var(py)?.call_method1(intern!(py, "set"), (&f,))?;
     let _ = f.get().token.set(token.unbind());
     Ok(())
@@ -138,6 +146,7 @@ pub fn set_device(py: Python<'_>, device: &Device) -> PyResult<bool> {
         // The replacement answers to the same `with`: its exit resets the entry's token.
         token,
     };
+    USED.store(true, std::sync::atomic::Ordering::Relaxed);
     var(py)?.call_method1(intern!(py, "set"), (f,))?;
     Ok(true)
 }

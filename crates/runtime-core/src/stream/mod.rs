@@ -102,11 +102,24 @@ pub(crate) struct StreamInner {
     destroyed: AtomicBool,
     /// The capture this stream takes part in (it began it, or joined it through an event).
     capture: Mutex<Option<Arc<Session>>>,
+    /// Whether `capture` is `Some`: read without the lock on every synchronize and blocking
+    /// copy (written under it).
+    capturing: AtomicBool,
 }
 
 impl Drop for StreamInner {
     fn drop(&mut self) {
         self.exec.unregister(self.id);
+    }
+}
+
+impl StreamInner {
+    /// Replace the capture this stream takes part in; the old value is returned so that the
+    /// caller drops it after the lock (captured steps may own Python objects).
+    fn set_capture(&self, new: Option<Arc<Session>>) -> Option<Arc<Session>> {
+        let mut slot = self.capture.lock();
+        self.capturing.store(new.is_some(), Ordering::Release);
+        std::mem::replace(&mut *slot, new)
     }
 }
 
@@ -197,6 +210,7 @@ impl Stream {
             error: Mutex::new(None),
             destroyed: AtomicBool::new(false),
             capture: Mutex::new(None),
+            capturing: AtomicBool::new(false),
         });
         exec.register(&inner);
         Ok(Stream(inner))
@@ -493,7 +507,7 @@ impl Stream {
         if let Some(session) = capture::session_of(&event.0) {
             // The event was recorded in another stream's capture: this stream joins it.
             session.fork(&self.0, &event.0);
-            let old = self.0.capture.lock().replace(session);
+            let old = self.0.set_capture(Some(session));
             drop(old);
             return Ok(());
         }
@@ -551,15 +565,19 @@ impl Stream {
             .into());
         }
         *c = Some(Session::begin(self.0.id));
+        self.0.capturing.store(true, Ordering::Release);
         Ok(())
     }
 
     /// Whether the stream is capturing (it began a capture, or joined one).
     pub fn is_capturing(&self) -> bool {
-        self.0.capture.lock().is_some()
+        self.0.capturing.load(Ordering::Acquire)
     }
 
     fn session(&self) -> Option<Arc<Session>> {
+        if !self.is_capturing() {
+            return None; // the common case: no lock on the launch path
+        }
         self.0.capture.lock().clone()
     }
 
@@ -597,12 +615,13 @@ impl Stream {
             .into());
         }
         let members = session.forked();
-        for m in members.iter().map(|m| &m.capture).chain([&self.0.capture]) {
-            let mut slot = m.lock();
-            let old = slot
-                .as_ref()
-                .is_some_and(|s| Arc::ptr_eq(s, &session))
-                .then(|| slot.take());
+        for m in members.iter().chain([&self.0]) {
+            let mut slot = m.capture.lock();
+            let ours = slot.as_ref().is_some_and(|s| Arc::ptr_eq(s, &session));
+            let old = ours.then(|| slot.take());
+            if ours {
+                m.capturing.store(false, Ordering::Release);
+            }
             drop(slot);
             drop(old);
         }
@@ -661,11 +680,11 @@ impl Stream {
         self.wait_for(target, None)?;
         self.0.destroyed.store(true, Ordering::Release);
         // Taken out under the lock, dropped after it: captured steps may own Python objects.
-        let session = self.0.capture.lock().take();
+        let session = self.0.set_capture(None);
         if let Some(session) = &session {
             if session.origin() == self.0.id {
                 for m in session.forked() {
-                    let old = m.capture.lock().take();
+                    let old = m.set_capture(None);
                     drop(old);
                 }
                 let _discarded = session.end();
