@@ -288,9 +288,9 @@ pub fn after_fork_in_child() {
     crate::device::reset_thread_state();
 }
 
-/// Testing hook: the next `n` thread starts of the runtime (engine workers, memory
-/// scrubbers, copy helpers) fail as if the OS refused them; 0 disarms.
-#[doc(hidden)]
+/// Testing hook (cargo feature `testing`): the next `n` thread starts of the runtime (engine
+/// workers, memory scrubbers, copy helpers) fail as if the OS refused them; 0 disarms.
+#[cfg(feature = "testing")]
 pub fn inject_thread_spawn_failures(n: u64) {
     crate::sync::inject_spawn_failures(n);
 }

@@ -20,10 +20,11 @@ pub(crate) fn mark_runtime_thread() {
     RUNTIME_THREAD.with(|w| w.set(true));
 }
 
-/// Thread starts still to fail on purpose (see [`inject_spawn_failures`]).
+/// Thread starts still to fail on purpose (the `testing` feature's `inject_spawn_failures`).
 static SPAWN_FAILURES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Make the next `n` thread starts of the runtime fail as if the OS refused them (0 disarms).
+#[cfg(feature = "testing")]
 pub(crate) fn inject_spawn_failures(n: u64) {
     SPAWN_FAILURES.store(n, std::sync::atomic::Ordering::SeqCst);
 }

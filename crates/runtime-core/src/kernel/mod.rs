@@ -406,7 +406,9 @@ impl Stream {
     }
 }
 
-/// Fault-injection kernels for tests, registered on demand by [`testing::register`].
+/// Fault-injection kernels for tests, registered on demand by `testing::register` (cargo
+/// feature `testing`).
+#[cfg(feature = "testing")]
 pub mod testing {
     use std::sync::Arc;
 

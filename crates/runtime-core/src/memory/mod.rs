@@ -340,8 +340,9 @@ impl DeviceMemory {
         *self.reclaimer.lock() = Some(reclaimer);
     }
 
-    /// Fault injection for tests: the `nth` allocation from now (1 = the next one) fails
-    /// with `OutOfMemory` as if the device were full; 0 disarms it.
+    /// Fault injection for tests (cargo feature `testing`): the `nth` allocation from now
+    /// (1 = the next one) fails with `OutOfMemory` as if the device were full; 0 disarms it.
+    #[cfg(feature = "testing")]
     pub fn inject_alloc_failure(&self, nth: u64) {
         self.fault_countdown.store(nth, Ordering::SeqCst);
     }
