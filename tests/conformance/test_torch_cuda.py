@@ -348,11 +348,10 @@ def test_synchronize():
 
 # torch: test/test_cuda.py::TestCuda::test_streams (query/synchronize after completion)
 def test_stream_query_after_last_event_completed():
-    # The race shows in about 1 of 60 rounds on one reused stream (2-core machine, varying with
-    # load); the loop stops at the first miss, so it is quick while the bug is there, and runs
-    # all 50,000 rounds (a fraction of a second) once it is fixed.
+    # Before the fix the race showed in about 1 of 60 rounds on one reused stream (2-core
+    # machine); 10,000 rounds keep it caught while costing about a second.
     s = runtime.Stream()
-    for _ in range(50_000):
+    for _ in range(10_000):
         s.launch_kernel(kernels.noop, ())
         e = runtime.Event()
         e.record(s)
