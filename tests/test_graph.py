@@ -372,3 +372,38 @@ def test_a_graph_belongs_to_its_runtime_and_device():
     runtime.init(device_count=4, memory="1GiB")
     with pytest.raises(runtime.InvalidHandleError):
         graph.launch(runtime.Stream(0))
+
+
+def test_destroying_a_capturing_stream_while_another_thread_launches_does_not_deadlock():
+    # issue 11 item 10: the captured steps own Python callables; destroy drops them after
+    # releasing the capture lock, so a launcher holding the GIL and wanting that lock, and a
+    # destroy dropping Python objects, never wait for each other.
+    import faulthandler
+
+    faulthandler.dump_traceback_later(60, exit=True)  # a deadlock fails the run, not hangs it
+    try:
+        for _ in range(20):
+            s = runtime.Stream(0)
+            s.begin_capture()
+            for _ in range(50):
+                s.launch_kernel(lambda: None)
+            stop = threading.Event()
+            seen = []
+
+            def launcher(s=s, stop=stop, seen=seen):
+                while not stop.is_set():
+                    try:
+                        s.launch_kernel(lambda: None)
+                    except runtime.Error as e:
+                        seen.append(type(e).__name__)
+                        return
+
+            t = threading.Thread(target=launcher)
+            t.start()
+            s.destroy()
+            stop.set()
+            t.join(WAIT)
+            assert not t.is_alive()
+            assert seen in ([], ["InvalidHandleError"])
+    finally:
+        faulthandler.cancel_dump_traceback_later()
