@@ -892,21 +892,26 @@ impl Buffer {
     }
 
     /// Fails with `InvalidHandle` once the runtime the buffer was allocated under has been
-    /// shut down (its memory stays mapped while the buffer lives, but is no longer usable).
+    /// shut down (its memory stays mapped while the buffer lives, but is no longer usable),
+    /// and in a process forked after the allocation.
     pub fn check(&self) -> Result<()> {
-        if self.0.mem.closed.load(Ordering::Acquire) {
-            return Err(crate::error::DeviceError::InvalidHandle {
-                what: format!(
-                    "DeviceBuffer#{} (device {}, {} bytes)",
-                    self.0.id,
-                    self.device(),
-                    self.0.size
-                ),
-                why: "the runtime was shut down since it was allocated".into(),
-            }
-            .into());
+        let why = if self.0.mem.forks != crate::generation::forks() {
+            "it belongs to the runtime of the parent process (fork)"
+        } else if self.0.mem.closed.load(Ordering::Acquire) {
+            "the runtime was shut down since it was allocated"
+        } else {
+            return Ok(());
+        };
+        Err(crate::error::DeviceError::InvalidHandle {
+            what: format!(
+                "DeviceBuffer#{} (device {}, {} bytes)",
+                self.0.id,
+                self.device(),
+                self.0.size
+            ),
+            why: why.into(),
         }
-        Ok(())
+        .into())
     }
 
     /// Check that the buffer is live ([`Buffer::check`]) and that `[offset, offset + count)`
