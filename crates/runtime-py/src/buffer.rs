@@ -9,12 +9,13 @@
 
 use std::ffi::c_int;
 
+use numpy::{PyArrayDescr, PyArrayDescrMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::convert::{numpy, opt_nonneg, parse_dtype, shape_arg};
+use crate::convert::{numpy, numpy_dtype, opt_nonneg, parse_dtype, shape_arg};
 use crate::copy::{self, Direction};
 use crate::dlpack;
 use crate::errors::RtErr;
@@ -47,8 +48,8 @@ impl PyDeviceBuffer {
 
     /// The numpy dtype.
     #[getter(dtype)]
-    fn dtype_<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        numpy(py)?.getattr("dtype")?.call1((self.dtype.name(),))
+    fn dtype_<'py>(&self, py: Python<'py>) -> Bound<'py, PyArrayDescr> {
+        numpy_dtype(py, self.dtype)
     }
 
     #[getter]
@@ -134,9 +135,10 @@ impl PyDeviceBuffer {
         let py = slf.py();
         let me = slf.get();
         let np = numpy(py)?;
-        let out = np
-            .getattr("empty")?
-            .call1((PyTuple::new(py, me.shape.iter())?, me.dtype.name()))?;
+        let out = np.getattr("empty")?.call1((
+            PyTuple::new(py, me.shape.iter())?,
+            numpy_dtype(py, me.dtype),
+        ))?;
         copy::memcpy(
             py,
             Direction::DeviceToHost,
@@ -194,8 +196,8 @@ impl PyDeviceBuffer {
             .call1((pyo3::types::PyMemoryView::from(slf.as_any())?,))?;
         match dtype {
             Some(t) if !t.is_none() => {
-                let want = np.getattr("dtype")?.call1((t,))?;
-                if want.eq(arr.getattr("dtype")?)? {
+                let want = PyArrayDescr::new(py, t)?;
+                if want.is_equiv_to(&numpy_dtype(py, slf.get().dtype)) {
                     if copy == Some(true) {
                         return arr.call_method0("copy");
                     }

@@ -1,8 +1,10 @@
 //! Argument conversion: Python objects to the values the core takes, with `TypeError` /
-//! `ValueError` naming the argument. Sizes and offsets, shapes, dtypes, timeouts, and the
-//! handle arguments (device, stream, event, buffer); `None` for a device or stream is the
-//! current one of the calling context (`context`). Depends on no domain file.
+//! `ValueError` naming the argument. Sizes and offsets, shapes, dtypes (numpy descriptors
+//! through the `numpy` crate), timeouts, and the handle arguments (device, stream, event,
+//! buffer); `None` for a device or stream is the current one of the calling context
+//! (`context`). Depends on no domain file.
 
+use numpy::{dtype, PyArrayDescr, PyArrayDescrMethods};
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -114,28 +116,55 @@ pub fn shape_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<usize>> {
         .collect()
 }
 
-/// A user-given `dtype` argument (anything `numpy.dtype` takes) as a device dtype. Device
-/// memory is in native byte order, so a non-native one (`">f4"` on a little-endian host) is a
-/// `ValueError` rather than a silent reinterpretation of the bytes.
+/// A user-given `dtype` argument (anything `numpy.dtype` takes) as a device dtype; see
+/// [`device_dtype`].
 pub fn parse_dtype(py: Python<'_>, dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
+    if dtype.is_none() {
+        return Ok(DType::F64); // as `numpy.dtype(None)`
+    }
     // numpy's message ("Cannot interpret '3' as a data type") does not name the argument.
-    let dt = numpy(py)?
-        .getattr("dtype")?
-        .call1((dtype,))
-        .map_err(|e| naming(py, "dtype", e))?;
-    let name: String = dt.getattr("name")?.extract()?;
-    let parsed = DType::parse(&name).ok_or_else(|| {
-        PyTypeError::new_err(format!(
-            "dtype {name} is not supported; use float32, float64, int32, int64 or uint8"
-        ))
-    })?;
-    if !dt.getattr("isnative")?.is_truthy()? {
+    let dt = PyArrayDescr::new(py, dtype).map_err(|e| naming(py, "dtype", e))?;
+    device_dtype(&dt)
+}
+
+/// The device dtype of a numpy dtype. Device memory is in native byte order, so a non-native
+/// one (`">f4"` on a little-endian host) is a `ValueError` rather than a silent
+/// reinterpretation of the bytes.
+pub fn device_dtype(dt: &Bound<'_, PyArrayDescr>) -> PyResult<DType> {
+    let parsed = match (dt.kind(), dt.itemsize()) {
+        (b'f', 4) => DType::F32,
+        (b'f', 8) => DType::F64,
+        (b'i', 4) => DType::I32,
+        (b'i', 8) => DType::I64,
+        (b'u', 1) => DType::U8,
+        _ => {
+            return Err(PyTypeError::new_err(format!(
+                "dtype {} is not supported; use float32, float64, int32, int64 or uint8",
+                dt.getattr("name")?.str()?
+            )))
+        }
+    };
+    if dt.is_native_byteorder() == Some(false) {
+        let name = parsed.name();
         return Err(PyValueError::new_err(format!(
-            "dtype: {} is not in the host's byte order; device memory holds native {name} (use {name} and convert host data with astype)",
-            dt.getattr("str")?.str()?
+            "dtype: {}{}{} is not in the host's byte order; device memory holds native {name} (use {name} and convert host data with astype)",
+            dt.byteorder() as char,
+            dt.kind() as char,
+            dt.itemsize()
         )));
     }
     Ok(parsed)
+}
+
+/// The numpy dtype of a device dtype.
+pub fn numpy_dtype(py: Python<'_>, d: DType) -> Bound<'_, PyArrayDescr> {
+    match d {
+        DType::F32 => dtype::<f32>(py),
+        DType::F64 => dtype::<f64>(py),
+        DType::I32 => dtype::<i32>(py),
+        DType::I64 => dtype::<i64>(py),
+        DType::U8 => dtype::<u8>(py),
+    }
 }
 
 /// Read a Python `timeout` argument (seconds, or None) as a float. An int beyond the float

@@ -9,12 +9,20 @@
 //! context holds a clone of the buffer, so the memory stays alive until the consumer calls the
 //! deleter (or, if never consumed, until the capsule is collected).
 //!
-//! One builder ([`export`]) serves both capsule versions through the [`Managed`] trait; the
-//! capsule destructor keeps any exception pending when it runs (capsules are often collected
-//! while an error propagates).
+//! The DLPack structs, their allocation (one block holding the managed struct, shape and
+//! strides) and the deleter that frees it and drops the context are `dlpark`'s; the context is
+//! a boxed clone of the buffer. One builder ([`export`]) serves both capsule versions. The
+//! capsule and its destructor are ours: the destructor deletes only a capsule that still has
+//! its original name (a consumer renames it and takes over the deleter), and keeps any
+//! exception pending when it runs (capsules are often collected while an error propagates).
 
 use std::ffi::{c_void, CStr};
 
+use dlpark::allocation::dynamic::{Allocation, Initialized};
+use dlpark::ffi::{
+    DLDataType, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned, DLPackVersion,
+};
+use dlpark::{Managed, ManagedTensorBase};
 use pyo3::exceptions::{PyBufferError, PyOverflowError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -23,129 +31,26 @@ use runtime_core::memory::Buffer;
 
 use crate::convert::repr;
 
-#[repr(C)]
-struct DLDevice {
-    device_type: i32,
-    device_id: i32,
-}
-
-#[repr(C)]
-struct DLDataType {
-    code: u8,
-    bits: u8,
-    lanes: u16,
-}
-
-#[repr(C)]
-struct DLTensor {
-    data: *mut c_void,
-    device: DLDevice,
-    ndim: i32,
-    dtype: DLDataType,
-    shape: *mut i64,
-    strides: *mut i64,
-    byte_offset: u64,
-}
-
-#[repr(C)]
-struct DLManagedTensor {
-    dl_tensor: DLTensor,
-    manager_ctx: *mut c_void,
-    deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
-}
-
-#[repr(C)]
-struct DLPackVersion {
-    major: u32,
-    minor: u32,
-}
-
-#[repr(C)]
-struct DLManagedTensorVersioned {
-    version: DLPackVersion,
-    manager_ctx: *mut c_void,
-    deleter: Option<unsafe extern "C" fn(*mut DLManagedTensorVersioned)>,
-    flags: u64,
-    dl_tensor: DLTensor,
-}
-
 /// `kDLCPU`.
-pub const KDL_CPU: i32 = 1;
+pub const KDL_CPU: i32 = DLDeviceType::CPU.0 as i32;
 
 /// The DLPack version of the versioned export.
-const DLPACK_MAJOR: u32 = 1;
-const DLPACK_MINOR: u32 = 0;
+const VERSION: DLPackVersion = DLPackVersion { major: 1, minor: 0 };
 
-/// The two managed-tensor structs, for the one builder and the one destructor.
-trait Managed: Sized + 'static {
-    /// The capsule name while unconsumed.
+/// The capsule name of each managed-tensor struct while unconsumed.
+trait Named: ManagedTensorBase + 'static {
     const NAME: &'static CStr;
-    /// The struct around `tensor`, with the deleter for a `Ctx<Self>` (context set later).
-    fn wrap(tensor: DLTensor) -> Self;
-    fn ctx(&self) -> *mut c_void;
-    fn set_ctx(&mut self, ctx: *mut c_void);
-    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)>;
 }
 
-impl Managed for DLManagedTensor {
+impl Named for DLManagedTensor {
     const NAME: &'static CStr = c"dltensor";
-    fn wrap(dl_tensor: DLTensor) -> Self {
-        DLManagedTensor {
-            dl_tensor,
-            manager_ctx: std::ptr::null_mut(),
-            deleter: Some(deleter::<Self>),
-        }
-    }
-    fn ctx(&self) -> *mut c_void {
-        self.manager_ctx
-    }
-    fn set_ctx(&mut self, ctx: *mut c_void) {
-        self.manager_ctx = ctx;
-    }
-    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)> {
-        self.deleter
-    }
 }
 
-impl Managed for DLManagedTensorVersioned {
+impl Named for DLManagedTensorVersioned {
     const NAME: &'static CStr = c"dltensor_versioned";
-    fn wrap(dl_tensor: DLTensor) -> Self {
-        DLManagedTensorVersioned {
-            version: DLPackVersion {
-                major: DLPACK_MAJOR,
-                minor: DLPACK_MINOR,
-            },
-            manager_ctx: std::ptr::null_mut(),
-            deleter: Some(deleter::<Self>),
-            flags: 0, // writable, not a copy
-            dl_tensor,
-        }
-    }
-    fn ctx(&self) -> *mut c_void {
-        self.manager_ctx
-    }
-    fn set_ctx(&mut self, ctx: *mut c_void) {
-        self.manager_ctx = ctx;
-    }
-    fn deleter(&self) -> Option<unsafe extern "C" fn(*mut Self)> {
-        self.deleter
-    }
 }
 
-/// What a capsule owns: the managed struct (pointed to by the capsule), the shape array it
-/// points to, and the buffer clone that keeps the memory alive.
-struct Ctx<M> {
-    managed: M,
-    _shape: Vec<i64>,
-    _buffer: Buffer,
-}
-
-unsafe extern "C" fn deleter<M: Managed>(m: *mut M) {
-    // SAFETY: `manager_ctx` is the `Box<Ctx<M>>` leaked in `export`; the deleter runs once.
-    unsafe { drop(Box::from_raw((*m).ctx().cast::<Ctx<M>>())) }
-}
-
-unsafe extern "C" fn capsule_destructor<M: Managed>(capsule: *mut ffi::PyObject) {
+unsafe extern "C" fn capsule_destructor<M: Named>(capsule: *mut ffi::PyObject) {
     // SAFETY: called by Python, with the GIL, on our capsule. If it still has its original
     // name it was never consumed, so we own the tensor and must delete it; a consumer renames
     // it and takes over the deleter. The exception pending when Python collects the capsule
@@ -161,9 +66,7 @@ unsafe extern "C" fn capsule_destructor<M: Managed>(capsule: *mut ffi::PyObject)
         if ffi::PyCapsule_IsValid(capsule, M::NAME.as_ptr()) == 1 {
             let m = ffi::PyCapsule_GetPointer(capsule, M::NAME.as_ptr()).cast::<M>();
             if !m.is_null() {
-                if let Some(d) = (*m).deleter() {
-                    d(m);
-                }
+                M::drop_raw(m);
             }
         }
         #[allow(deprecated)]
@@ -222,7 +125,7 @@ pub fn request(
             "copy=True is not supported: export shares memory; use copy_to_host() for a copy",
         ));
     }
-    Ok(max_version.is_some_and(|(major, _)| major >= DLPACK_MAJOR))
+    Ok(max_version.is_some_and(|(major, _)| major >= VERSION.major))
 }
 
 /// Export `shape` elements of `dtype` at byte `offset` of `buffer` as a DLPack capsule.
@@ -236,66 +139,70 @@ pub fn export(
     shape: &[usize],
     versioned: bool,
 ) -> PyResult<Py<PyAny>> {
-    let (code, bits) = match dtype {
-        DType::F32 => (2, 32),
-        DType::F64 => (2, 64),
-        DType::I32 => (0, 32),
-        DType::I64 => (0, 64),
-        DType::U8 => (1, 8),
-    };
-    let mut shape: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-    let tensor = DLTensor {
-        data: buffer.as_ptr().cast::<c_void>(),
-        device: DLDevice {
-            device_type: KDL_CPU,
-            device_id: 0,
-        },
-        ndim: shape.len() as i32,
-        dtype: DLDataType {
-            code,
-            bits,
-            lanes: 1,
-        },
-        // The Vec's heap array does not move when the Vec moves into the context.
-        shape: shape.as_mut_ptr(),
-        strides: std::ptr::null_mut(),
-        byte_offset: offset,
-    };
     if versioned {
-        capsule::<DLManagedTensorVersioned>(py, tensor, shape, buffer)
+        let mut t = tensor::<DLManagedTensorVersioned>(buffer, offset, dtype, shape)?;
+        t.set_version(VERSION).map_err(buffer_error)?; // flags stay 0: writable, not a copy
+                                                       // SAFETY: every field is set (`tensor`).
+        capsule(py, unsafe { t.finish() })
     } else {
-        capsule::<DLManagedTensor>(py, tensor, shape, buffer)
+        let t = tensor::<DLManagedTensor>(buffer, offset, dtype, shape)?;
+        // SAFETY: every field is set (`tensor`).
+        capsule(py, unsafe { t.finish() })
     }
 }
 
-fn capsule<M: Managed>(
-    py: Python<'_>,
-    tensor: DLTensor,
-    shape: Vec<i64>,
+fn buffer_error(e: impl std::fmt::Display) -> PyErr {
+    PyBufferError::new_err(e.to_string())
+}
+
+/// The managed tensor of the export: C-contiguous shape and strides in the struct's own
+/// allocation, the buffer clone as its context.
+fn tensor<M: ManagedTensorBase>(
     buffer: Buffer,
-) -> PyResult<Py<PyAny>> {
-    let raw = Box::into_raw(Box::new(Ctx {
-        managed: M::wrap(tensor),
-        _shape: shape,
-        _buffer: buffer,
-    }));
-    // SAFETY: `raw` points to a live Ctx<M> (just leaked); the managed struct is a field of it,
-    // so its address is stable until the deleter frees the context.
-    let managed: *mut M = unsafe {
-        (*raw).managed.set_ctx(raw.cast());
-        std::ptr::addr_of_mut!((*raw).managed)
-    };
+    offset: u64,
+    dtype: DType,
+    shape: &[usize],
+) -> PyResult<Initialized<M>> {
+    let ndim = shape.len();
+    let mut alloc = Allocation::<M>::allocate(2 * ndim).map_err(buffer_error)?;
+    let (dims, strides) = alloc.extra_mut().split_at_mut(ndim);
+    // Row-major, a zero-length dimension counting as 1 (as numpy's own strides do).
+    let mut stride = 1i64;
+    for i in (0..ndim).rev() {
+        dims[i] = shape[i] as i64;
+        strides[i] = stride;
+        stride = stride.saturating_mul(shape[i].max(1) as i64);
+    }
+    let data = buffer.as_ptr().cast::<c_void>();
+    let mut t = alloc
+        .initialize(Box::new(buffer), ndim)
+        .map_err(buffer_error)?;
+    let extra = t.extra_mut().as_mut_ptr();
+    t.tensor_mut().shape = extra;
+    // SAFETY: the allocation holds `2 * ndim` values: the shape, then the strides.
+    t.tensor_mut().strides = unsafe { extra.add(ndim) };
+    t.set_data(data)
+        .set_device(DLDevice::CPU)
+        .set_dtype(match dtype {
+            DType::F32 => DLDataType::F32,
+            DType::F64 => DLDataType::F64,
+            DType::I32 => DLDataType::I32,
+            DType::I64 => DLDataType::I64,
+            DType::U8 => DLDataType::U8,
+        })
+        .set_byte_offset(offset);
+    Ok(t)
+}
+
+/// A capsule named `M::NAME` owning `managed` until a consumer renames it.
+fn capsule<M: Named>(py: Python<'_>, managed: Managed<M>) -> PyResult<Py<PyAny>> {
+    let raw = managed.into_raw();
     // SAFETY: valid pointer, static name, destructor defined above.
-    let cap = unsafe {
-        ffi::PyCapsule_New(
-            managed.cast(),
-            M::NAME.as_ptr(),
-            Some(capsule_destructor::<M>),
-        )
-    };
+    let cap =
+        unsafe { ffi::PyCapsule_New(raw.cast(), M::NAME.as_ptr(), Some(capsule_destructor::<M>)) };
     if cap.is_null() {
-        // SAFETY: the capsule was not created, so we still own the context.
-        unsafe { drop(Box::from_raw(raw)) };
+        // SAFETY: the capsule was not created, so we still own the tensor.
+        unsafe { M::drop_raw(raw) };
         return Err(PyErr::fetch(py));
     }
     // SAFETY: `cap` is a new, owned reference.

@@ -1,13 +1,16 @@
 //! Allocation and release of device buffers: `device_malloc`, `device_free`, `empty`,
 //! `to_device`.
 
+use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+use runtime_core::device::Device;
 use runtime_core::kernel::DType;
 
 use crate::convert::{
-    buffer_arg, naming, nonneg, numpy, parse_dtype, resolve, resolve_required, shape_arg,
+    buffer_arg, device_dtype, naming, nonneg, numpy, parse_dtype, resolve, resolve_required,
+    shape_arg,
 };
 use crate::copy::{self, Direction};
 use crate::errors::RtErr;
@@ -50,6 +53,11 @@ pub fn empty(
         _ => DType::F32,
     };
     let shape = shape_arg(shape, "shape")?;
+    allocate(py, &d, dt, shape)
+}
+
+/// A zeroed buffer of `shape` and `dt` on `d`, allocated without the GIL.
+fn allocate(py: Python<'_>, d: &Device, dt: DType, shape: Vec<usize>) -> PyResult<PyDeviceBuffer> {
     let n = shape
         .iter()
         .try_fold(dt.size() as u64, |a, &b| a.checked_mul(b as u64))
@@ -76,16 +84,18 @@ pub fn to_device<'py>(
     let mut arr = np
         .getattr("asarray")?
         .call((array,), Some(&kw))
-        .map_err(|e| naming(py, "array", e))?;
-    let mut dtype = arr.getattr("dtype")?;
+        .map_err(|e| naming(py, "array", e))?
+        .cast_into::<PyUntypedArray>()?;
+    let mut dtype = arr.dtype();
     // Device memory is in the host's byte order: convert data in the other one (as
     // `cupy.asarray` does) rather than copy its bytes as if they were native.
-    if !dtype.getattr("isnative")?.is_truthy()? {
-        dtype = dtype.call_method1("newbyteorder", ("=",))?;
-        arr = arr.call_method1("astype", (&dtype,))?;
+    if dtype.is_native_byteorder() == Some(false) {
+        dtype = dtype.call_method1("newbyteorder", ("=",))?.cast_into()?;
+        arr = arr.call_method1("astype", (&dtype,))?.cast_into()?;
     }
-    let shape = arr.getattr("shape")?;
-    let buf = Bound::new(py, empty(py, &shape, Some(&dtype), device)?)?;
+    let d = resolve(py, device, "device")?;
+    let dt = device_dtype(&dtype)?;
+    let buf = Bound::new(py, allocate(py, &d, dt, arr.shape().to_vec())?)?;
     let dir = Direction::HostToDevice;
     copy::memcpy(py, dir, buf.as_any(), &arr, stream, None, None, None)?;
     Ok(buf)
