@@ -5,7 +5,7 @@
 //! A `DeviceBuffer` handle holds a clone of the core buffer until `device_free` takes it; every
 //! export (buffer protocol, DLPack, kernel argument, queued copy) holds its own clone, so the
 //! memory returns to the allocator only when the last of them is gone. After `shutdown` the
-//! handle refuses every use (its runtime generation no longer matches).
+//! handle refuses every use (the core answers that its runtime is gone).
 
 use std::ffi::c_int;
 

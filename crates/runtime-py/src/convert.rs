@@ -304,7 +304,7 @@ pub fn event_arg(obj: &Bound<'_, PyAny>) -> PyResult<Event> {
             ))
         })?
         .get()
-        .live()?
+        .raw()
         .clone())
 }
 

@@ -44,13 +44,13 @@ impl PyEvent {
     #[pyo3(signature = (stream=None))]
     fn record(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let s = stream_or_current(py, stream)?;
-        s.record(self.live()?).map_err(RtErr)?;
+        s.record(self.raw()).map_err(RtErr)?;
         Ok(())
     }
 
     /// Whether the latest record has completed (True if never recorded).
     fn query(&self) -> RtResult<bool> {
-        Ok(self.live()?.query()?)
+        Ok(self.raw().query()?)
     }
 
     /// Wait for the latest record (GIL released; Ctrl-C works; `timeout` in seconds).
@@ -58,7 +58,7 @@ impl PyEvent {
     fn synchronize(&self, py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let timeout = timeout_obj(timeout)?;
         timeout_arg(timeout)?;
-        let e = self.live()?;
+        let e = self.raw();
         if e.query().map_err(RtErr)? {
             return Ok(());
         }
@@ -74,7 +74,7 @@ impl PyEvent {
     #[pyo3(signature = (stream=None))]
     fn wait(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let s = stream_or_current(py, stream)?;
-        s.wait_event(self.live()?).map_err(RtErr)?;
+        s.wait_event(self.raw()).map_err(RtErr)?;
         Ok(())
     }
 
@@ -82,13 +82,13 @@ impl PyEvent {
     /// completed, otherwise raises (NotReadyError while pending).
     fn elapsed_time(&self, end: &Bound<'_, PyAny>) -> PyResult<f64> {
         let e = event_arg(end)?;
-        Ok(self.live()?.elapsed_time(&e).map_err(RtErr)?)
+        Ok(self.raw().elapsed_time(&e).map_err(RtErr)?)
     }
 
     /// Completion time of the latest record, in ns of the runtime's monotonic clock.
     #[getter]
     fn timestamp_ns(&self) -> RtResult<u64> {
-        Ok(self.live()?.timestamp_ns()?)
+        Ok(self.raw().timestamp_ns()?)
     }
 
     #[getter]

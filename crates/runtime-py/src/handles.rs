@@ -1,6 +1,7 @@
 //! The Python handle classes as data: what a `Device`, `DeviceBuffer`, `Stream` and `Event`
-//! hold, plus [`Generation`], the one check that a handle still belongs to the installed
-//! runtime. Their Python methods live in the domain files (`device`, `buffer`, `stream`,
+//! hold. Whether a handle still belongs to the installed runtime is the core's answer (every
+//! core call on a stale buffer, stream, event or graph fails with `InvalidHandle`); the
+//! bindings keep no generations. Their Python methods live in the domain files (`device`, `buffer`, `stream`,
 //! `event`); keeping the types here lets argument conversion (`convert`) read handles without
 //! depending on any domain file.
 
@@ -9,34 +10,9 @@ use pyo3::prelude::*;
 use runtime_core::event::Event;
 use runtime_core::kernel::DType;
 use runtime_core::memory::Buffer;
-use runtime_core::runtime as rt;
 use runtime_core::stream::Stream;
 
-use crate::errors::{self, RtErr, RtResult};
-
-/// The runtime generation a handle was made under. `init` after `shutdown` installs a new
-/// generation, so a handle from before answers `InvalidHandleError` instead of touching the new
-/// runtime's objects. (Streams check theirs in the core, through their device.)
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Generation(u64);
-
-impl Generation {
-    /// The installed runtime's generation, for a handle made now (`NotInitializedError` when
-    /// there is none).
-    pub fn current() -> RtResult<Generation> {
-        Ok(Generation(rt::get()?.generation()))
-    }
-
-    /// The installed runtime's generation, or 0 (no runtime) without an error.
-    pub fn now() -> Generation {
-        Generation(rt::live_generation())
-    }
-
-    /// Whether the runtime this handle was made under is still the installed one.
-    pub fn is_live(self) -> bool {
-        rt::live_generation() == self.0
-    }
-}
+use crate::errors::{self, RtErr};
 
 /// A virtual device. `with runtime.Device(1):` makes it the thread's current device.
 #[pyclass(name = "Device", module = "runtime", frozen, eq, hash)]
@@ -60,7 +36,6 @@ impl PyDevice {
 #[pyclass(name = "DeviceBuffer", module = "runtime", frozen, weakref)]
 pub struct PyDeviceBuffer {
     slot: Mutex<Option<Buffer>>,
-    generation: Generation,
     pub(crate) id: u64,
     pub(crate) device: usize,
     pub(crate) offset: u64,
@@ -72,19 +47,13 @@ pub struct PyDeviceBuffer {
 
 impl PyDeviceBuffer {
     /// A handle over `buffer` (raw bytes).
-    pub fn raw(buffer: Buffer, generation: Generation) -> Self {
+    pub fn raw(buffer: Buffer) -> Self {
         let n = buffer.size();
-        Self::typed(buffer, generation, 0, DType::U8, vec![n as usize])
+        Self::typed(buffer, 0, DType::U8, vec![n as usize])
     }
 
     /// A typed handle over part of `buffer` (range already checked).
-    pub fn typed(
-        buffer: Buffer,
-        generation: Generation,
-        offset: u64,
-        dtype: DType,
-        shape: Vec<usize>,
-    ) -> Self {
+    pub fn typed(buffer: Buffer, offset: u64, dtype: DType, shape: Vec<usize>) -> Self {
         let item = dtype.size() as isize;
         let mut strides = vec![0isize; shape.len()];
         let mut acc = item;
@@ -97,7 +66,6 @@ impl PyDeviceBuffer {
             id: buffer.id(),
             device: buffer.device(),
             slot: Mutex::new(Some(buffer)),
-            generation,
             offset,
             dtype,
             shape: shape.iter().map(|&d| d as isize).collect(),
@@ -115,16 +83,12 @@ impl PyDeviceBuffer {
 
     /// The live core buffer, or `InvalidHandleError`.
     pub fn buffer(&self, py: Python<'_>) -> PyResult<Buffer> {
-        if !self.generation.is_live() {
-            return Err(errors::invalid_handle(
-                py,
-                self.what(),
-                "the runtime was shut down since it was allocated",
-            ));
-        }
-        self.slot.lock().clone().ok_or_else(|| {
+        let b = self.slot.lock().clone().ok_or_else(|| {
             errors::invalid_handle(py, self.what(), "it was freed with device_free()")
-        })
+        })?;
+        // The core knows whether the runtime it was allocated under is still the live one.
+        b.check().map_err(RtErr)?;
+        Ok(b)
     }
 
     pub fn shape_usize(&self) -> Vec<usize> {
@@ -133,7 +97,7 @@ impl PyDeviceBuffer {
 
     /// A typed handle of the same runtime over part of `buffer` (a view of this one).
     pub fn derive(&self, buffer: Buffer, offset: u64, dtype: DType, shape: Vec<usize>) -> Self {
-        Self::typed(buffer, self.generation, offset, dtype, shape)
+        Self::typed(buffer, offset, dtype, shape)
     }
 
     /// A new handle sharing this one's memory (used for kernel arguments).
@@ -194,37 +158,17 @@ impl PyStream {
 #[pyclass(name = "Event", module = "runtime", frozen, eq, hash, weakref)]
 pub struct PyEvent {
     inner: Event,
-    generation: Generation,
 }
 
 impl PyEvent {
-    /// A handle over `inner`, belonging to the runtime installed now.
+    /// A handle over `inner` (which belongs to the runtime installed now).
     pub fn made_now(inner: Event) -> PyEvent {
-        PyEvent {
-            inner,
-            generation: Generation::now(),
-        }
+        PyEvent { inner }
     }
 
-    /// The event without the runtime check (for what stays readable after a shutdown).
+    /// The core event (its methods check that it belongs to the live runtime).
     pub fn raw(&self) -> &Event {
         &self.inner
-    }
-
-    /// The event, if the runtime that made it is still the installed one (an event belongs
-    /// to its runtime, as a CUDA event belongs to its context).
-    pub fn live(&self) -> RtResult<&Event> {
-        if self.generation.is_live() {
-            return Ok(&self.inner);
-        }
-        rt::get()?; // not initialised: NotInitializedError, as for every other call
-        Err(RtErr(
-            runtime_core::error::DeviceError::InvalidHandle {
-                what: format!("Event#{}", self.inner.id()),
-                why: "the runtime was shut down".into(),
-            }
-            .into(),
-        ))
     }
 }
 

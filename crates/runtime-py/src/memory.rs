@@ -14,7 +14,7 @@ use crate::convert::{
 };
 use crate::copy::{self, Direction};
 use crate::errors::RtErr;
-use crate::handles::{Generation, PyDeviceBuffer};
+use crate::handles::PyDeviceBuffer;
 
 /// Allocate `size` zeroed bytes on `device` (a Device or an int).
 #[pyfunction]
@@ -25,10 +25,9 @@ pub fn device_malloc(
 ) -> PyResult<PyDeviceBuffer> {
     let d = resolve_required(device, "device")?;
     let size = nonneg(size, "size")?;
-    let gen = Generation::current().map_err(PyErr::from)?;
     // Without the GIL: a full device waits for queued work, which may be Python kernels.
     let b = py.detach(|| d.memory().allocate(size)).map_err(RtErr)?;
-    Ok(PyDeviceBuffer::raw(b, gen))
+    Ok(PyDeviceBuffer::raw(b))
 }
 
 /// Free a buffer handle. Later use of the handle raises `InvalidHandleError`; the memory goes
@@ -62,9 +61,8 @@ fn allocate(py: Python<'_>, d: &Device, dt: DType, shape: Vec<usize>) -> PyResul
         .iter()
         .try_fold(dt.size() as u64, |a, &b| a.checked_mul(b as u64))
         .ok_or_else(|| PyValueError::new_err(format!("shape: {shape:?} is too large")))?;
-    let gen = Generation::current().map_err(PyErr::from)?;
     let b = py.detach(|| d.memory().allocate(n)).map_err(RtErr)?;
-    Ok(PyDeviceBuffer::typed(b, gen, 0, dt, shape))
+    Ok(PyDeviceBuffer::typed(b, 0, dt, shape))
 }
 
 /// Allocate a device buffer holding a copy of numpy array `array` (same dtype and shape).
