@@ -125,10 +125,7 @@ impl PyStream {
 
     /// Make later work on this stream wait for everything queued so far on `other`.
     fn wait_stream(&self, other: &Bound<'_, PyStream>) -> RtResult<()> {
-        let e = Event::with_options(EventOptions::without_timing());
-        other.get().inner().record(&e)?;
-        self.inner().wait_event(&e)?;
-        Ok(())
+        Ok(self.inner().wait_stream(other.get().inner())?)
     }
 
     /// Record and return a new event on this stream.

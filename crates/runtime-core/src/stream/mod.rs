@@ -518,6 +518,17 @@ impl Stream {
         Ok(())
     }
 
+    /// Make later work on this stream wait for everything queued so far on `other` (torch's
+    /// `Stream.wait_stream`): a record on `other` that this stream waits on.
+    ///
+    /// # Errors
+    /// As for [`Stream::record`] and [`Stream::wait_event`].
+    pub fn wait_stream(&self, other: &Stream) -> Result<()> {
+        let e = Event::with_options(crate::event::EventOptions::without_timing());
+        other.record(&e)?;
+        self.wait_event(&e)
+    }
+
     /// Record `event` on this stream: it completes when the stream reaches this point, with
     /// the time read then. On an idle stream it completes at once.
     pub fn record(&self, event: &Event) -> Result<()> {
