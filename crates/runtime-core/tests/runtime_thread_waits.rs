@@ -181,3 +181,44 @@ fn a_wait_for_queued_work_runs_it_inline_on_the_serial_engine() {
     runtime::shutdown().expect("shutdown");
     runtime::set_option("enablePipelining", true).unwrap();
 }
+
+/// A blocking submission from a runtime thread (a synchronous-mode launch, a blocking copy)
+/// either runs right there (its stream is idle) or is refused before anything is queued:
+/// never "refused, but run anyway".
+#[test]
+fn blocking_submissions_from_runtime_threads_run_inline_or_leave_no_trace() {
+    let (_g, rt) = setup(true);
+    let dev = rt.device(0).unwrap().clone();
+    let (a, idle) = (Stream::new(&dev, 0).unwrap(), Stream::new(&dev, 0).unwrap());
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counting = |ran: &Arc<std::sync::atomic::AtomicUsize>| {
+        let ran = ran.clone();
+        FnOp::shared("counted", OpKind::Copy, move || {
+            ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        })
+    };
+    // A blocking copy on the stream running the caller: refused, and it never runs.
+    let (me, op) = (a.clone(), counting(&ran));
+    let r = from_op(&a, move || {
+        runtime_core::device::submit_blocking_on(&me, None, op).map(|_| ())
+    });
+    assert!(not_permitted(&r), "own stream: {r:?}");
+    // On an idle stream it runs right there.
+    let (other, op) = (idle.clone(), counting(&ran));
+    from_op(&a, move || {
+        runtime_core::device::submit_blocking_on(&other, None, op).map(|_| ())
+    })
+    .unwrap();
+    // A synchronous-mode launch on the stream running the caller: refused, never run.
+    runtime::set_option("enableAsync", false).unwrap();
+    let (me, op) = (a.clone(), counting(&ran));
+    let r = from_op(&a, move || me.launch(op));
+    runtime::set_option("enableAsync", true).unwrap();
+    assert!(not_permitted(&r), "own stream, synchronous mode: {r:?}");
+    a.synchronize(None).unwrap();
+    idle.synchronize(None).unwrap();
+    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
+    drop(rt);
+    runtime::shutdown().expect("shutdown");
+}

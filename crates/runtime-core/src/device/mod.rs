@@ -290,7 +290,8 @@ pub fn submit_blocking(
 ///
 /// # Errors
 /// `Capturing` when `stream` is capturing (the copy would return before it ran, as CUDA's
-/// `cudaErrorStreamCaptureImplicit`); `InvalidHandle` after shutdown.
+/// `cudaErrorStreamCaptureImplicit`); `InvalidHandle` after shutdown; `NotPermitted` from a
+/// runtime thread when the stream is busy (nothing is queued then).
 pub fn submit_blocking_on(
     stream: &Stream,
     peer: Option<&Stream>,
@@ -307,6 +308,10 @@ pub fn submit_blocking_on(
         }
     }
     if !stream.try_run_inline(&op)? {
+        if crate::stream::engine::on_worker_thread() {
+            // The wait that follows could not be made here: refuse before queueing.
+            return Err(stream.busy_from_runtime_thread("a blocking copy or memset"));
+        }
         stream.enqueue(op)?;
     }
     Ok(stream.clone())

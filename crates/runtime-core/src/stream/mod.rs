@@ -275,17 +275,42 @@ impl Stream {
         Ok(())
     }
 
-    /// Queue an operation, always asynchronously (or record it while capturing). Returns
-    /// true when it was queued, false when it was captured. Callers that must release a lock
-    /// (the Python bindings release the GIL) wait themselves in synchronous mode.
+    /// Queue an operation (or record it while capturing). Returns true when it was queued,
+    /// false when it was captured. Callers that must release a lock (the Python bindings
+    /// release the GIL) wait themselves in synchronous mode.
+    ///
+    /// In synchronous mode on a runtime thread the caller will wait for the op, which it may
+    /// only do if the op runs right here: it runs inline when the stream is idle, and is
+    /// otherwise refused with `NotPermitted` before anything is queued (never "refused, but
+    /// run anyway").
     pub fn enqueue(&self, op: Arc<dyn Op>) -> Result<bool> {
-        let _submitting = self.enter()?;
-        if let Some(session) = self.session() {
-            session.push(self.0.id, Node::Op(op));
-            return Ok(false);
+        {
+            let _submitting = self.enter()?;
+            if let Some(session) = self.session() {
+                session.push(self.0.id, Node::Op(op));
+                return Ok(false);
+            }
+            if !(self.is_sync_mode() && engine::on_worker_thread()) {
+                self.submit(Command::Op(op));
+                return Ok(true);
+            }
         }
-        self.submit(Command::Op(op));
-        Ok(true)
+        if self.try_run_inline(&op)? {
+            return Ok(true);
+        }
+        Err(self.busy_from_runtime_thread("a synchronous-mode launch"))
+    }
+
+    /// `NotPermitted` for a blocking submission (`what`) from a runtime thread onto this
+    /// stream while it is busy: nothing was queued.
+    pub(crate) fn busy_from_runtime_thread(&self, what: &str) -> crate::error::Error {
+        StreamError::NotPermitted {
+            what: format!(
+                "{what} on Stream#{} from a kernel or host function while that stream is busy (nothing was queued)",
+                self.0.id
+            ),
+        }
+        .into()
     }
 
     /// Run `op` right here if the stream is idle (nothing queued, not capturing), counting it
