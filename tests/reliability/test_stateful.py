@@ -10,6 +10,16 @@ on typed views), Python kernels (good and raising), events (record, wait_event, 
 synchronize, destroy), stream / device / global synchronisation, stream destroy, option
 changes and shutdown + init, over three devices and up to four user streams.
 
+Issue 11 added: stream capture with fork / join (``capture_graph``: captured ops replayed
+1-3 times, applied by the model in issue order per replay; blocking copies, synchronize and
+barriers refused during the capture; an unjoined fork fails ``end_capture``), ``with
+stream:`` across devices (``with_stream``: the current device and streams inside and after
+the block, blocking calls on the frame's stream after its queued work), callbacks that call
+back into the runtime from the worker thread (``callback_calls_runtime``: allowed calls take
+effect, waits on the callback's own stream raise ``InvalidOperationError`` inside it), and
+``fork()`` (``fork_process``, rare: the child's inherited handles fail, ``init`` and a round
+trip work there; the parent goes on unchanged).
+
 Ordering: work on one allocation from several streams is ordered the way a user must order
 it, with ``Event.record`` + ``Stream.wait_event`` (inserted by the model whenever an
 allocation moves to another stream). Contents are compared byte for byte after
@@ -27,7 +37,10 @@ Profiles (tests/conftest.py): ``ci`` (default, 200 examples), ``slow``
 
 from __future__ import annotations
 
+import faulthandler
+import gc
 import os
+import time
 
 import numpy as np
 import pytest
@@ -62,6 +75,18 @@ COUNTS = {
     "ops_skipped": 0,
     "kernel_errors": 0,
     "invalid_handles": 0,
+    "captures": 0,
+    "graph_launches": 0,
+    "capture_refusals": 0,
+    "unjoined_forks": 0,
+    "with_blocks": 0,
+    "with_blocking_ops": 0,
+    "callbacks": 0,
+    "callback_calls_allowed": 0,
+    "callback_calls_refused": 0,
+    "forks": 0,
+    "fork_child_hangs": 0,
+    "callback_copy_races": 0,
 }
 
 
@@ -93,6 +118,109 @@ def pattern(n: int, seed: int) -> bytes:
     return (
         ((np.arange(n, dtype=np.uint64) * 131 + seed * 7919 + 1) % 251).astype(np.uint8).tobytes()
     )
+
+
+# What a callback does from the worker thread, in this order (copies come before the launch
+# on the other stream, so no call races with another).
+CALLBACK_ACTIONS = (
+    "d2h",
+    "h2d",
+    "query",
+    "launch_other",
+    "record_other",
+    "sync_own",
+    "barrier",
+    "device_own",
+    "shutdown",
+    "destroy_own",
+)
+
+
+def partial_overlap(p, q) -> bool:
+    """Two views of one allocation that overlap without being the same range."""
+    return (
+        p.alloc is q.alloc
+        and p.offset < q.offset + q.nbytes
+        and q.offset < p.offset + p.nbytes
+        and (p.offset, p.nbytes) != (q.offset, q.nbytes)
+    )
+
+
+def fork_child(buf, stream, event, graph, seed: int) -> str:
+    """Run in a forked child: returns "ok" or what went wrong. Inherited buffers, streams and
+    graphs raise InvalidHandleError; inherited events and global calls raise
+    NotInitializedError until ``init``, and events InvalidHandleError after it."""
+    problems = []
+
+    def expect(err, name, call):
+        try:
+            call()
+        except err:
+            return
+        except BaseException as e:
+            problems.append(f"{name}: {type(e).__name__}: {e}")
+            return
+        problems.append(f"{name}: no error")
+
+    handle_calls = [
+        ("stream.launch_kernel", lambda: stream.launch_kernel(kernels.noop)),
+        ("stream.synchronize", lambda: stream.synchronize(timeout=5)),
+        ("stream.query", stream.query),
+        ("graph.launch", lambda: graph.launch(stream)),
+        ("with stream", stream.__enter__),
+    ]
+    if buf is not None:
+        handle_calls += [
+            ("d2h", lambda: runtime.memcpy_device_to_host(bytearray(buf.nbytes), buf)),
+            ("view", lambda: buf.view("uint8")),
+            ("asarray", lambda: np.asarray(buf)),
+            ("device_free", lambda: runtime.device_free(buf)),
+        ]
+    event_calls = [
+        ("event.query", event.query),
+        ("event.synchronize", lambda: event.synchronize(timeout=5)),
+        ("event.record", lambda: event.record(stream)),
+    ]
+    if runtime.is_initialized():
+        problems.append("the child starts initialised")
+    for name, call in handle_calls:
+        expect(runtime.InvalidHandleError, name, call)
+    for name, call in event_calls:
+        expect(runtime.NotInitializedError, name, call)
+    expect(runtime.NotInitializedError, "stream_synchronize", runtime.stream_synchronize)
+    expect(runtime.NotInitializedError, "device_malloc", lambda: runtime.device_malloc(0, 8))
+    runtime.init(device_count=DEVICES, memory=MEMORY)
+    for name, call in handle_calls + event_calls:
+        expect(runtime.InvalidHandleError, f"{name} after init", call)
+    # a small round trip on the child's own runtime
+    d = seed % DEVICES
+    x = runtime.to_device(np.arange(64, dtype=np.int32) * seed, device=d)
+    y = runtime.empty((64,), "int32", device=d)
+    s = runtime.Stream(d)
+    s.launch_kernel(kernels.add, (y, x, x))
+    e = runtime.Event()
+    e.record(s)
+    out = np.empty(64, np.int32)
+    runtime.memcpy_device_to_host(out, y, s)
+    try:
+        s.synchronize(timeout=10)
+    except runtime.WaitTimeoutError as e:
+        # Runtime bug 3 (RELIABILITY.md, "Stateful model test": a forked child's new runtime
+        # hangs now and then): reported to the parent as a known hang, not a failure.
+        return f"HANG: {e}"
+    if not e.query() or out.tolist() != [2 * seed * v for v in range(64)]:
+        problems.append(f"round trip: {out.tolist()}")
+    return "; ".join(problems) or "ok"
+
+
+def kernel_error_seen() -> None:
+    """Count an expected KernelError, then collect garbage: the error sits in a reference
+    cycle (the first error carries all in ``.errors``) whose traceback frames keep the
+    caller's locals, numpy views of device memory among them, alive until the cycle is
+    collected (RELIABILITY.md, "Seen and left alone"); without this, ``active_allocations``
+    reads one too many after such a view was dropped."""
+    COUNTS["kernel_errors"] += 1
+    gc.collect()
 
 
 class Alloc:
@@ -192,7 +320,7 @@ class Machine(RuleBasedStateMachine):
         if s.poisoned:
             with pytest.raises(runtime.KernelError):
                 call()
-            COUNTS["kernel_errors"] += 1
+            kernel_error_seen()
             s.poisoned = False
         else:
             call()
@@ -218,7 +346,7 @@ class Machine(RuleBasedStateMachine):
                 return False
             with pytest.raises(runtime.KernelError):
                 call()
-            COUNTS["kernel_errors"] += 1
+            kernel_error_seen()
             s.poisoned = False
             self.synced(s)
             return False
@@ -235,6 +363,23 @@ class Machine(RuleBasedStateMachine):
         self.order_on(s, allocs)
         call()
         self.synced(s)
+
+    def blocking_on(self, s: SModel, allocs, call, apply) -> bool:
+        """A blocking call queued on ``s`` (the current stream inside ``with``) and waited for:
+        it runs after ``s``'s queued work, or raises the pending KernelError and is skipped."""
+        self.order_on(s, allocs)
+        if s.poisoned:
+            with pytest.raises(runtime.KernelError):
+                call()
+            kernel_error_seen()
+            COUNTS["ops_skipped"] += 1
+            s.poisoned = False
+            self.synced(s)
+            return False
+        call()
+        apply()
+        self.synced(s)
+        return True
 
     def live_handles(self, pred=lambda h: True) -> list[Handle]:
         return [h for h in self.handles if pred(h)]
@@ -828,7 +973,7 @@ class Machine(RuleBasedStateMachine):
         if any(s.poisoned for s in ss):
             with pytest.raises(runtime.KernelError):
                 runtime.Device(device).synchronize(timeout=30)
-            COUNTS["kernel_errors"] += 1
+            kernel_error_seen()
         else:
             runtime.Device(device).synchronize(timeout=30)
         for s in ss:
@@ -839,7 +984,7 @@ class Machine(RuleBasedStateMachine):
         if any(s.poisoned for s in self.all_streams()):
             with pytest.raises(runtime.KernelError):
                 runtime.stream_synchronize(timeout=30)
-            COUNTS["kernel_errors"] += 1
+            kernel_error_seen()
         else:
             runtime.stream_synchronize(timeout=30)
         for s in self.all_streams():
@@ -876,6 +1021,537 @@ class Machine(RuleBasedStateMachine):
             assert s["allocated"] <= s["total"] and s["reserved"] <= s["total"]
             # queued operations may still hold freed allocations: never fewer than the model
             assert s["active_allocations"] >= self.model_live_count(d)
+
+    # ------------------------------------------------------------------ capture and graphs
+
+    def captured_op(self, kind: str, device: int, i: int, j: int, c: int):
+        """One operation for a capture on ``device``: ``(issue(stream), allocs, apply)``, or
+        None when no handle fits. ``apply`` updates the model from its state at replay time,
+        so repeated launches compound (xor twice cancels, scale multiplies again)."""
+        on_d = [h for h in self.handles if h.alloc.device == device]
+        if kind == "fill":
+            nums = [h for h in on_d if h.dtype in num_dtypes]
+            if not nums:
+                return None
+            out = nums[i % len(nums)]
+            dt = np.dtype(out.dtype)
+            value = c if dt.kind == "i" else c / 4
+
+            def apply():
+                out.write(0, np.full(out.nbytes // dt.itemsize, value, dtype=dt).tobytes())
+
+            return (lambda so: so.launch_kernel(kernels.fill, (out.obj, value))), [out], apply
+        if kind in ("scale", "add"):  # integer views only: float NaN payloads are not modelled
+            ints = [h for h in on_d if h.dtype in ("int32", "int64")]
+            if not ints:
+                return None
+            out = ints[i % len(ints)]
+            dt = np.dtype(out.dtype)
+            same = [h for h in ints if h.dtype == out.dtype and h.nbytes == out.nbytes]
+            x, y = same[j % len(same)], same[(i + j) % len(same)]
+            ins = [x] if kind == "scale" else [x, y]
+            if any(partial_overlap(out, p) for p in ins):
+                return None  # refused at launch (covered by native_kernel)
+
+            def arr(h):
+                return np.frombuffer(bytes(h.model()), dtype=dt)
+
+            if kind == "scale":
+                alpha = c % 7 - 3
+                args = (out.obj, x.obj, alpha)
+
+                def apply():
+                    out.write(0, (np.asarray(alpha, dtype=dt) * arr(x)).astype(dt).tobytes())
+
+            else:
+                args = (out.obj, x.obj, y.obj)
+
+                def apply():
+                    out.write(0, (arr(x) + arr(y)).astype(dt).tobytes())
+
+            return (lambda so: so.launch_kernel(getattr(kernels, kind), args)), [out, *ins], apply
+        if kind == "memset":
+            if not on_d:
+                return None
+            h = on_d[i % len(on_d)]
+
+            def apply():
+                h.write(0, bytes([c]) * h.nbytes)
+
+            return (lambda so: runtime.memset(h.obj, c, stream=so)), [h], apply
+        # Python kernels, on a buffer of any device
+        h = self.handles[i % len(self.handles)]
+        if kind == "xor":
+
+            def k(v, c=c):
+                f = v.reshape(-1).view(np.uint8)
+                f ^= c
+
+            def apply():
+                h.write(0, (np.frombuffer(bytes(h.model()), np.uint8) ^ c).tobytes())
+
+        else:
+
+            def k(v):
+                f = v.reshape(-1).view(np.uint8)
+                f[:] = f[::-1].copy()
+
+            def apply():
+                h.write(0, bytes(h.model()[::-1]))
+
+        return (lambda so: so.launch_kernel(k, (h.obj,))), [h], apply
+
+    def refuse_during_capture(self, how: str, s: SModel) -> None:
+        """Anything that would wait for the capturing stream raises InvalidOperationError and
+        changes nothing (a barrier refuses before it takes any stream's pending error)."""
+        on_d = [h for h in self.handles if h.alloc.device == s.device]
+        if how.startswith("blocking") and not on_d:
+            how = "synchronize"
+        if how == "blocking_d2h":
+            h = on_d[0]
+            host = np.full(h.nbytes, 0xEE, np.uint8)
+            with pytest.raises(runtime.InvalidOperationError, match="capturing"), s.obj:
+                runtime.memcpy_device_to_host(host, h.obj)  # on s: the current stream
+            assert (host == 0xEE).all()
+        elif how == "blocking_h2d":
+            h = on_d[-1]
+            with pytest.raises(runtime.InvalidOperationError, match="capturing"), s.obj:
+                runtime.memcpy_host_to_device(h.obj, bytes([0x5A]) * h.nbytes)
+        elif how == "synchronize":
+            with pytest.raises(runtime.InvalidOperationError, match="capturing"):
+                s.obj.synchronize(timeout=30)
+        elif how == "barrier":
+            with pytest.raises(runtime.InvalidOperationError, match="capturing"):
+                runtime.stream_synchronize(timeout=30)
+        else:
+            with pytest.raises(runtime.InvalidOperationError, match="capturing"):
+                runtime.Device(s.device).synchronize(timeout=30)
+        COUNTS["capture_refusals"] += 1
+
+    @precondition(lambda self: self.handles)
+    @rule(
+        stream=pick,
+        other=pick,
+        launch_on=pick,
+        plan=st.lists(
+            st.tuples(
+                st.sampled_from(["fill", "scale", "add", "memset", "xor", "reverse"]),
+                pick,
+                pick,
+                st.integers(1, 255),
+            ),
+            max_size=6,
+        ),
+        shape=st.sampled_from(["join", "join", "unjoined", "linear"]),
+        cut=pick,
+        refuse=st.sampled_from(
+            [None, None, "blocking_d2h", "blocking_h2d", "synchronize", "barrier", "device"]
+        ),
+        launches=st.integers(1, 3),
+    )
+    def capture_graph(self, stream, other, launch_on, plan, shape, cut, refuse, launches):
+        """Capture on ``s`` (fork: an event recorded on ``s`` that another stream waits on makes
+        it join; join: ``s`` waits on the event that stream recorded last), then replay the
+        graph 1-3 times on a stream of the device: each replay applies the captured
+        operations in issue order. Nothing runs during the capture."""
+        s = self.stream_for(stream)
+        d = s.device
+        ops = [op for op in (self.captured_op(k, d, i, j, c) for k, i, j, c in plan) if op]
+        n = len(ops)
+        a = cut % (n + 1)
+        b = a + (cut >> 4) % (n - a + 1)
+        temp = None
+        t = None
+        if shape != "linear":
+            peers = [x.obj for x in self.all_streams() if x.device == d and x is not s]
+            t = peers[other % len(peers)] if peers else None
+            if t is None:
+                t = temp = runtime.Stream(d)
+        fork_ev = runtime.Event(enable_timing=False)
+        join_ev = runtime.Event(enable_timing=False)
+        s.obj.begin_capture()
+        try:
+            assert s.obj.is_capturing
+            if shape == "linear":
+                for issue, _, _ in ops:
+                    issue(s.obj)
+                nodes = n
+            else:
+                for issue, _, _ in ops[:a]:
+                    issue(s.obj)
+                fork_ev.record(s.obj)
+                t.wait_event(fork_ev)  # fork: t joins the capture
+                assert t.is_capturing
+                for k, (issue, _, _) in enumerate(ops[a:b]):
+                    issue(t if k % 2 == 0 else s.obj)  # both branches, interleaved
+                nodes = n + 2
+                if shape == "join":
+                    join_ev.record(t)
+                    s.obj.wait_event(join_ev)  # join
+                    nodes += 2
+                for issue, _, _ in ops[b:]:
+                    issue(s.obj)
+            if refuse is not None:
+                self.refuse_during_capture(refuse, s)
+                assert s.obj.is_capturing
+        except BaseException:
+            if s.obj.is_capturing:
+                try:
+                    s.obj.end_capture()
+                except runtime.InvalidOperationError:
+                    pass
+            raise
+        if shape == "unjoined":
+            with pytest.raises(runtime.InvalidOperationError, match="not joined back"):
+                s.obj.end_capture()
+            assert not s.obj.is_capturing and not t.is_capturing
+            COUNTS["unjoined_forks"] += 1
+            if temp is not None:
+                temp.destroy()
+            return
+        g = s.obj.end_capture()
+        assert not s.obj.is_capturing and (t is None or not t.is_capturing)
+        assert len(g) == nodes, g.nodes
+        if temp is not None:
+            temp.destroy()
+        COUNTS["captures"] += 1
+        cands = [x for x in self.all_streams() if x.device == d]
+        launch = cands[launch_on % len(cands)]
+        allocs = list({id(h.alloc): h.alloc for _, hs, _ in ops for h in hs}.values())
+
+        def apply_all():
+            for _, _, apply in ops:
+                apply()
+
+        for _ in range(launches):
+            self.run_on(launch, allocs, lambda: g.launch(launch.obj), apply_all)
+            COUNTS["graph_launches"] += 1
+
+    # ------------------------------------------------------------------ with stream
+
+    @precondition(lambda self: self.handles)
+    @rule(
+        stream=pick,
+        nest=st.none() | pick,
+        outer=st.none() | st.integers(0, DEVICES - 1),
+        op=st.sampled_from(["d2h", "h2d", "memset", "to_device"]),
+        i=pick,
+        seed=st.integers(0, 255),
+        prequeue=st.booleans(),
+        fail=st.booleans(),
+    )
+    def with_stream(self, stream, nest, outer, op, i, seed, prequeue, fail):
+        """``with s:`` (nested across devices, inside ``with Device(k):``): the device and the
+        stream per device are current; a blocking copy of a buffer of device e runs on the
+        current stream of e (after its queued work); on exit (also by an exception) the
+        previous device and streams are back."""
+        s = self.stream_for(stream)
+        inner = s if nest is None else self.stream_for(nest)
+        frame = {s.device: s}
+        frame2 = {**frame, inner.device: inner}
+        prev = 0 if outer is None else outer
+        if op == "to_device" and len(self.handles) >= MAX_BUFFERS:
+            op = "d2h"
+        h = self.handles[i % len(self.handles)]
+        dev = inner.device if op == "to_device" else h.alloc.device
+        on = frame2.get(dev, self.defaults[dev])  # the stream the blocking call must use
+        if prequeue and op != "to_device":
+            # work queued on that stream just before: the blocking call must come after it
+            def k(v, c=seed | 1):
+                f = v.reshape(-1).view(np.uint8)
+                f ^= c
+
+            def apply_k():
+                h.write(0, (np.frombuffer(bytes(h.model()), np.uint8) ^ (seed | 1)).tobytes())
+
+            self.run_on(on, [h.alloc], lambda: on.obj.launch_kernel(k, (h.obj,)), apply_k)
+
+        def check(cur_dev: int, cur: SModel | None, fr: dict) -> None:
+            assert runtime.get_device() == cur_dev
+            want = cur.obj if cur is not None else runtime.default_stream(cur_dev)
+            assert runtime.current_stream() == want
+            for e in range(DEVICES):
+                assert runtime.current_stream(e) == (fr[e].obj if e in fr else self.defaults[e].obj)
+
+        class Boom(Exception):
+            pass
+
+        def blocking_call():
+            COUNTS["with_blocking_ops"] += 1
+            if op == "d2h":
+                host = np.full(h.nbytes, 0xEE, np.uint8)
+
+                def apply():
+                    assert host.tobytes() == bytes(h.model()), "d2h inside with differs"
+
+                if not self.blocking_on(
+                    on, [h.alloc], lambda: runtime.memcpy_device_to_host(host, h.obj), apply
+                ):
+                    assert (host == 0xEE).all(), "a skipped d2h wrote the host buffer"
+            elif op == "h2d":
+                data = pattern(h.nbytes, seed)
+                self.blocking_on(
+                    on,
+                    [h.alloc],
+                    lambda: runtime.memcpy_host_to_device(h.obj, data),
+                    lambda: h.write(0, data),
+                )
+            elif op == "memset":
+                self.blocking_on(
+                    on,
+                    [h.alloc],
+                    lambda: runtime.memset(h.obj, seed),
+                    lambda: h.write(0, bytes([seed]) * h.nbytes),
+                )
+            else:
+                host = np.frombuffer(pattern(seed * 13, seed), np.uint8)
+                made = []
+
+                def apply():
+                    b = made[0]
+                    assert int(b.device) == inner.device and b.nbytes == host.nbytes
+                    alloc = Alloc(inner.device, host.nbytes)
+                    alloc.data[:] = host.tobytes()
+                    self.add_handle(b, alloc, 0, host.nbytes, "uint8")
+
+                self.blocking_on(on, [], lambda: made.append(runtime.to_device(host)), apply)
+
+        def body():
+            with s.obj as entered:
+                assert entered is s.obj
+                check(s.device, s, frame)
+                if nest is None:
+                    blocking_call()
+                    if fail:
+                        raise Boom
+                    return
+                with inner.obj:
+                    check(inner.device, inner, frame2)
+                    blocking_call()
+                    if fail:
+                        raise Boom
+                check(s.device, s, frame)
+
+        def run():
+            check(prev, None, {})
+            try:
+                body()
+            except Boom:
+                assert fail
+            check(prev, None, {})
+
+        assert runtime.get_device() == 0
+        if outer is None:
+            run()
+        else:
+            with runtime.Device(outer):
+                run()
+        check(0, None, {})
+        COUNTS["with_blocks"] += 1
+
+    # ------------------------------------------------------------------ callbacks
+
+    @precondition(lambda self: self.handles)
+    @rule(
+        stream=pick,
+        other=pick,
+        as_kernel=st.booleans(),
+        actions=st.sets(st.sampled_from(CALLBACK_ACTIONS), min_size=1, max_size=5),
+        i=pick,
+        j=pick,
+        seed=st.integers(0, 255),
+    )
+    def callback_calls_runtime(self, stream, other, as_kernel, actions, i, j, seed):
+        """A host function or Python kernel that calls back into the runtime from the worker
+        thread. Everything is idle first, so the outcome of each call is exact: allowed
+        calls (a blocking copy on another, idle stream; ``query``; a launch and an
+        ``Event.record`` on another stream) take effect, and waits that need the callback's
+        own stream (its synchronize, the barriers, ``shutdown``, its destroy, a blocking copy
+        on it) raise InvalidOperationError inside the callback."""
+        self.sync_all()
+        s = self.stream_for(stream)
+        others = [x for x in self.all_streams() if x is not s]
+        t = others[other % len(others)]
+        h = self.handles[i % len(self.handles)]
+        # the launch on t touches another allocation than the copies (see bug 4 below)
+        xs = [g for g in self.handles if g.alloc is not h.alloc]
+        x = xs[j % len(xs)] if xs else None
+        if x is None:
+            actions = actions - {"launch_other"} or {"query"}
+        # Without a frame the worker thread's blocking copy uses the default stream of the
+        # buffer's device: that is the callback's own stream when s is that default stream.
+        own_copy = s.default and s.device == h.alloc.device
+        if own_copy:
+            # Runtime bug (RELIABILITY.md, "Stateful model test": a refused blocking copy
+            # still runs): a blocking copy on the callback's own stream raises
+            # InvalidOperationError, but `device::submit_blocking_on` has already queued it,
+            # so it runs after the callback: an h2d or memset writes the device, a d2h writes
+            # the caller's host buffer after the call raised. Skipped until fixed.
+            actions = actions - {"d2h", "h2d"} or {"query"}
+        if not self.async_mode:
+            # Runtime bug (RELIABILITY.md, "Stateful model test": a synchronous launch from a
+            # callback): with enableAsync off a launch on another, idle stream queues the
+            # kernel, then waits; when another engine worker picks the stream up first the
+            # wait is refused (InvalidOperationError) although the kernel runs. The outcome
+            # depends on timing, so it is not modelled until fixed.
+            actions = actions - {"launch_other"} or {"query"}
+        order = [a for a in CALLBACK_ACTIONS if a in actions]
+        # t's query is exact only when the copies did not run on t (bug 4: a copy on t may
+        # still hold it for a moment after it returned)
+        t_copies = t is self.defaults[h.alloc.device] and bool({"d2h", "h2d"} & actions)
+        host = np.full(h.nbytes, 0xEE, np.uint8)
+        data = pattern(h.nbytes, seed)
+        ev = runtime.Event(enable_timing=False)
+        c = seed | 1
+
+        def k(v):
+            f = v.reshape(-1).view(np.uint8)
+            f ^= c
+
+        calls = {
+            "d2h": lambda: runtime.memcpy_device_to_host(host, h.obj),
+            "h2d": lambda: runtime.memcpy_host_to_device(h.obj, data),
+            "query": lambda: (s.obj.query(), None if t_copies else t.obj.query()),
+            "launch_other": lambda: t.obj.launch_kernel(k, (x.obj,)),
+            "record_other": lambda: ev.record(t.obj),
+            "sync_own": lambda: s.obj.synchronize(timeout=30),
+            "barrier": lambda: runtime.stream_synchronize(timeout=30),
+            "device_own": lambda: runtime.Device(s.device).synchronize(timeout=30),
+            "shutdown": runtime.shutdown,
+            "destroy_own": s.obj.destroy,
+        }
+        refused = "InvalidOperationError"
+        expect = {}
+        want_host = None
+        for name in order:
+            if name in ("d2h", "h2d"):
+                if own_copy:
+                    expect[name] = refused
+                elif name == "d2h":
+                    expect[name] = "ok"
+                    want_host = bytes(h.model())
+                else:
+                    expect[name] = "ok"
+            elif name == "query":
+                expect[name] = (False, None if t_copies else True)  # s runs it; t is idle
+            elif name in ("launch_other", "record_other"):
+                expect[name] = "ok"
+            else:
+                expect[name] = refused
+        seen = {}
+
+        def callback(*_):
+            for name in order:
+                try:
+                    r = calls[name]()
+                    seen[name] = "ok" if r is None else r
+                except BaseException as e:  # recorded, never raised out of the callback
+                    seen[name] = type(e).__name__
+
+        if as_kernel:
+            s.obj.launch_kernel(callback)
+        else:
+            s.obj.launch_host_func(callback)
+        s.obj.synchronize(timeout=30)
+        self.synced(s)
+        raced = set()
+        for name in ("d2h", "h2d"):
+            if expect.get(name) == "ok" and seen.get(name) == refused:
+                # Runtime bug 4 (RELIABILITY.md, "Stateful model test"): a blocking copy from a
+                # callback on an idle stream is refused when that stream's last work has just
+                # completed but its worker has not let it go yet; the copy is queued and runs
+                # later anyway (bug 1). Tolerated: modelled as queued on that stream.
+                raced.add(name)
+                seen[name] = "ok"
+                COUNTS["callback_copy_races"] += 1
+        assert seen == expect, (seen, expect)
+        assert runtime.is_initialized()
+        COUNTS["callbacks"] += 1
+        COUNTS["callback_calls_refused"] += sum(v == refused for v in expect.values())
+        COUNTS["callback_calls_allowed"] += sum(v != refused for v in expect.values())
+        # the model, in the order the callback ran the calls
+        if expect.get("d2h") == "ok" and "d2h" not in raced:
+            assert host.tobytes() == want_host, "d2h from a callback differs from the model"
+        elif "d2h" in expect:
+            assert (host == 0xEE).all(), "a refused d2h wrote the host buffer"
+        if expect.get("h2d") == "ok":
+            h.write(0, data)
+        if raced:
+            h.alloc.owner = self.defaults[h.alloc.device]  # still queued there
+        if "launch_other" in expect:
+            x.write(0, (np.frombuffer(bytes(x.model()), np.uint8) ^ c).tobytes())
+            x.alloc.owner = t  # queued on t by the callback, not known complete
+            COUNTS["ops_applied"] += 1
+            if not self.async_mode:
+                self.synced(t)
+        if "record_other" in expect:
+            ev.synchronize(timeout=30)
+            assert t.obj.query(), "the event recorded last on t completed, t must be idle"
+            self.synced(t)
+
+    # ------------------------------------------------------------------ fork
+
+    @precondition(lambda self: hasattr(os, "fork"))
+    @rule(go=st.integers(0, 15), i=pick, j=pick, seed=st.integers(1, 255))
+    def fork_process(self, go, i, j, seed):
+        """Rarely: fork. In the child every inherited handle fails (buffers, streams and graphs
+        with InvalidHandleError; events and global calls with NotInitializedError until
+        ``init``, InvalidHandleError after it), ``init`` works and a round trip is exact. The
+        parent's runtime and model go on unchanged (checked by the later rules)."""
+        if go:
+            return
+        buf = self.handles[i % len(self.handles)].obj if self.handles else None
+        s = self.stream_for(j).obj
+        ev = self.events[j % len(self.events)] if self.events else runtime.Event()
+        s.begin_capture()
+        s.launch_kernel(kernels.noop)
+        graph = s.end_capture()
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            status = 1
+            try:
+                os.close(r)
+                # a hang (the known bug) dumps the child's stacks into the pipe and exits
+                faulthandler.dump_traceback_later(8, exit=True, file=w)
+                os.write(w, fork_child(buf, s, ev, graph, seed).encode()[:4000])
+                status = 0
+            except BaseException as e:
+                try:
+                    os.write(w, f"child: {type(e).__name__}: {e}".encode()[:4000])
+                except BaseException:
+                    pass
+            finally:
+                os._exit(status)
+        os.close(w)
+        deadline = time.monotonic() + 30
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                os.close(r)
+                # Runtime bug (RELIABILITY.md, "Stateful model test": forked children hang
+                # now and then): counted and printed as the known hang, not a failure.
+                COUNTS["fork_child_hangs"] += 1
+                print("\nstateful: a forked child hung for 30 s and was killed (known bug)")
+                return
+            time.sleep(0.005)
+        with os.fdopen(r, "rb") as f:
+            msg = f.read().decode()
+        if "Thread 0x" in msg or "Current thread" in msg:  # faulthandler: the child hung
+            COUNTS["fork_child_hangs"] += 1
+            print(f"\nstateful: a forked child hung (known bug); its stacks:\n{msg}")
+            return
+        assert os.waitstatus_to_exitcode(status) == 0, msg
+        if msg.startswith("HANG"):
+            COUNTS["fork_child_hangs"] += 1  # the known bug (fork_child): counted, reported
+            print(f"\nstateful: forked child's round trip hung (known runtime bug): {msg}")
+            return
+        assert msg == "ok", msg
+        COUNTS["forks"] += 1
 
     # ------------------------------------------------------------------ options, lifecycle
 
@@ -956,9 +1632,11 @@ class Machine(RuleBasedStateMachine):
             runtime.init(device_count=DEVICES, memory=MEMORY)
 
 
+EXAMPLES = os.environ.get("RELIABILITY_STATEFUL_EXAMPLES")  # overrides the profile's count
 Machine.TestCase.settings = settings(
     settings.default,
     stateful_step_count=STEPS,
+    **({"max_examples": int(EXAMPLES)} if EXAMPLES else {}),
 )
 TestStateMachine = Machine.TestCase
 
@@ -970,8 +1648,17 @@ def test_zz_report_counts():
         f"{COUNTS['shutdowns']} shutdown+init cycles, {COUNTS['ops_applied']} stream operations "
         f"checked, {COUNTS['ops_skipped']} skipped behind a kernel error, "
         f"{COUNTS['kernel_errors']} KernelErrors expected and seen, {COUNTS['invalid_handles']} "
-        f"invalid-handle uses refused (profile max_examples={settings.default.max_examples})"
+        f"invalid-handle uses refused (max_examples={Machine.TestCase.settings.max_examples})"
+        f"\nstateful: {COUNTS['captures']} graphs captured and {COUNTS['graph_launches']} "
+        f"replays checked, {COUNTS['unjoined_forks']} unjoined forks refused at end_capture, "
+        f"{COUNTS['capture_refusals']} waits refused during capture; {COUNTS['with_blocks']} "
+        f"`with stream:` blocks ({COUNTS['with_blocking_ops']} blocking calls in them); "
+        f"{COUNTS['callbacks']} callbacks calling the runtime ({COUNTS['callback_calls_allowed']} "
+        f"allowed calls checked, {COUNTS['callback_calls_refused']} refused as predicted, "
+        f"{COUNTS['callback_copy_races']} copies refused by the known race); "
+        f"{COUNTS['forks']} forks checked ({COUNTS['fork_child_hangs']} children hung: "
+        "the known bug)"
     )
     if COUNTS["examples"] == 0:
         pytest.skip("the state machine did not run in this session")
-    assert COUNTS["examples"] >= settings.default.max_examples
+    assert COUNTS["examples"] >= Machine.TestCase.settings.max_examples
