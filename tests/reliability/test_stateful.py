@@ -86,7 +86,6 @@ COUNTS = {
     "callback_calls_refused": 0,
     "forks": 0,
     "fork_child_hangs": 0,
-    "callback_copy_races": 0,
 }
 
 
@@ -1381,23 +1380,11 @@ class Machine(RuleBasedStateMachine):
         # Without a frame the worker thread's blocking copy uses the default stream of the
         # buffer's device: that is the callback's own stream when s is that default stream.
         own_copy = s.default and s.device == h.alloc.device
-        if own_copy:
-            # Runtime bug (RELIABILITY.md, "Stateful model test": a refused blocking copy
-            # still runs): a blocking copy on the callback's own stream raises
-            # InvalidOperationError, but `device::submit_blocking_on` has already queued it,
-            # so it runs after the callback: an h2d or memset writes the device, a d2h writes
-            # the caller's host buffer after the call raised. Skipped until fixed.
-            actions = actions - {"d2h", "h2d"} or {"query"}
-        if not self.async_mode:
-            # Runtime bug (RELIABILITY.md, "Stateful model test": a synchronous launch from a
-            # callback): with enableAsync off a launch on another, idle stream queues the
-            # kernel, then waits; when another engine worker picks the stream up first the
-            # wait is refused (InvalidOperationError) although the kernel runs. The outcome
-            # depends on timing, so it is not modelled until fixed.
-            actions = actions - {"launch_other"} or {"query"}
+        # A blocking copy on the callback's own stream is refused before anything is queued
+        # (it could not wait for that stream there); on an idle stream it runs right there, in
+        # synchronous mode a launch on another, idle stream too.
         order = [a for a in CALLBACK_ACTIONS if a in actions]
-        # t's query is exact only when the copies did not run on t (bug 4: a copy on t may
-        # still hold it for a moment after it returned)
+        # (t's query is left out when copies ran on t: that is asked in other rules)
         t_copies = t is self.defaults[h.alloc.device] and bool({"d2h", "h2d"} & actions)
         host = np.full(h.nbytes, 0xEE, np.uint8)
         data = pattern(h.nbytes, seed)
@@ -1454,30 +1441,18 @@ class Machine(RuleBasedStateMachine):
             s.obj.launch_host_func(callback)
         s.obj.synchronize(timeout=30)
         self.synced(s)
-        raced = set()
-        for name in ("d2h", "h2d"):
-            if expect.get(name) == "ok" and seen.get(name) == refused:
-                # Runtime bug 4 (RELIABILITY.md, "Stateful model test"): a blocking copy from a
-                # callback on an idle stream is refused when that stream's last work has just
-                # completed but its worker has not let it go yet; the copy is queued and runs
-                # later anyway (bug 1). Tolerated: modelled as queued on that stream.
-                raced.add(name)
-                seen[name] = "ok"
-                COUNTS["callback_copy_races"] += 1
         assert seen == expect, (seen, expect)
         assert runtime.is_initialized()
         COUNTS["callbacks"] += 1
         COUNTS["callback_calls_refused"] += sum(v == refused for v in expect.values())
         COUNTS["callback_calls_allowed"] += sum(v != refused for v in expect.values())
         # the model, in the order the callback ran the calls
-        if expect.get("d2h") == "ok" and "d2h" not in raced:
+        if expect.get("d2h") == "ok":
             assert host.tobytes() == want_host, "d2h from a callback differs from the model"
         elif "d2h" in expect:
             assert (host == 0xEE).all(), "a refused d2h wrote the host buffer"
         if expect.get("h2d") == "ok":
             h.write(0, data)
-        if raced:
-            h.alloc.owner = self.defaults[h.alloc.device]  # still queued there
         if "launch_other" in expect:
             x.write(0, (np.frombuffer(bytes(x.model()), np.uint8) ^ c).tobytes())
             x.alloc.owner = t  # queued on t by the callback, not known complete
@@ -1654,8 +1629,7 @@ def test_zz_report_counts():
         f"{COUNTS['capture_refusals']} waits refused during capture; {COUNTS['with_blocks']} "
         f"`with stream:` blocks ({COUNTS['with_blocking_ops']} blocking calls in them); "
         f"{COUNTS['callbacks']} callbacks calling the runtime ({COUNTS['callback_calls_allowed']} "
-        f"allowed calls checked, {COUNTS['callback_calls_refused']} refused as predicted, "
-        f"{COUNTS['callback_copy_races']} copies refused by the known race); "
+        f"allowed calls checked, {COUNTS['callback_calls_refused']} refused as predicted); "
         f"{COUNTS['forks']} forks checked ({COUNTS['fork_child_hangs']} children hung: "
         "the known bug)"
     )

@@ -307,11 +307,13 @@ pub fn submit_blocking_on(
             stream.wait_event(&ev)?;
         }
     }
-    if !stream.try_run_inline(&op)? {
-        if crate::stream::engine::on_worker_thread() {
-            // The wait that follows could not be made here: refuse before queueing.
+    if crate::stream::engine::on_worker_thread() {
+        // The wait that would follow could not be made here: run it now or refuse before
+        // queueing anything.
+        if !stream.run_inline_from_runtime_thread(&op)? {
             return Err(stream.busy_from_runtime_thread("a blocking copy or memset"));
         }
+    } else if !stream.try_run_inline(&op)? {
         stream.enqueue(op)?;
     }
     Ok(stream.clone())

@@ -70,7 +70,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
 use crate::clock::now_ns;
 use crate::config::Options;
@@ -266,8 +266,11 @@ struct Scrubber {
     busy: Mutex<()>,
     started: AtomicBool,
     sleeping: AtomicBool,
-    lock: Mutex<bool>,
-    cv: Condvar,
+    /// The scrubber's sleep: std's futex-based lock and condvar rather than parking_lot's,
+    /// whose process-wide table a `fork()` can leave locked (the scrubber polls every
+    /// millisecond while frees come in).
+    lock: std::sync::Mutex<bool>,
+    cv: std::sync::Condvar,
 }
 
 impl DeviceMemory {
@@ -672,7 +675,11 @@ impl DeviceMemory {
             return;
         }
         if self.scrub.sleeping.load(Ordering::Acquire) {
-            let mut pending = self.scrub.lock.lock();
+            let mut pending = self
+                .scrub
+                .lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             *pending = true;
             self.scrub.cv.notify_one();
         }
@@ -763,6 +770,11 @@ impl DeviceMemory {
     }
 }
 
+/// A std lock result, poisoning ignored (nothing the scrubber guards can be left half-done).
+fn relock<T>(r: std::sync::LockResult<T>) -> T {
+    r.unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn scrub_loop(mem: std::sync::Weak<DeviceMemory>) {
     // Poll every millisecond while frees keep coming; after 50 idle polls sleep until woken.
     let mut idle = 0u32;
@@ -774,20 +786,18 @@ fn scrub_loop(mem: std::sync::Weak<DeviceMemory>) {
         }
         idle = if did { 0 } else { idle + 1 };
         if idle < 50 {
-            let mut pending = m.scrub.lock.lock();
+            let mut pending = relock(m.scrub.lock.lock());
             if !*pending {
-                m.scrub.cv.wait_for(&mut pending, Duration::from_millis(1));
+                pending = relock(m.scrub.cv.wait_timeout(pending, Duration::from_millis(1))).0;
             }
             *pending = false;
         } else {
             m.scrub.sleeping.store(true, Ordering::Release);
-            let mut pending = m.scrub.lock.lock();
+            let mut pending = relock(m.scrub.lock.lock());
             // Re-check after announcing sleep, so a free that missed the flag is not lost.
             if !*pending && m.state.lock().dirty.is_empty() {
                 // Bounded so the thread notices when the device memory goes away.
-                m.scrub
-                    .cv
-                    .wait_for(&mut pending, Duration::from_millis(200));
+                pending = relock(m.scrub.cv.wait_timeout(pending, Duration::from_millis(200))).0;
             }
             *pending = false;
             m.scrub.sleeping.store(false, Ordering::Release);

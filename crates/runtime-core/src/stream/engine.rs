@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 
 use super::command::OpKind;
 use super::{run_stream, Runner, StreamInner, PRIORITY_LEVELS};
@@ -84,8 +84,11 @@ pub(crate) struct Engine {
     /// Workers asleep on `wake`. Workers never block on the channels themselves, so that a
     /// push wakes a sleeper only when no worker is spinning (see [`Engine::push`]).
     sleeping: AtomicUsize,
-    sleep_lock: Mutex<()>,
-    wake: Condvar,
+    /// Where idle workers sleep: std's futex-based lock and condvar, not parking_lot's,
+    /// whose process-wide table of parked threads a `fork()` can leave locked by a thread
+    /// that does not exist in the child (idle workers park and wake all the time).
+    sleep_lock: std::sync::Mutex<()>,
+    wake: std::sync::Condvar,
 }
 
 impl Engine {
@@ -101,8 +104,8 @@ impl Engine {
             started: AtomicBool::new(false),
             spinning: AtomicUsize::new(0),
             sleeping: AtomicUsize::new(0),
-            sleep_lock: Mutex::new(()),
-            wake: Condvar::new(),
+            sleep_lock: std::sync::Mutex::new(()),
+            wake: std::sync::Condvar::new(),
         })
     }
 
@@ -125,7 +128,10 @@ impl Engine {
         if self.spinning.fetch_add(0, Ordering::SeqCst) == 0
             && self.sleeping.fetch_add(0, Ordering::SeqCst) > 0
         {
-            let _g = self.sleep_lock.lock();
+            let _g = self
+                .sleep_lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             self.wake.notify_one();
         }
     }
@@ -154,7 +160,10 @@ impl Engine {
                     for _ in &spawned {
                         let _ = self.queues[0].0.send(Msg::Stop);
                     }
-                    let _g = self.sleep_lock.lock();
+                    let _g = self
+                        .sleep_lock
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
                     self.wake.notify_all();
                     return Err(DeviceError::ThreadSpawn {
                         what: format!("engine worker thread {name}"),
@@ -176,7 +185,10 @@ impl Engine {
             let _ = self.queues[0].0.send(Msg::Stop);
         }
         {
-            let _g = self.sleep_lock.lock();
+            let _g = self
+                .sleep_lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             self.wake.notify_all();
         }
         let me = std::thread::current().id();
@@ -234,13 +246,19 @@ impl Engine {
     /// Sleep until a push wakes us, then take work (or find none and sleep again).
     fn blocking_pop(&self) -> Msg {
         loop {
-            let mut g = self.sleep_lock.lock();
+            let g = self
+                .sleep_lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             self.sleeping.fetch_add(1, Ordering::SeqCst);
             if let Some(m) = self.try_pop() {
                 self.sleeping.fetch_sub(1, Ordering::SeqCst);
                 return m;
             }
-            self.wake.wait(&mut g);
+            let g = self
+                .wake
+                .wait(g)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             self.sleeping.fetch_sub(1, Ordering::SeqCst);
             drop(g);
             if let Some(m) = self.try_pop() {

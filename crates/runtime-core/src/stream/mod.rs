@@ -295,10 +295,28 @@ impl Stream {
                 return Ok(true);
             }
         }
-        if self.try_run_inline(&op)? {
+        if self.run_inline_from_runtime_thread(&op)? {
             return Ok(true);
         }
         Err(self.busy_from_runtime_thread("a synchronous-mode launch"))
+    }
+
+    /// [`Stream::try_run_inline`] for a blocking submission from a runtime thread: when the
+    /// stream has nothing pending but its worker has not let it go yet (it is between its
+    /// last command and going idle), wait out that moment instead of calling it busy.
+    pub(crate) fn run_inline_from_runtime_thread(&self, op: &Arc<dyn Op>) -> Result<bool> {
+        let until = Instant::now() + Duration::from_millis(5);
+        loop {
+            if self.try_run_inline(op)? {
+                return Ok(true);
+            }
+            let s = &self.0;
+            let releasing = s.done.is_idle() && s.head.lock().is_none() && s.rx.is_empty();
+            if !releasing || Instant::now() >= until {
+                return Ok(false);
+            }
+            std::thread::yield_now();
+        }
     }
 
     /// `NotPermitted` for a blocking submission (`what`) from a runtime thread onto this
