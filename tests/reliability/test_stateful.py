@@ -167,6 +167,8 @@ def fork_child(buf, stream, event, graph, seed: int) -> str:
         ("stream.query", stream.query),
         ("graph.launch", lambda: graph.launch(stream)),
         ("with stream", stream.__enter__),
+        # the inherited stream is checked first: the parent's runtime, InvalidHandleError
+        ("event.record", lambda: event.record(stream)),
     ]
     if buf is not None:
         handle_calls += [
@@ -178,7 +180,6 @@ def fork_child(buf, stream, event, graph, seed: int) -> str:
     event_calls = [
         ("event.query", event.query),
         ("event.synchronize", lambda: event.synchronize(timeout=5)),
-        ("event.record", lambda: event.record(stream)),
     ]
     if runtime.is_initialized():
         problems.append("the child starts initialised")
