@@ -151,3 +151,38 @@ def test_options_defaults_roundtrip_and_errors():
         runtime.set_option("enableAsync", 1)
     with pytest.raises(TypeError, match="name"):
         runtime.set_option(3, True)
+
+
+# issue 13 item 1: the torch-style memory queries and get_device_name ("None means the
+# current device").
+def test_torch_style_memory_queries_follow_memory_stats():
+    import numpy as np
+
+    runtime.shutdown()
+    runtime.init(device_count=2, memory="64MiB")
+    try:
+        runtime.empty_cache()
+        runtime.reset_peak_memory_stats(1)
+        base = runtime.memory_allocated(1)
+        free0, total0 = runtime.mem_get_info(1)
+        assert total0 == 64 << 20
+        buf = runtime.to_device(np.zeros(1 << 20, np.uint8), device=1)
+        assert runtime.memory_allocated(1) == base + (1 << 20)
+        assert runtime.max_memory_allocated(1) >= base + (1 << 20)
+        assert runtime.memory_reserved(1) >= runtime.memory_allocated(1)
+        assert runtime.max_memory_reserved(1) >= runtime.memory_reserved(1)
+        free1, total1 = runtime.mem_get_info(1)
+        assert (free1, total1) == (free0 - (1 << 20), total0)
+        runtime.set_device(1)
+        assert runtime.memory_allocated() == runtime.memory_allocated(1)
+        assert runtime.mem_get_info() == runtime.mem_get_info(runtime.Device(1))
+        assert runtime.get_device_name() == runtime.get_device_name(1)
+        assert "virtual" in runtime.get_device_name().lower()
+        with runtime.Device(0):
+            assert runtime.get_device_name() == runtime.get_device_properties(0).name
+            assert runtime.memory_allocated() == runtime.memory_stats(0)["allocated"]
+        runtime.device_free(buf)
+        assert runtime.memory_allocated(1) == base
+    finally:
+        runtime.shutdown()
+        runtime.init()  # the module's runtime, for any test after this one

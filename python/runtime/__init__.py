@@ -82,6 +82,41 @@ def synchronize(device=None, timeout=None) -> None:
         Device(device).synchronize(timeout)
 
 
+def memory_allocated(device=None) -> int:
+    """Bytes live allocations use on ``device`` (the current device when None), as
+    ``torch.cuda.memory_allocated``: ``memory_stats(device)["allocated"]``."""
+    return memory_stats(device)["allocated"]
+
+
+def max_memory_allocated(device=None) -> int:
+    """Peak of :func:`memory_allocated` since start or ``reset_peak_memory_stats``."""
+    return memory_stats(device)["peak_allocated"]
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes the allocator holds on ``device`` (live plus cached), as
+    ``torch.cuda.memory_reserved``."""
+    return memory_stats(device)["reserved"]
+
+
+def max_memory_reserved(device=None) -> int:
+    """Peak of :func:`memory_reserved` since start or ``reset_peak_memory_stats``."""
+    return memory_stats(device)["peak_reserved"]
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """``(free, total)`` bytes of ``device`` (the current device when None), as
+    ``cudaMemGetInfo`` / ``torch.cuda.mem_get_info``: cached blocks count as used."""
+    stats = memory_stats(device)
+    return stats["free"], stats["total"]
+
+
+def get_device_name(device=None) -> str:
+    """The name of ``device`` (the current device when None), as
+    ``torch.cuda.get_device_name``; it always says the device is virtual."""
+    return get_device_properties(get_device() if device is None else device).name
+
+
 def memcpy_host_to_device_async(dst, src, stream, **kw) -> None:
     """Stream-ordered host-to-device copy: queued on ``stream``; ``src`` is kept alive until it ran."""
     memcpy_host_to_device(dst, src, stream, **kw)
@@ -136,6 +171,7 @@ __all__ = [
     "get_device_compute_info",
     "get_device_count",
     "get_device_memory_info",
+    "get_device_name",
     "get_device_properties",
     "get_option",
     "init",
@@ -147,6 +183,11 @@ __all__ = [
     "memcpy_device_to_host_async",
     "memcpy_host_to_device",
     "memcpy_host_to_device_async",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
+    "memory_allocated",
+    "memory_reserved",
     "memory_stats",
     "memory_summary",
     "memset",

@@ -22,7 +22,6 @@ from runtime import kernels
 
 
 # torch: test/test_cuda.py::TestCuda::test_memory_allocation
-@pytest.mark.xfail(strict=True, reason="missing API: memory_allocated (issue 13)")
 def test_memory_allocation():
     prev = runtime.memory_allocated()
     mem = runtime.device_malloc(0, 1)
@@ -54,7 +53,6 @@ def test_memory_stats():
 
 
 # torch: test/test_cuda.py::TestCuda::test_cuda_get_device_name
-@pytest.mark.xfail(strict=True, reason="missing API: get_device_name (issue 13)")
 def test_get_device_name():
     current = runtime.get_device()
     assert runtime.get_device_name(current) == runtime.get_device_name(None)
@@ -109,7 +107,6 @@ def test_set_per_process_memory_fraction():
 
 
 # torch: test/test_cuda.py::TestCuda::test_mem_get_info
-@pytest.mark.xfail(strict=True, reason="missing API: mem_get_info (issue 13)")
 def test_mem_get_info():
     free0, total0 = runtime.mem_get_info(0)
     buf = runtime.device_malloc(0, 8 * MiB)
