@@ -26,6 +26,8 @@
 //! `FUZZ_SECONDS` (default 5) and prints the number of executions. A failing input is written
 //! to the temp directory (its path is printed) so it can be added to the corpus.
 
+mod common;
+
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -346,19 +348,6 @@ proptest! {
     }
 }
 
-/// SplitMix64: a small PRNG so the harness needs no extra dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
 #[test]
 fn fuzz_for_a_fixed_time() {
     let secs: f64 = std::env::var("FUZZ_SECONDS")
@@ -369,7 +358,7 @@ fn fuzz_for_a_fixed_time() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x5EED_A110C);
-    let mut rng = Rng(seed);
+    let mut rng = common::Rng(seed);
     let until = Instant::now() + Duration::from_secs_f64(secs);
     let (mut runs, mut bytes) = (0u64, 0u64);
     while Instant::now() < until {

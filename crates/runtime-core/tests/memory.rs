@@ -6,6 +6,8 @@
 //! The tests on the shared runtime hold a file-level lock: they read allocator statistics and
 //! one of them flips a process-wide option. Others use a device memory of their own.
 
+mod common;
+
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -396,26 +398,6 @@ fn copy_ranges_are_checked_when_queued() {
     assert_eq!(s.counters(), (0, 0));
 }
 
-/// SplitMix64: a small seeded PRNG.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A size from 1 B to `max` B, log-uniformly distributed.
-    fn log_size(&mut self, min: u64, max: u64) -> u64 {
-        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        let (lo, hi) = ((min as f64).ln(), (max as f64).ln());
-        ((lo + u * (hi - lo)).exp() as u64).clamp(min, max)
-    }
-}
-
 /// One allocation of the randomized workloads: its first and last byte carry a tag.
 struct Tagged {
     buf: Buffer,
@@ -457,7 +439,7 @@ impl Tagged {
 fn randomized_workload(seed: u64, min: u64, steps: usize) -> (u64, u64) {
     const CAPACITY: u64 = 128 * MIB;
     let m = Arc::new(DeviceMemory::new(0, CAPACITY, Arc::new(Options::default())).unwrap());
-    let mut rng = Rng(seed);
+    let mut rng = common::Rng(seed);
     let mut live: Vec<Tagged> = Vec::new();
     let (mut ok, mut ooms) = (0u64, 0u64);
     for step in 0..steps {

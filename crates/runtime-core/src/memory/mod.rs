@@ -603,48 +603,46 @@ impl DeviceMemory {
         match place {
             Place::Empty => {
                 let mut st = self.state.lock();
-                st.active -= 1;
-                st.num_frees += 1;
-                self.trace_free(&st, 0);
+                self.uncommit_locked(&mut st, 0);
             }
             Place::Slab(offset) => {
                 // Small: zero in place now so the slot is clean when it is handed out again.
                 self.slab_arena.fill(offset, block, 0);
                 let mut st = self.state.lock();
                 st.slab.free(offset, size).expect("slab object freed once");
-                st.requested -= size;
-                st.active -= 1;
-                st.num_frees += 1;
-                self.trace_free(&st, size);
+                self.uncommit_locked(&mut st, size);
                 if !self.reuse() {
                     self.release_empty_spans_locked(&mut st);
                 }
             }
             Place::Large(arena) => {
                 let reuse = self.reuse();
-                if !reuse {
+                let arena = if reuse {
+                    Some(arena)
+                } else {
                     // Unmapped before the capacity is offered again.
                     drop(arena);
-                    let mut st = self.state.lock();
-                    st.large_allocated -= block;
-                    st.requested -= size;
-                    st.active -= 1;
-                    st.num_frees += 1;
-                    self.trace_free(&st, size);
-                    return;
-                }
+                    None
+                };
                 let mut st = self.state.lock();
                 st.large_allocated -= block;
-                st.requested -= size;
-                st.active -= 1;
-                st.num_frees += 1;
-                self.trace_free(&st, size);
-                st.dirty.push(arena);
-                st.dirty_bytes += block;
-                drop(st);
-                self.wake_scrubber();
+                self.uncommit_locked(&mut st, size);
+                if let Some(arena) = arena {
+                    st.dirty.push(arena);
+                    st.dirty_bytes += block;
+                    drop(st);
+                    self.wake_scrubber();
+                }
             }
         }
+    }
+
+    /// Count the free of an allocation of `size` bytes (the mirror of `commit_locked`).
+    fn uncommit_locked(&self, st: &mut PoolState, size: u64) {
+        st.requested -= size;
+        st.active -= 1;
+        st.num_frees += 1;
+        self.trace_free(st, size);
     }
 
     fn trace_free(&self, st: &PoolState, size: u64) {

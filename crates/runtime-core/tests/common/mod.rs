@@ -31,3 +31,24 @@ pub fn timed_out<T: std::fmt::Debug>(r: runtime_core::Result<T>) -> bool {
         ))
     )
 }
+
+/// SplitMix64: a small seeded PRNG, so randomized tests need no extra dependency.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 random bits.
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A size from `min` to `max` bytes, log-uniformly distributed.
+    pub fn log_size(&mut self, min: u64, max: u64) -> u64 {
+        let u = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        let (lo, hi) = ((min as f64).ln(), (max as f64).ln());
+        ((lo + u * (hi - lo)).exp() as u64).clamp(min, max)
+    }
+}
