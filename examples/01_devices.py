@@ -12,7 +12,7 @@ print(f"Available devices: {num_devices}")
 for i in range(num_devices):
     props = runtime.get_device_properties(i)
     print(f"Device {i}: {props.name}")
-    print(f"  Memory: {props.total_memory / 1024**3:.1f} GB")
+    print(f"  Memory: {props.total_memory / 1024**3:.0f} GiB")
     print(f"  Compute: {props.clock_rate / 1000:.0f} MHz")
 
 # 3. 选择设备

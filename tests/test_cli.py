@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -94,6 +95,26 @@ def test_devices_good_arguments(tmp_path):
     assert [d["index"] for d in json.loads(out.stdout)] == [0, 1]
     out = run_cli(tmp_path, "--version")
     assert out.returncode == 0 and out.stdout.startswith("runtime ")
+
+
+def test_device_table_speaks_binary_units_and_marks_modelled_figures(tmp_path):
+    out = run_cli(tmp_path, "--device-count", "2", "--memory", "3GiB")
+    assert out.returncode == 0, out.stderr
+    assert "0 B / 3 GiB" in out.stdout
+    for column in ("Clock MHz*", "Cores*", "Peak TFLOPS*", "BW GB/s*"):
+        assert column in out.stdout
+    assert "* modelled" in out.stdout
+    assert "GB " not in out.stdout.replace("BW GB/s*", "")
+
+
+def test_device_table_under_the_runtime_smi_name(tmp_path):
+    """Run as the ``runtime-smi`` entry point, errors name that program."""
+    code = (
+        "import sys; sys.argv[0] = '/usr/bin/runtime-smi'; "
+        "from runtime.__main__ import main; sys.exit(main(sys.argv[1:]))"
+    )
+    out = run_cli(tmp_path, "--device-count", "zero", code=code)
+    assert out.returncode == 2 and out.stderr.startswith("runtime-smi: error: "), out.stderr
 
 
 # --- python -m runtime bench -----------------------------------------------------------------
@@ -183,6 +204,21 @@ def test_bench_round_trip_through_json(tmp_path):
         again = run_cli(tmp_path, "bench", "--from-json", path, *extra)
         assert again.returncode == 0, again.stderr
         assert "stream create" in again.stdout
+
+
+def test_bench_progress_counts_only_installed_peers(tmp_path):
+    """A peer that cannot be imported has no cells: the counter ends at its total."""
+    code = (
+        "import sys; sys.modules['torch'] = None; "
+        "from runtime.__main__ import main; sys.exit(main(sys.argv[1:]))"
+    )
+    out = run_cli(
+        tmp_path, "bench", "--quick", "--peers", "torch", "--rows", "stream create", code=code
+    )
+    assert out.returncode == 0, out.stderr
+    counters = re.findall(r"\[(\d+)/(\d+)\]", out.stderr)
+    assert counters, out.stderr
+    assert counters[-1][0] == counters[-1][1] == "1", out.stderr
 
 
 def test_bench_list_selects_rows(tmp_path):

@@ -1167,8 +1167,8 @@ def test_set_option_memory_reuse_round_trip():
 
 
 OOM_RE = re.compile(
-    r"tried to allocate (\d+) bytes; (\d+) bytes free of (\d+) total, "
-    r"largest free block (\d+) bytes, fragmentation ([0-9.]+)"
+    r"tried to allocate (\d+) bytes \([^)]*\); (\d+) bytes \([^)]*\) free of (\d+) \([^)]*\) total, "
+    r"largest free block (\d+) bytes \([^)]*\), fragmentation ([0-9.]+)"
 )
 
 
@@ -1191,6 +1191,9 @@ def test_out_of_memory_error_classes_and_message():
     assert int(free) == s["free"]
     assert int(largest) == s["largest_free_block"]
     assert float(frag) == pytest.approx(s["fragmentation"], abs=1e-3)
+    # Human-readable sizes beside the byte counts (binary units).
+    assert f"{size} bytes (2.00 GiB)" in msg
+    assert f"{GiB} (1 GiB) total" in msg
     assert issubclass(runtime.OutOfMemoryError, MemoryError)
     assert issubclass(runtime.OutOfMemoryError, runtime.Error)
 

@@ -1,6 +1,7 @@
 """Command line: ``python -m runtime`` shows the devices (an npu-smi-like table).
 
-Sub-commands: ``bench`` (the seed's performance table beside the peers), ``trace-plot``.
+Installed as ``runtime-smi`` too. Sub-commands: ``bench`` (the Ascend 910 reference table
+beside the peers), ``trace-plot``.
 Bad input on any of them is one ``python -m runtime...: error: ...`` line on stderr and exit
 code 2 (``runtime._cli``).
 """
@@ -13,10 +14,12 @@ import sys
 import runtime
 
 from . import _cli
+from ._units import binary_size
 
-
-def _gib(n: float) -> str:
-    return f"{n / 1024**3:.1f}"
+#: Footnote for the columns that are figures of the device profile, not of this machine.
+MODELLED_NOTE = (
+    "* modelled: the profile's figures (the virtual device runs on host threads and memory)"
+)
 
 
 def device_rows() -> list[dict]:
@@ -29,7 +32,7 @@ def device_rows() -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    head = f"| {'Dev':>3} | {'Name':<34} | {'Memory used / total (GiB)':>26} | {'Clock MHz':>9} | {'Cores':>5} | {'Peak TFLOPS':>11} | {'BW GB/s':>8} |"
+    head = f"| {'Dev':>3} | {'Name':<34} | {'Memory used / total':>24} | {'Clock MHz*':>10} | {'Cores*':>6} | {'Peak TFLOPS*':>12} | {'BW GB/s*':>8} |"
     sep = "+" + "+".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "+"
     out = [
         sep,
@@ -42,15 +45,21 @@ def table(rows: list[dict]) -> str:
         sep,
     ]
     for r in rows:
-        mem = f"{_gib(r['memory_used'])} / {_gib(r['total_memory'])}"
+        mem = f"{binary_size(r['memory_used'])} / {binary_size(r['total_memory'])}"
         out.append(
-            f"| {r['index']:>3} | {r['name'][:34]:<34} | {mem:>26} | {r['clock_rate'] / 1000:>9.0f} | {r['cores']:>5} | {r['fpeak'] / 1e12:>11.1f} | {r['memory_bandwidth'] / 1e9:>8.0f} |"
+            f"| {r['index']:>3} | {r['name'][:34]:<34} | {mem:>24} | {r['clock_rate'] / 1000:>10.0f} | {r['cores']:>6} | {r['fpeak'] / 1e12:>12.1f} | {r['memory_bandwidth'] / 1e9:>8.0f} |"
         )
     out.append(sep)
+    out.append(MODELLED_NOTE)
     return "\n".join(out)
 
 
 PROG = "python -m runtime"
+
+
+def _prog() -> str:
+    """The name the user typed: ``runtime-smi`` when run through that entry point."""
+    return "runtime-smi" if sys.argv and sys.argv[0].endswith("runtime-smi") else PROG
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,12 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         from . import trace
 
         return trace.plot_main(argv[1:])
-    return _cli.guard(PROG, _show_devices, argv)
+    return _cli.guard(_prog(), _show_devices, argv)
 
 
 def _show_devices(argv: list[str] | None) -> int:
     ap = _cli.ArgumentParser(
-        prog=PROG,
+        prog=_prog(),
         description="Show the runtime's virtual devices. Sub-commands: 'bench' (performance "
         "table beside the peers; see 'python -m runtime bench --help'), 'trace-plot TRACE.json OUT.png'.",
     )
@@ -77,7 +86,11 @@ def _show_devices(argv: list[str] | None) -> int:
     ap.add_argument(
         "--device-count", type=int, default=None, help="number of devices (default: env or 8)"
     )
-    ap.add_argument("--memory", default=None, help='memory per device, e.g. "16GiB"')
+    ap.add_argument(
+        "--memory",
+        default=None,
+        help='memory per device, e.g. "16GiB" (KiB/MiB/GiB are powers of 1024; KB/MB/GB powers of 1000)',
+    )
     ap.add_argument("--profile", default=None, help="device profile: ascend910 or host")
     a = ap.parse_args(argv)
     if a.version:

@@ -3,14 +3,7 @@
 from __future__ import annotations
 
 from . import _runtime
-
-
-def _fmt(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return str(n)
+from ._units import binary_size as _fmt
 
 
 def memory_summary(device=None) -> str:

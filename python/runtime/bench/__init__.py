@@ -1,6 +1,6 @@
 """The benchmark suite: ``python -m runtime bench``.
 
-Measures the seed's performance table (stream create, event record, allocate 1 MB zeroed,
+Measures the Ascend 910 reference table (stream create, event record, allocate 1 MB zeroed,
 memcpy, synchronize an idle stream) and the executor rows (launch, Python-callable launch,
 graph replay, a copy -> compute -> copy pipeline, multi-stream scaling) for ``runtime`` and,
 side by side in the same process, for the peers that are installed:
@@ -22,7 +22,7 @@ asserted).
 
 The package, by concern (each module imports only modules listed before it):
 
-* ``config``: systems, peers, the seed's figures, ``Config``, ``NotApplicable``;
+* ``config``: systems, peers, the Ascend 910 reference figures, ``Config``, ``NotApplicable``;
 * ``timing``: median / p90, the timer floor, the ``timed_*`` sample makers;
 * ``peers``: ``Peers`` (optional imports), ``ThreadQueueStream``, ``machine_info``;
 * ``rows``: the ``Row`` model and the rows, one module per area;
@@ -35,7 +35,7 @@ The package, by concern (each module imports only modules listed before it):
 from __future__ import annotations
 
 from .cli import _parser, main
-from .config import PEERS, SEED_US, SYSTEMS, Config, MiB, NotApplicable
+from .config import ASCEND910_US, PEERS, SYSTEMS, Config, MiB, NotApplicable
 from .peers import Peers, ThreadQueueStream, machine_info
 from .plot import write_plot
 from .report import (
@@ -67,7 +67,7 @@ from .timing import (
 __all__ = [
     "NO_STREAMS_NUMPY",
     "PEERS",
-    "SEED_US",
+    "ASCEND910_US",
     "SYSTEMS",
     "TORCH_NO_EVENTS",
     "TORCH_NO_QUEUES",

@@ -1,6 +1,6 @@
-"""What the benchmark compares and how hard: the systems, the seed's figures, ``Config``.
+"""What the benchmark compares and how hard: the systems, the Ascend 910 reference figures, ``Config``.
 
-Owns the constants every other module shares (``SYSTEMS``, ``PEERS``, ``MiB``, ``SEED_US``), the
+Owns the constants every other module shares (``SYSTEMS``, ``PEERS``, ``MiB``, ``ASCEND910_US``), the
 ``NotApplicable`` signal a row raises for a system with no equivalent, and the sizes and
 repetition counts of a run.
 """
@@ -12,8 +12,8 @@ PEERS = SYSTEMS[1:]
 
 MiB = 1 << 20
 
-# The seed's figures (measured on Ascend 910), in microseconds. memcpy: 500 us per MiB.
-SEED_US = {
+# The Ascend 910 reference figures (measured on an Ascend 910), in microseconds. memcpy: 500 us per MiB.
+ASCEND910_US = {
     "stream create": 10.0,
     "event record": 1.0,
     "alloc 1 MiB": 100.0,

@@ -20,14 +20,14 @@ def summarise_row(row: Row, res: dict) -> dict:
         "title": row.title,
         "unit": "us per op (lower is better)",
         "note": row.note,
-        "seed_us": row.seed_us,
+        "ascend910_us": row.ascend910_us,
         "nbytes": row.nbytes,
         "results": res,
     }
     r = res.get("runtime", {})
     if r.get("status") == "ok":
-        if row.seed_us:
-            d["ratio_seed"] = r["median_us"] / row.seed_us
+        if row.ascend910_us:
+            d["ratio_ascend910"] = r["median_us"] / row.ascend910_us
         peers = [
             (c["median_us"], p)
             for p, c in res.items()
@@ -229,13 +229,13 @@ def render_table(rows, systems, machine) -> str:
     )
     lines.append("Each cell: microseconds per operation, median / p90 (lower is better).")
     lines.append(
-        "x seed = runtime median / seed figure; x best peer = runtime median / fastest peer median."
+        "x 910 = runtime median / the Ascend 910 reference figure; x best peer = runtime median / fastest peer median."
     )
     lines.append("Both ratios: < 1 means runtime is faster, > 1 means runtime is slower.")
     head = (
         f"{'operation':<{w0}}"
         + "".join(f"{s:>{wc}}" for s in shown)
-        + f"{'x seed':>9}  {'x best peer':<20}"
+        + f"{'x 910':>9}  {'x best peer':<20}"
     )
     lines.append("")
     lines.append(head)
@@ -244,7 +244,7 @@ def render_table(rows, systems, machine) -> str:
         cells = "".join(
             f"{_cell_text(r['results'].get(s, {'status': 'n/a'})):>{wc}}" for s in shown
         )
-        xs = f"{r['ratio_seed']:.3g}" if "ratio_seed" in r else "-"
+        xs = f"{r['ratio_ascend910']:.3g}" if "ratio_ascend910" in r else "-"
         xb = f"{r['ratio_best_peer']:.3g} ({r['best_peer']})" if "ratio_best_peer" in r else "-"
         lines.append(f"{r['title']:<{w0}}{cells}{xs:>9}  {xb:<20}")
         res = r["results"]
@@ -313,12 +313,12 @@ def render_markdown(doc) -> str:
     out = [
         "| operation (us per op: median / p90) | "
         + " | ".join(shown)
-        + " | x seed (<1: faster) | x best peer (<1: faster) |",
+        + " | x 910 (<1: faster) | x best peer (<1: faster) |",
         "|---" * (len(shown) + 3) + "|",
     ]
     for r in rows:
         res = r["results"]
-        xs = f"{r['ratio_seed']:.3g}" if "ratio_seed" in r else ""
+        xs = f"{r['ratio_ascend910']:.3g}" if "ratio_ascend910" in r else ""
         xb = f"{r['ratio_best_peer']:.3g} ({r['best_peer']})" if "ratio_best_peer" in r else ""
         cells = [_md_cell(res.get(s, {})) for s in shown]
         out.append(f"| {r['title']} | " + " | ".join(cells) + f" | {xs} | {xb} |")

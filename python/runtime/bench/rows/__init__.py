@@ -31,7 +31,7 @@ __all__ = [
 
 
 def rows_for(cfg: Config) -> list[Row]:
-    """All rows for ``cfg``: the seed table first, then the executor rows."""
+    """All rows for ``cfg``: the Ascend 910 reference table first, then the executor rows."""
     return [
         *stream_event_rows(cfg),
         *alloc_rows(cfg),

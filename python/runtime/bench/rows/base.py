@@ -19,12 +19,12 @@ class Row:
     """One benchmark row: ``impls[system](ctx) -> sample function``."""
 
     def __init__(
-        self, key, title, impls, *, seed_us=None, nbytes=None, reps=None, note="", group=None
+        self, key, title, impls, *, ascend910_us=None, nbytes=None, reps=None, note="", group=None
     ):
         self.key = key
         self.title = title
         self.impls = impls
-        self.seed_us = seed_us
+        self.ascend910_us = ascend910_us
         self.nbytes = nbytes
         self.reps = reps
         self.note = note

@@ -8,13 +8,13 @@ import numpy as np
 
 import runtime as rt
 
-from ..config import SEED_US, Config, MiB
+from ..config import ASCEND910_US, Config, MiB
 from ..timing import timed_calls, timed_create, timed_destroy
 from .base import Row, _na
 
 
 def alloc_rows(cfg: Config) -> list[Row]:
-    """Row 3 of the seed table and its companions: alloc 1 MiB zeroed, free, first write."""
+    """Row 3 of the Ascend 910 reference table and its companions: alloc 1 MiB zeroed, free, first write."""
     k = cfg.batch
     n1 = MiB
     rows: list[Row] = []
@@ -55,7 +55,7 @@ def alloc_rows(cfg: Config) -> list[Row]:
                 "torch": torch_alloc,
                 "stdlib": py_alloc,
             },
-            seed_us=SEED_US["alloc 1 MiB"],
+            ascend910_us=ASCEND910_US["alloc 1 MiB"],
             note="device_malloc(0, 1 MiB) | np.zeros | cl.Buffer + enqueue_fill_buffer(0) (+ finish per batch) | torch.zeros | bytearray",
         )
     )
@@ -155,21 +155,21 @@ def alloc_rows(cfg: Config) -> list[Row]:
 
 
 def copy_rows(cfg: Config) -> list[Row]:
-    """Row 4 of the seed table: blocking copies in each direction at 1 MiB and ``cfg.big``."""
+    """Row 4 of the Ascend 910 reference table: blocking copies in each direction at 1 MiB and ``cfg.big``."""
     k = cfg.batch
     rows: list[Row] = []
 
     for size, label in ((MiB, "1 MiB"), (cfg.big, f"{cfg.big // MiB} MiB")):
         kk = k if size <= MiB else 1
         reps = None if size <= MiB else cfg.big_reps
-        seed = SEED_US["memcpy per MiB"] * size / MiB
+        ref = ASCEND910_US["memcpy per MiB"] * size / MiB
         for direction in ("H2D", "D2H", "D2D"):
             rows.append(
                 Row(
                     f"copy_{direction.lower()}_{size // MiB}m",
                     f"memcpy {direction} {label}",
                     _copy_impls(direction, size, kk),
-                    seed_us=seed,
+                    ascend910_us=ref,
                     nbytes=size,
                     reps=reps,
                     note="blocking: memcpy_host_to_device / memcpy_device_to_host / memcpy_d2d | np.copyto | cl.enqueue_copy(is_blocking) / .wait() | Tensor.copy_ | memoryview slice assignment",

@@ -8,14 +8,14 @@ from time import perf_counter_ns as _now
 
 import runtime as rt
 
-from ..config import SEED_US, Config
+from ..config import ASCEND910_US, Config
 from ..peers import ThreadQueueStream
 from ..timing import timed_calls, timed_create
 from .base import NO_STREAMS_NUMPY, TORCH_NO_EVENTS, TORCH_NO_QUEUES, Row, _na, _stream, _tq
 
 
 def stream_event_rows(cfg: Config) -> list[Row]:
-    """Rows 1 and 2 of the seed table: stream create, event record."""
+    """Rows 1 and 2 of the Ascend 910 reference table: stream create, event record."""
     k = cfg.batch
     rows: list[Row] = []
 
@@ -41,14 +41,14 @@ def stream_event_rows(cfg: Config) -> list[Row]:
                 "torch": _na(TORCH_NO_QUEUES),
                 "stdlib": tq_create,
             },
-            seed_us=SEED_US["stream create"],
+            ascend910_us=ASCEND910_US["stream create"],
             note="runtime.Stream() | cl.CommandQueue(ctx, dev) | start a worker thread with a queue.Queue",
         )
     )
 
     # 2 event record --------------------------------------------------------------
     # One record on each of k idle streams per sample: every record finds its stream idle
-    # (the seed's case), and the timer's own cost is spread over k records.
+    # (the reference table's case), and the timer's own cost is spread over k records.
     def rt_record(ctx):
         ss = [_stream(ctx) for _ in range(k)]
         evs = [rt.Event() for _ in range(k)]
@@ -110,7 +110,7 @@ def stream_event_rows(cfg: Config) -> list[Row]:
                 "torch": _na(TORCH_NO_EVENTS),
                 "stdlib": tq_record,
             },
-            seed_us=SEED_US["event record"],
+            ascend910_us=ASCEND910_US["event record"],
             note="one record on each of 8 idle streams: Event.record(stream), timing enabled | cl.enqueue_marker(q) | q.put(event.set)",
         )
     )
@@ -118,7 +118,7 @@ def stream_event_rows(cfg: Config) -> list[Row]:
 
 
 def sync_idle_rows(cfg: Config) -> list[Row]:
-    """Row 5 of the seed table: synchronize an idle stream."""
+    """Row 5 of the Ascend 910 reference table: synchronize an idle stream."""
     k = cfg.batch
     rows: list[Row] = []
 
@@ -149,7 +149,7 @@ def sync_idle_rows(cfg: Config) -> list[Row]:
                 "torch": _na(TORCH_NO_QUEUES),
                 "stdlib": tq_join_idle,
             },
-            seed_us=SEED_US["sync idle"],
+            ascend910_us=ASCEND910_US["sync idle"],
             note="Stream.synchronize() | CommandQueue.finish() | Queue.join(), all on an idle queue",
         )
     )
