@@ -21,7 +21,7 @@ impl fmt::Display for Bytes {
             unit += 1;
         }
         let scale = 1u64 << (10 * unit);
-        if self.0 % scale == 0 {
+        if self.0.is_multiple_of(scale) {
             write!(f, "{} {}", self.0 / scale, UNITS[unit])
         } else {
             // Precision loss above 2^53 bytes is irrelevant for two decimals.
