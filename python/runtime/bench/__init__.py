@@ -17,7 +17,7 @@ A missing peer is reported as missing, with its import error; nothing is ever es
 Every figure is the time of one operation in microseconds (lower is better): median and p90
 over many repetitions after a warm-up, with the garbage collector disabled while timing and
 ``time.perf_counter_ns`` as the clock. Ratios are runtime / other, so < 1 means runtime is
-faster. The issues' targets are checked and printed as PASS / MISS lines (reported, never
+faster. The speed targets (goals stated in BENCHMARKS.md) are checked and printed as PASS / MISS lines (reported, never
 asserted).
 
 The package, by concern (each module imports only modules listed before it):

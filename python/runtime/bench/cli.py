@@ -47,7 +47,7 @@ def _parser():
             "copy->compute->copy pipeline with enablePipelining on/off, matmul scaling over 1..4 "
             "streams) beside the installed peers (numpy, PyOpenCL on PoCL, torch CPU, a stdlib "
             "thread+queue executor), in this process. Cells are microseconds per operation, "
-            "median / p90; ratios are runtime / other (< 1: runtime faster). The issues' targets "
+            "median / p90; ratios are runtime / other (< 1: runtime faster). The speed targets "
             "are printed as PASS/MISS lines. Missing peers are reported, never faked."
         ),
     )
