@@ -221,6 +221,52 @@ def test_bench_progress_counts_only_installed_peers(tmp_path):
     assert counters[-1][0] == counters[-1][1] == "1", out.stderr
 
 
+def test_bench_curves_writes_json_for_the_chosen_sweeps(tmp_path):
+    """A tiny real sweep: every series has a positive figure at every x of the plan."""
+    out_dir = tmp_path / "curves"
+    out = run_cli(
+        tmp_path,
+        "bench",
+        "--curves",
+        str(out_dir),
+        "--quick",
+        "--peers",
+        "none",
+        "--no-progress",
+        "--sweeps",
+        "events_depth,alloc",
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((out_dir / "curves.json").read_text())
+    keys = [c["key"] for c in doc["curves"]]
+    assert keys == ["alloc_live", "events_depth"]
+    for c in doc["curves"]:
+        xs = {tuple(p)[0] for pts in c["series"].values() for p in pts}
+        assert len(xs) == 3, c
+        for pts in c["series"].values():
+            assert all(y > 0 for _, y in pts), c
+    assert any(ch["target"].startswith("alloc_live") for ch in doc["checks"])
+    assert "targets:" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--sweeps", "nope"], ["--sweeps", "'nope'", "launch_threads"]),
+        (["--sweeps", ","], ["--sweeps"]),
+    ],
+)
+def test_bench_curves_bad_arguments(tmp_path, args, needles):
+    out = run_cli(tmp_path, "bench", "--curves", str(tmp_path / "c"), *args)
+    assert_usage_error(out, *needles)
+
+
+def test_bench_curves_directory_that_is_a_file(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert_usage_error(run_cli(tmp_path, "bench", "--curves", str(f)), "--curves")
+
+
 def test_bench_list_selects_rows(tmp_path):
     out = run_cli(tmp_path, "bench", "--quick", "--list", "--rows", "copy")
     assert out.returncode == 0, out.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import time
 
 import runtime as rt
@@ -17,6 +18,7 @@ import runtime as rt
 from .._cli import ArgumentParser, UsageError, check_writable, fail_write, guard
 from .._cli import init as _cli_init
 from .config import ASCEND910_US, PEERS, SYSTEMS, Config
+from .curves.sweeps import ALL as _ALL_SWEEPS
 from .peers import Peers, _loadavg, machine_info
 from .plot import write_plot
 from .report import check_targets, render_markdown, render_table, render_targets
@@ -25,6 +27,7 @@ from .run import Progress, run_rows
 from .timing import timer_floor_ns
 
 PROG = "python -m runtime bench"
+CURVES = tuple(_ALL_SWEEPS)
 
 
 def _positive_int(text: str) -> int:
@@ -87,6 +90,18 @@ def _parser():
         "--markdown", action="store_true", help="print the table and targets as markdown"
     )
     ap.add_argument("--list", action="store_true", help="list the rows and exit")
+    ap.add_argument(
+        "--curves",
+        metavar="DIR",
+        help="measure how each cost grows (copy size, streams, threads, live allocations, "
+        "queue depth, bytes per object, compute streams) instead of the table; writes "
+        "DIR/curves.json and one PNG per sweep",
+    )
+    ap.add_argument(
+        "--sweeps",
+        metavar="NAME[,NAME]",
+        help=f"with --curves: only these sweeps ({', '.join(CURVES)})",
+    )
     return ap
 
 
@@ -154,6 +169,35 @@ def _select_rows(rows: list, spec: str) -> list:
     return [r for r in rows if any(hit(r, s) for s in subs)]
 
 
+def _curves(a, wanted: list[str]) -> int:
+    """``--curves DIR``: the sweeps instead of the table."""
+    from . import curves
+
+    if os.path.isdir(a.curves):
+        check_writable(os.path.join(a.curves, "curves.json"), "--curves")
+    elif os.path.exists(a.curves):
+        raise UsageError(f"--curves {a.curves}: exists and is not a directory")
+    else:
+        check_writable(a.curves, "--curves")  # its parent must exist and be writable
+    only = None
+    if a.sweeps:
+        only = [s.strip() for s in a.sweeps.split(",") if s.strip()]
+        bad = [s for s in only if s not in CURVES]
+        if bad or not only:
+            raise UsageError(
+                f"--sweeps: unknown sweep(s) {', '.join(repr(s) for s in bad or [a.sweeps])}; "
+                f"sweeps: {', '.join(CURVES)}"
+            )
+    started_here = not rt.is_initialized()
+    if started_here:
+        _cli_init()
+    try:
+        return curves.run(a.curves, a.quick, wanted, only, progress=not a.no_progress)
+    finally:
+        if started_here:
+            rt.shutdown()
+
+
 def _main(argv: list[str] | None) -> int:
     a = _parser().parse_args(argv)
     for flag, path in (("--json", a.json), ("--plot", a.plot)):
@@ -171,6 +215,8 @@ def _main(argv: list[str] | None) -> int:
             f"--peers: unknown peer(s) {', '.join(repr(p) for p in bad)}; "
             f"choose from {', '.join(PEERS)}, or 'none'"
         )
+    if a.curves:
+        return _curves(a, wanted)
     rows = rows_for(cfg)
     if a.rows:
         rows = _select_rows(rows, a.rows)
