@@ -1,0 +1,110 @@
+"""``DeviceBuffer.record_stream`` (torch semantics): when a buffer is freed, its block is not
+reused until the work queued on the recorded streams at free time has completed. Translated
+from torch's test/test_cuda.py ``test_record_stream`` (a block used on a side stream is not
+handed out again while that stream's work is pending, and is after it completed)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import runtime
+
+
+@pytest.fixture(scope="module", autouse=True)
+def rt():
+    runtime.shutdown()
+    runtime.init(device_count=2, memory="64MiB")
+    yield
+    runtime.shutdown()
+
+
+def hold(stream: runtime.Stream) -> threading.Event:
+    """Block ``stream`` until the returned event is set."""
+    gate = threading.Event()
+    stream.launch_host_func(gate.wait)
+    return gate
+
+
+@pytest.mark.parametrize("size", [50, 4096, 1 << 20])
+def test_record_stream(size):
+    # torch test_cuda.py test_record_stream
+    s = runtime.Stream()
+    pool = runtime.get_default_memory_pool()
+    gate = hold(s)
+    buf = runtime.device_malloc(0, size)
+    ptr = buf.ptr
+    active = runtime.memory_stats(0)["active_allocations"]
+    buf.record_stream(s)
+    runtime.device_free(buf)
+    # The block is still in use: it counts, and a new allocation does not get it.
+    assert runtime.memory_stats(0)["active_allocations"] == active
+    other = runtime.device_malloc(0, size)
+    assert other.ptr != ptr
+    used = pool.used_bytes()
+    gate.set()
+    s.synchronize()
+    # Once the stream's work completed, the block goes back at the next allocator call.
+    assert pool.used_bytes() < used
+    runtime.device_free(other)
+    assert runtime.memory_stats(0)["active_allocations"] == active - 1
+
+
+def test_work_queued_after_the_free_does_not_hold_the_block():
+    s = runtime.Stream()
+    gate = hold(s)
+    buf = runtime.device_malloc(0, 256)
+    buf.record_stream(s)
+    gate.set()
+    s.synchronize()
+    active = runtime.memory_stats(0)["active_allocations"]
+    runtime.device_free(buf)  # nothing pending on s: freed at once
+    later = hold(s)
+    assert runtime.memory_stats(0)["active_allocations"] == active - 1
+    later.set()
+    s.synchronize()
+
+
+def test_views_keep_the_allocation_and_share_its_streams():
+    s1, s2 = runtime.Stream(), runtime.Stream()
+    g1, g2 = hold(s1), hold(s2)
+    buf = runtime.device_malloc(0, 1024)
+    view = buf[256:512]
+    view.record_stream(s1)
+    buf.record_stream(s2)
+    buf.record_stream(s2)  # recorded once
+    active = runtime.memory_stats(0)["active_allocations"]
+    runtime.device_free(buf)
+    del view
+    g1.set()
+    s1.synchronize()
+    runtime.empty_cache()
+    assert runtime.memory_stats(0)["active_allocations"] == active
+    g2.set()
+    s2.synchronize()
+    runtime.empty_cache()
+    assert runtime.memory_stats(0)["active_allocations"] == active - 1
+
+
+def test_record_stream_arguments():
+    buf = runtime.device_malloc(0, 8)
+    with pytest.raises(TypeError, match="stream must be a runtime.Stream"):
+        buf.record_stream(3)
+    with pytest.raises(ValueError, match="a Stream is required"):
+        buf.record_stream(None)
+    runtime.device_free(buf)
+    with pytest.raises(runtime.InvalidHandleError):
+        buf.record_stream(runtime.Stream())
+
+
+def test_shutdown_releases_parked_blocks():
+    s = runtime.Stream()
+    gate = hold(s)
+    buf = runtime.device_malloc(0, 128)
+    buf.record_stream(s)
+    runtime.device_free(buf)
+    gate.set()
+    runtime.shutdown()
+    runtime.init(device_count=2, memory="64MiB")
+    assert runtime.memory_stats(0)["active_allocations"] == 0
