@@ -32,6 +32,12 @@
 //! * `slab` (crate-private): size classes up to [`SMALL_MAX`] carved from spans. No `unsafe`.
 //! * `host` (crate-private): reserved, lazily committed mappings (`Arena`); raw copies and
 //!   typed views, every range checked against its mapping.
+//! * [`pool`]: the pool face of the allocator: its limit ([`DeviceMemory::set_limit`]) and
+//!   frees deferred by [`Buffer::record_stream`] until the recorded streams' work is done.
+//! * [`allocator`]: pluggable allocation ([`Allocator`], [`DeviceMemory::malloc`]). A plugged
+//!   allocator returns a [`Block`] holding a `Buffer` the core made (never an address),
+//!   validated before use, so no allocator can make the core touch memory it did not
+//!   allocate.
 //!
 //! The public API is [`DeviceMemory`] (one device's allocator), [`Buffer`] (a reference to
 //! one allocation) and its methods, which check every range against the allocation, never
@@ -51,8 +57,9 @@
 //!   so RAM follows what was touched).
 //! * RAM is spent only on touched pages: mappings are `MAP_NORESERVE` and committed on first
 //!   touch, so a fresh 1 GiB allocation costs no RAM.
-//! * A [`Buffer`] holds an `Arc` to its allocation; views, DLPack capsules and queued stream
-//!   operations hold clones. The block returns to the allocator when the last one drops.
+//! * A [`Buffer`] holds an `Arc` to its allocation and a range of it (the whole allocation, or
+//!   a view made by [`Buffer::view`] / [`Buffer::shifted`], checked to lie inside it); views,
+//!   DLPack capsules and queued stream operations hold clones. The block returns to the allocator when the last one drops.
 //!   [`Buffer::as_ptr`] stays valid while the buffer lives: a large block's mapping is owned by
 //!   its allocation, and the slab mapping lives until the last allocation is gone (each holds
 //!   its `DeviceMemory`), even after `shutdown`.
