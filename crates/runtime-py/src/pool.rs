@@ -32,8 +32,11 @@ type Pending = (Arc<Py<PyAny>>, Py<PyAny>, u64, usize);
 /// Blocks given back and not yet passed to their allocator's `free`.
 static PENDING: Mutex<Vec<Pending>> = Mutex::new(Vec::new());
 
+/// The `(alloc, free)` functions plugged in with `set_allocator`.
+type Plugged = (Py<PyAny>, Option<Py<PyAny>>);
+
 /// The Python functions plugged in with `set_allocator` (for `get_allocator`).
-static PLUGGED: Mutex<Option<(Py<PyAny>, Option<Py<PyAny>>)>> = Mutex::new(None);
+static PLUGGED: Mutex<Option<Plugged>> = Mutex::new(None);
 
 thread_local! {
     /// The exception the plugged `alloc` raised on this thread, re-raised as is by `alloc`.
@@ -172,7 +175,7 @@ pub fn set_allocator(
 /// The `(alloc, free)` functions plugged in with `set_allocator`, or None for the built-in
 /// pool.
 #[pyfunction]
-pub fn get_allocator(py: Python<'_>) -> Option<(Py<PyAny>, Option<Py<PyAny>>)> {
+pub fn get_allocator(py: Python<'_>) -> Option<Plugged> {
     let r = rt::get().ok()?;
     r.devices().first()?.memory().allocator()?;
     PLUGGED
