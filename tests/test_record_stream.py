@@ -1,7 +1,8 @@
 """``DeviceBuffer.record_stream`` (torch semantics): when a buffer is freed, its block is not
 reused until the work queued on the recorded streams at free time has completed. Translated
-from torch's test/test_cuda.py ``test_record_stream`` (a block used on a side stream is not
-handed out again while that stream's work is pending, and is after it completed)."""
+from torch's test/test_cuda.py: ``test_record_stream`` (a block used on a side stream is not
+handed out again while that stream's work is pending, and is after it completed),
+``test_record_stream_on_shifted_view`` and ``test_caching_allocator_record_stream_oom``."""
 
 from __future__ import annotations
 
@@ -47,8 +48,46 @@ def test_record_stream(size):
     s.synchronize()
     # Once the stream's work completed, the block goes back at the next allocator call.
     assert pool.used_bytes() < used
+    if size <= 32 << 10:
+        # A slab slot: the next request of its class takes the slot just freed (torch: "the
+        # block will be re-used after the stream finishes").
+        again = runtime.device_malloc(0, size)
+        assert again.ptr == ptr
+        runtime.device_free(again)
     runtime.device_free(other)
     assert runtime.memory_stats(0)["active_allocations"] == active - 1
+
+
+def test_record_stream_on_shifted_view():
+    # torch test_cuda.py test_record_stream_on_shifted_view
+    base = runtime.empty((10,), dtype="float32")
+    view = base[5:]
+    assert view.offset == 20
+    s = runtime.Stream()
+    gate = hold(s)
+    view.record_stream(s)
+    data_ptr = base.ptr
+    del base, view
+    try_realloc = runtime.empty((10,), dtype="float32")
+    assert try_realloc.ptr != data_ptr
+    gate.set()
+    s.synchronize()
+
+
+def test_record_stream_blocks_are_freed_on_out_of_memory():
+    # torch test_cuda.py test_caching_allocator_record_stream_oom: blocks held back by
+    # record_stream are still freed when an allocation would otherwise fail (the allocator
+    # waits for the queued work, then takes the parked blocks back). 20 x 16 MiB on a
+    # 64 MiB device.
+    s = runtime.Stream()
+    for _ in range(20):
+        x = runtime.device_malloc(0, 16 << 20)
+        runtime.memset(x, 1, stream=s)
+        x.record_stream(s)
+        runtime.device_free(x)
+    s.synchronize()
+    assert runtime.memory_stats(0)["num_ooms"] == 0
+    runtime.empty_cache()
 
 
 def test_work_queued_after_the_free_does_not_hold_the_block():
