@@ -147,3 +147,23 @@ def test_shutdown_releases_parked_blocks():
     runtime.shutdown()
     runtime.init(device_count=2, memory="64MiB")
     assert runtime.memory_stats(0)["active_allocations"] == 0
+
+
+def test_a_plugged_block_goes_back_to_its_allocator_after_the_recorded_work():
+    pool = runtime.get_default_memory_pool()
+    freed = []
+    runtime.set_allocator(lambda n, d, s: pool.malloc(n), lambda b, n, d: freed.append(n))
+    try:
+        s = runtime.Stream()
+        gate = hold(s)
+        buf = runtime.device_malloc(0, 300)
+        buf.record_stream(s)
+        runtime.device_free(buf)
+        runtime.device_free(runtime.device_malloc(0, 1))
+        assert freed == [1]
+        gate.set()
+        s.synchronize()
+        runtime.device_free(runtime.device_malloc(0, 2))
+        assert sorted(freed) == [1, 2, 300]
+    finally:
+        runtime.set_allocator(None)
