@@ -29,6 +29,7 @@ from ._runtime import (
     Kernel,
     KernelError,
     MemoryInfo,
+    MemoryPool,
     NotInitializedError,
     NotReadyError,
     OutOfMemoryError,
@@ -40,7 +41,9 @@ from ._runtime import (
     device_malloc,
     empty,
     empty_cache,
+    get_allocator,
     get_available_devices,
+    get_default_memory_pool,
     get_device,
     get_device_compute_info,
     get_device_count,
@@ -56,6 +59,7 @@ from ._runtime import (
     memset,
     option_names,
     reset_peak_memory_stats,
+    set_allocator,
     set_device,
     set_option,
     shutdown,
@@ -203,4 +207,12 @@ __all__ = [
     "synchronize",
     "to_device",
     "zeros",
+]
+
+# Memory pool and pluggable allocation.
+__all__ += [
+    "MemoryPool",
+    "get_allocator",
+    "get_default_memory_pool",
+    "set_allocator",
 ]

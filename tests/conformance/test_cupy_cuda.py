@@ -575,6 +575,9 @@ def test_memory_pointer_add():
     part = buf.view(np.uint8, 4, offset=4)
     assert part.ptr == buf.ptr + 4
     assert part.offset == 4 and part.nbytes == 4
+    for moved in (buf + 4, 4 + buf):
+        assert moved.ptr == buf.ptr + 4 and moved.nbytes == 4
+    assert ((buf + 4) - 4).ptr == buf.ptr
 
 
 # cupy: tests/cupy_tests/cuda_tests/test_memory.py::TestMemoryPointer::test_copy_to_and_from_host

@@ -230,6 +230,8 @@ def build_cases():  # noqa: C901 - a table
         "memory_summary": runtime.memory_summary,
         "synchronize": runtime.synchronize,
         "Stream": runtime.Stream,
+        "get_default_memory_pool": runtime.get_default_memory_pool,
+        "MemoryPool": runtime.MemoryPool,
     }
     for name, f in {**dev_required, **dev_optional}.items():
         for vid, v in BAD_DEV_VALUE:
@@ -1287,6 +1289,47 @@ def build_cases():  # noqa: C901 - a table
                 pass
 
         add(C(f"profile-path-{vid}", prof, TypeError, "path"))
+
+    # ------------------------------------------------- memory pool, allocator plug, views
+    def pool(e):
+        return runtime.get_default_memory_pool(0)
+
+    def freed_buf(e):
+        b = runtime.device_malloc(0, 8)
+        runtime.device_free(b)
+        return b
+
+    add(C("record_stream-type-int", lambda e: e.dst.record_stream(3), TypeError, "stream"))
+    add(C("record_stream-none", lambda e: e.dst.record_stream(None), ValueError, "stream"))
+    add(C("record_stream-freed", lambda e: freed_buf(e).record_stream(e.s), IH, None))
+    add(C("set_allocator-alloc-type", lambda e: runtime.set_allocator(3), TypeError, "alloc"))
+    add(
+        C("set_allocator-free-type", lambda e: runtime.set_allocator(print, "x"), TypeError, "free")
+    )
+    add(
+        C(
+            "set_allocator-free-only",
+            lambda e: runtime.set_allocator(None, print),
+            ValueError,
+            "free",
+        )
+    )
+    for vid, kw, exc, m in [
+        ("negative", {"size": -1}, ValueError, "size"),
+        ("str", {"size": "1MiB"}, TypeError, "size"),
+        ("over-capacity", {"size": 2**40}, ValueError, "size"),
+        ("both", {"size": 1, "fraction": 0.5}, ValueError, "size"),
+        ("fraction-2", {"fraction": 2.0}, ValueError, "fraction"),
+        ("fraction-nan", {"fraction": math.nan}, ValueError, "fraction"),
+    ]:
+        add(C(f"MemoryPool.set_limit-{vid}", lambda e, kw=kw: pool(e).set_limit(**kw), exc, m))
+    add(C("MemoryPool.malloc-negative", lambda e: pool(e).malloc(-1), ValueError, "size"))
+    add(C("MemoryPool.malloc-huge", lambda e: pool(e).malloc(2**63), OOM, None))
+    add(C("buffer-add-past-end", lambda e: e.dst + (N + 1), ValueError, "offset"))
+    add(C("buffer-sub-before-start", lambda e: e.dst - 1, ValueError, "offset"))
+    add(C("buffer-add-float", lambda e: e.dst + 1.0, TypeError, None))
+    add(C("buffer-slice-step", lambda e: e.dst[::2], ValueError, "step"))
+    add(C("buffer-index-int", lambda e: e.dst[0], TypeError, "slice"))
     return cases
 
 
@@ -1348,6 +1391,7 @@ def test_every_public_name_is_covered():
         "kernels": "module (its kernels are covered as Kernel cases)",
         "__version__": "a string",
         "MAX_QUEUED": "an int",
+        "get_allocator": "takes no argument",
     }
     exceptions = {
         n

@@ -59,8 +59,10 @@ impl PyDeviceBuffer {
 
     /// Byte offset of this view inside its allocation.
     #[getter(offset)]
-    fn offset_(&self) -> u64 {
-        self.offset
+    fn offset_(&self, py: Python<'_>) -> u64 {
+        // A view made by pointer arithmetic or slicing is a core view starting inside the
+        // allocation; this handle's offset is relative to it.
+        self.buffer(py).map_or(0, |b| b.offset()) + self.offset
     }
 
     #[getter]
@@ -215,6 +217,52 @@ impl PyDeviceBuffer {
             _ if copy == Some(true) => arr.call_method0("copy"),
             _ => Ok(arr),
         }
+    }
+
+    /// Torch's `record_stream`: when this buffer's allocation is freed, its block is not
+    /// reused until the work queued on `stream` at that moment has completed.
+    fn record_stream(&self, py: Python<'_>, stream: &Bound<'_, PyAny>) -> PyResult<()> {
+        let s = crate::convert::stream_arg(Some(stream))?
+            .ok_or_else(|| PyValueError::new_err("stream: a Stream is required, got None"))?;
+        self.buffer(py)?
+            .record_stream(std::sync::Arc::new(s))
+            .map_err(RtErr)?;
+        Ok(())
+    }
+
+    /// Pointer arithmetic (CuPy's `MemoryPointer + int`): a raw byte view starting `offset`
+    /// bytes after this one and ending where it ends.
+    fn __add__(&self, py: Python<'_>, offset: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        match offset.extract::<i64>() {
+            Ok(d) if !offset.is_instance_of::<pyo3::types::PyBool>() => {
+                crate::views::shifted(py, self, d)
+            }
+            _ => Ok(py.NotImplemented()),
+        }
+    }
+
+    fn __radd__(&self, py: Python<'_>, offset: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        self.__add__(py, offset)
+    }
+
+    /// `buf - n`: the raw byte view starting `n` bytes before this one (inside the
+    /// allocation) and ending where this one ends.
+    fn __sub__(&self, py: Python<'_>, offset: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        match offset.extract::<i64>() {
+            Ok(d) if !offset.is_instance_of::<pyo3::types::PyBool>() => {
+                let neg = d
+                    .checked_neg()
+                    .ok_or_else(|| PyValueError::new_err(format!("offset: {d} is out of range")))?;
+                crate::views::shifted(py, self, neg)
+            }
+            _ => Ok(py.NotImplemented()),
+        }
+    }
+
+    /// `buf[start:stop]`: a view of elements `start..stop` along the first axis (bytes of a
+    /// raw buffer), as numpy slices a C-contiguous array; step must be 1.
+    fn __getitem__(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<PyDeviceBuffer> {
+        crate::views::slice(py, self, key)
     }
 
     fn __dlpack_device__(&self) -> (i32, i32) {

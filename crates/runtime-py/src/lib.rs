@@ -29,10 +29,12 @@ mod interp;
 mod kernel;
 mod lifecycle;
 mod memory;
+mod pool;
 mod stats;
 mod stream;
 mod testing;
 mod trace;
+mod views;
 mod wait;
 
 use std::sync::Arc;
@@ -71,6 +73,10 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(lifecycle::option_names, m)?)?;
     m.add_function(wrap_pyfunction!(memory::device_malloc, m)?)?;
     m.add_function(wrap_pyfunction!(memory::device_free, m)?)?;
+    m.add_class::<pool::PyMemoryPool>()?;
+    m.add_function(wrap_pyfunction!(pool::get_default_memory_pool, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::set_allocator, m)?)?;
+    m.add_function(wrap_pyfunction!(pool::get_allocator, m)?)?;
     m.add_function(wrap_pyfunction!(copy::memcpy_host_to_device, m)?)?;
     m.add_function(wrap_pyfunction!(copy::memcpy_device_to_host, m)?)?;
     m.add_function(wrap_pyfunction!(copy::memcpy_d2d, m)?)?;

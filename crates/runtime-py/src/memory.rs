@@ -13,7 +13,6 @@ use crate::convert::{
     shape_arg,
 };
 use crate::copy::{self, Direction};
-use crate::errors::RtErr;
 use crate::handles::PyDeviceBuffer;
 
 /// Allocate `size` zeroed bytes on `device` (a Device or an int).
@@ -25,8 +24,7 @@ pub fn device_malloc(
 ) -> PyResult<PyDeviceBuffer> {
     let d = resolve_required(device, "device")?;
     let size = nonneg(size, "size")?;
-    // Without the GIL: a full device waits for queued work, which may be Python kernels.
-    let b = py.detach(|| d.memory().allocate(size)).map_err(RtErr)?;
+    let b = crate::pool::alloc(py, &d, size)?;
     Ok(PyDeviceBuffer::raw(b))
 }
 
@@ -34,7 +32,9 @@ pub fn device_malloc(
 /// back to the pool once no view or queued operation uses it.
 #[pyfunction]
 pub fn device_free(py: Python<'_>, buf: &Bound<'_, PyAny>) -> PyResult<()> {
-    buffer_arg(buf, "buf")?.get().free(py)
+    buffer_arg(buf, "buf")?.get().free(py)?;
+    crate::pool::drain_frees(py);
+    Ok(())
 }
 
 /// Allocate a typed buffer of `shape` and `dtype` on `device` (zeroed).
@@ -55,13 +55,13 @@ pub fn empty(
     allocate(py, &d, dt, shape)
 }
 
-/// A zeroed buffer of `shape` and `dt` on `d`, allocated without the GIL.
+/// A zeroed buffer of `shape` and `dt` on `d` (through the plugged allocator, if any).
 fn allocate(py: Python<'_>, d: &Device, dt: DType, shape: Vec<usize>) -> PyResult<PyDeviceBuffer> {
     let n = shape
         .iter()
         .try_fold(dt.size() as u64, |a, &b| a.checked_mul(b as u64))
         .ok_or_else(|| PyValueError::new_err(format!("shape: {shape:?} is too large")))?;
-    let b = py.detach(|| d.memory().allocate(n)).map_err(RtErr)?;
+    let b = crate::pool::alloc(py, d, n)?;
     Ok(PyDeviceBuffer::typed(b, 0, dt, shape))
 }
 

@@ -32,6 +32,12 @@
 //! * `slab` (crate-private): size classes up to [`SMALL_MAX`] carved from spans. No `unsafe`.
 //! * `host` (crate-private): reserved, lazily committed mappings (`Arena`); raw copies and
 //!   typed views, every range checked against its mapping.
+//! * [`pool`]: the pool face of the allocator: its limit ([`DeviceMemory::set_limit`]) and
+//!   frees deferred by [`Buffer::record_stream`] until the recorded streams' work is done.
+//! * [`allocator`]: pluggable allocation ([`Allocator`], [`DeviceMemory::malloc`]). A plugged
+//!   allocator returns a [`Block`] holding a `Buffer` the core made (never an address),
+//!   validated before use, so no allocator can make the core touch memory it did not
+//!   allocate.
 //!
 //! The public API is [`DeviceMemory`] (one device's allocator), [`Buffer`] (a reference to
 //! one allocation) and its methods, which check every range against the allocation, never
@@ -51,8 +57,9 @@
 //!   so RAM follows what was touched).
 //! * RAM is spent only on touched pages: mappings are `MAP_NORESERVE` and committed on first
 //!   touch, so a fresh 1 GiB allocation costs no RAM.
-//! * A [`Buffer`] holds an `Arc` to its allocation; views, DLPack capsules and queued stream
-//!   operations hold clones. The block returns to the allocator when the last one drops.
+//! * A [`Buffer`] holds an `Arc` to its allocation and a range of it (the whole allocation, or
+//!   a view made by [`Buffer::view`] / [`Buffer::shifted`], checked to lie inside it); views,
+//!   DLPack capsules and queued stream operations hold clones. The block returns to the allocator when the last one drops.
 //!   [`Buffer::as_ptr`] stays valid while the buffer lives: a large block's mapping is owned by
 //!   its allocation, and the slab mapping lives until the last allocation is gone (each holds
 //!   its `DeviceMemory`), even after `shutdown`.
@@ -60,9 +67,11 @@
 //!   the capacity; `allocated` is what live buffers consume; `cached = reserved - allocated`.
 //! * The reclaimer is never called with the allocator's state lock held.
 
+pub mod allocator;
 pub(crate) mod buddy;
 mod element;
 pub(crate) mod host;
+pub mod pool;
 pub(crate) mod slab;
 
 use std::collections::HashMap;
@@ -76,9 +85,11 @@ use crate::clock::now_ns;
 use crate::config::Options;
 use crate::error::{MemoryError, Result};
 use crate::trace;
+pub use allocator::{Allocator, Block};
 use buddy::Buddy;
 pub use element::Element;
 use host::{Arena, PAGE};
+pub use pool::StreamFence;
 use slab::{Slab, SlabAlloc, SLAB_MAX, SPAN_SIZE};
 
 /// Largest request served from the slab's size classes; larger ones get page-multiple blocks.
@@ -172,6 +183,9 @@ enum Place {
     Slab(u64),
     /// A large block: its own mapping.
     Large(Arena),
+    /// A block a plugged allocator handed out (see [`allocator`]): a range of a buffer the
+    /// core made, given back to that allocator when the allocation is freed.
+    Plugged(allocator::Lease),
 }
 
 /// A block [`DeviceMemory::take_locked`] found for a request.
@@ -247,6 +261,8 @@ pub struct DeviceMemory {
     options: Arc<Options>,
     scrub: Scrubber,
     reclaimer: Mutex<Option<Reclaimer>>,
+    /// The plugged allocator, the pool's limit and the frees waiting for streams.
+    pool: pool::PoolExt,
 }
 
 impl std::fmt::Debug for DeviceMemory {
@@ -315,6 +331,7 @@ impl DeviceMemory {
             options,
             scrub: Scrubber::default(),
             reclaimer: Mutex::new(None),
+            pool: pool::PoolExt::default(),
         })
     }
 
@@ -329,8 +346,9 @@ impl DeviceMemory {
     }
 
     /// Refuse further allocations (the runtime was shut down). Live buffers stay valid.
-    pub(crate) fn close(&self) {
+    pub(crate) fn close(self: &Arc<Self>) {
         self.closed.store(true, Ordering::Release);
+        self.drop_deferred_frees();
     }
 
     /// Install the hook an allocation calls once before it fails with `OutOfMemory`, after
@@ -389,6 +407,7 @@ impl DeviceMemory {
             }
             .into());
         }
+        self.process_deferred_frees();
         let injected = self.injected_failure();
         if size == 0 && !injected {
             let id = self.commit_locked(&mut self.state.lock(), 0);
@@ -401,6 +420,7 @@ impl DeviceMemory {
             // Cloned out, so that the hook runs without the allocator's locks.
             let reclaimer = self.reclaimer.lock().clone();
             if reclaimer.is_some_and(|r| r()) {
+                self.process_deferred_frees();
                 if let Some(b) = self.try_allocate(size, false) {
                     return Ok(b);
                 }
@@ -423,13 +443,18 @@ impl DeviceMemory {
     }
 
     fn buffer(self: &Arc<Self>, place: Place, size: u64, block: u64, id: u64) -> Buffer {
-        Buffer(Arc::new(Allocation {
-            mem: self.clone(),
-            place,
-            size,
-            block,
-            id,
-        }))
+        Buffer {
+            alloc: Arc::new(Allocation {
+                mem: self.clone(),
+                place,
+                size,
+                block,
+                id,
+                recorded: Mutex::new(Vec::new()),
+            }),
+            offset: 0,
+            len: size,
+        }
     }
 
     /// One attempt at allocating `size` bytes (non-zero, or an injected failure): from the
@@ -524,7 +549,7 @@ impl DeviceMemory {
                 match st.slab.alloc(size) {
                     SlabAlloc::Ok(off) => return Some(Take::Slab(off)),
                     SlabAlloc::NeedSpan { class, span_size } => {
-                        if st.reserved().saturating_add(span_size) > self.capacity {
+                        if st.reserved().saturating_add(span_size) > self.limit() {
                             return None;
                         }
                         let span = st.spans.alloc_block(span_size)?;
@@ -543,7 +568,7 @@ impl DeviceMemory {
             // Prefer fresh (untouched, free to zero) memory while the scrubber's backlog is
             // small; reuse a dirty block, zeroing it here, once the backlog passes
             // `DIRTY_BACKLOG` or the device is full, so a tight loop stays bounded.
-            let fresh_fits = st.reserved().saturating_add(block) <= self.capacity;
+            let fresh_fits = st.reserved().saturating_add(block) <= self.limit();
             if st.dirty_bytes >= DIRTY_BACKLOG || !fresh_fits {
                 if let Some(i) = st.dirty.iter().rposition(|a| a.len() == block) {
                     let arena = st.dirty.swap_remove(i);
@@ -554,7 +579,7 @@ impl DeviceMemory {
                 }
             }
         }
-        if st.reserved().saturating_add(block) > self.capacity {
+        if st.reserved().saturating_add(block) > self.limit() {
             return None;
         }
         st.large_allocated += block;
@@ -584,7 +609,8 @@ impl DeviceMemory {
 
     /// Release all cached blocks (`empty_cache`), including one the scrubber is zeroing now
     /// (waited for, so that afterwards nothing freed before the call is still cached).
-    pub fn empty_cache(&self) {
+    pub fn empty_cache(self: &Arc<Self>) {
+        self.process_deferred_frees();
         let mut flushed = Vec::new();
         let _busy = self.scrub.busy.lock();
         let mut st = self.state.lock();
@@ -634,6 +660,7 @@ impl DeviceMemory {
                     self.wake_scrubber();
                 }
             }
+            Place::Plugged(lease) => lease.give_back(),
         }
     }
 
@@ -809,13 +836,17 @@ pub(crate) fn after_fork_in_child() {
     host::after_fork_in_child();
 }
 
-/// One allocation; returns its block to the allocator when dropped.
+/// One allocation; returns its block to the allocator when dropped (or, once streams were
+/// recorded on it with [`Buffer::record_stream`], when the work queued on them at that point
+/// has completed).
 pub struct Allocation {
     mem: Arc<DeviceMemory>,
     place: Place,
     size: u64,
     block: u64,
     id: u64,
+    /// Streams recorded with [`Buffer::record_stream`].
+    recorded: Mutex<Vec<Arc<dyn StreamFence>>>,
 }
 
 impl Allocation {
@@ -827,6 +858,7 @@ impl Allocation {
             Place::Large(arena) => (arena, 0),
             Place::Slab(offset) => (&self.mem.slab_arena, *offset),
             Place::Empty => (&self.mem.slab_arena, 0),
+            Place::Plugged(lease) => lease.at(),
         }
     }
 }
@@ -834,78 +866,175 @@ impl Allocation {
 impl Drop for Allocation {
     fn drop(&mut self) {
         let place = std::mem::replace(&mut self.place, Place::Empty);
-        self.mem.free_allocation(place, self.size, self.block);
+        let recorded = std::mem::take(self.recorded.get_mut());
+        if recorded.is_empty() {
+            self.mem.free_allocation(place, self.size, self.block);
+        } else {
+            self.mem.defer_free(place, self.size, self.block, recorded);
+        }
     }
 }
 
-/// A reference-counted handle to device memory. Clones share the allocation; the memory
-/// returns to the allocator when the last clone is dropped.
+/// A reference-counted handle to a range of one allocation of device memory: the whole
+/// allocation as [`DeviceMemory::allocate`] returns it, or a view ([`Buffer::view`],
+/// [`Buffer::shifted`]). Clones and views share the allocation; its memory returns to the
+/// allocator when the last of them is dropped. Every range a method takes is relative to the
+/// view and checked against it.
 #[derive(Clone)]
-pub struct Buffer(Arc<Allocation>);
+pub struct Buffer {
+    alloc: Arc<Allocation>,
+    /// Start of the view in the allocation.
+    offset: u64,
+    /// Bytes of the view.
+    len: u64,
+}
 
 impl std::fmt::Debug for Buffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "Buffer#{}(device {}, {} bytes)",
-            self.0.id,
+            "Buffer#{}(device {}, {} bytes",
+            self.alloc.id,
             self.device(),
-            self.0.size
-        )
+            self.len
+        )?;
+        if self.offset != 0 || self.len != self.alloc.size {
+            write!(f, " at offset {} of {}", self.offset, self.alloc.size)?;
+        }
+        write!(f, ")")
     }
 }
 
 impl PartialEq for Buffer {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+        Arc::ptr_eq(&self.alloc, &other.alloc)
+            && self.offset == other.offset
+            && self.len == other.len
     }
 }
 
 impl Buffer {
-    /// Size in bytes as requested.
+    /// Size in bytes of this buffer (the requested size, or the view's length).
     pub fn size(&self) -> u64 {
-        self.0.size
+        self.len
     }
 
-    /// Unique id (per device).
+    /// Start of this view in its allocation (0 for a whole allocation).
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Size in bytes of the whole allocation this buffer is a view of.
+    pub fn allocation_size(&self) -> u64 {
+        self.alloc.size
+    }
+
+    /// Unique id (per device) of the allocation; views share it.
     pub fn id(&self) -> u64 {
-        self.0.id
+        self.alloc.id
     }
 
     /// Device index.
     pub fn device(&self) -> usize {
-        self.0.mem.device
+        self.alloc.mem.device
     }
 
-    /// Address of the allocation in its device's address space, which is the host's (a
-    /// large block has its own mapping): live allocations of a device never overlap.
+    /// Address of the buffer in its device's address space, which is the host's (a large
+    /// block has its own mapping): live allocations of a device never overlap.
     pub fn device_offset(&self) -> u64 {
         self.as_ptr() as u64
     }
 
     /// The device memory this buffer lives in.
     pub fn memory(&self) -> &Arc<DeviceMemory> {
-        &self.0.mem
+        &self.alloc.mem
+    }
+
+    /// Where byte 0 of this view is: its allocation's mapping and the offset in it.
+    fn at(&self) -> (&Arena, u64) {
+        let (arena, base) = self.alloc.at();
+        (arena, base + self.offset)
     }
 
     /// Host address of byte 0 (the device is host-backed). Valid while this buffer lives.
     pub fn as_ptr(&self) -> *mut u8 {
-        let (arena, base) = self.0.at();
+        let (arena, base) = self.at();
         arena.ptr(base)
     }
 
-    /// Number of live clones of this handle (views, queued operations).
+    /// Number of live clones of this handle and its views (and of queued operations').
     pub fn ref_count(&self) -> usize {
-        Arc::strong_count(&self.0)
+        Arc::strong_count(&self.alloc)
+    }
+
+    /// Whether two buffers are views of the same allocation.
+    pub fn same_allocation(&self, other: &Buffer) -> bool {
+        Arc::ptr_eq(&self.alloc, &other.alloc)
+    }
+
+    /// A view of `len` bytes at `offset` of this buffer, sharing (and keeping alive) its
+    /// allocation.
+    ///
+    /// # Errors
+    /// `OutOfBounds` when `[offset, offset + len)` is not inside this buffer; `InvalidHandle`
+    /// after shutdown.
+    pub fn view(&self, offset: u64, len: u64) -> Result<Buffer> {
+        self.check_range("offset", offset, len)?;
+        Ok(Buffer {
+            alloc: self.alloc.clone(),
+            offset: self.offset + offset,
+            len,
+        })
+    }
+
+    /// Pointer arithmetic: the view that starts `delta` bytes after (or, negative, before)
+    /// this one and ends where this one ends. It may reach back before this view, but never
+    /// outside the allocation.
+    ///
+    /// # Errors
+    /// `ArgError` (argument `offset`) when the new start is before the allocation or after
+    /// this view's end; `InvalidHandle` after shutdown.
+    pub fn shifted(&self, delta: i64) -> Result<Buffer> {
+        self.check()?;
+        let end = self.offset + self.len;
+        let start = i128::from(self.offset) + i128::from(delta);
+        if start < 0 || start > i128::from(end) {
+            return Err(crate::error::ArgError::new(
+                "offset",
+                format!(
+                    "moving {delta} bytes from offset {} leaves the view [0, {end}] of {self:?}: pointer arithmetic stays inside the allocation",
+                    self.offset
+                ),
+            )
+            .into());
+        }
+        let start = start as u64;
+        Ok(Buffer {
+            alloc: self.alloc.clone(),
+            offset: start,
+            len: end - start,
+        })
+    }
+
+    /// Torch's `record_stream`: when the allocation is freed (its last handle dropped), its
+    /// block is not reused until the work queued on `stream` at that moment has completed.
+    /// Recording the same stream twice records it once.
+    pub fn record_stream(&self, stream: Arc<dyn StreamFence>) -> Result<()> {
+        self.check()?;
+        let mut rec = self.alloc.recorded.lock();
+        if !rec.iter().any(|s| s.fence_id() == stream.fence_id()) {
+            rec.push(stream);
+        }
+        Ok(())
     }
 
     /// Fails with `InvalidHandle` once the runtime the buffer was allocated under has been
     /// shut down (its memory stays mapped while the buffer lives, but is no longer usable),
     /// and in a process forked after the allocation.
     pub fn check(&self) -> Result<()> {
-        let why = if self.0.mem.forks != crate::generation::forks() {
+        let why = if self.alloc.mem.forks != crate::generation::forks() {
             "it belongs to the runtime of the parent process (fork)"
-        } else if self.0.mem.closed.load(Ordering::Acquire) {
+        } else if self.alloc.mem.closed.load(Ordering::Acquire) {
             "the runtime was shut down since it was allocated"
         } else {
             return Ok(());
@@ -913,9 +1042,9 @@ impl Buffer {
         Err(crate::error::DeviceError::InvalidHandle {
             what: format!(
                 "DeviceBuffer#{} (device {}, {} bytes)",
-                self.0.id,
+                self.alloc.id,
                 self.device(),
-                self.0.size
+                self.len
             ),
             why: why.into(),
         }
@@ -927,12 +1056,12 @@ impl Buffer {
     pub fn check_range(&self, arg: &'static str, offset: u64, count: u64) -> Result<()> {
         self.check()?;
         match offset.checked_add(count) {
-            Some(end) if end <= self.0.size => Ok(()),
+            Some(end) if end <= self.len => Ok(()),
             _ => Err(MemoryError::OutOfBounds {
                 arg,
                 offset,
                 count,
-                size: self.0.size,
+                size: self.len,
                 what: "device buffer",
             }
             .into()),
@@ -942,7 +1071,7 @@ impl Buffer {
     /// Copy `src` into the buffer at `offset` (synchronous, not stream ordered).
     pub fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
         self.check_range("offset", offset, src.len() as u64)?;
-        let (arena, base) = self.0.at();
+        let (arena, base) = self.at();
         arena.write(base + offset, src);
         Ok(())
     }
@@ -950,7 +1079,7 @@ impl Buffer {
     /// Copy buffer bytes at `offset` into `dst` (synchronous, not stream ordered).
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         self.check_range("offset", offset, dst.len() as u64)?;
-        let (arena, base) = self.0.at();
+        let (arena, base) = self.at();
         arena.read(base + offset, dst);
         Ok(())
     }
@@ -959,7 +1088,7 @@ impl Buffer {
     pub fn copy_from(&self, dst_off: u64, src: &Buffer, src_off: u64, count: u64) -> Result<()> {
         self.check_range("dst_offset", dst_off, count)?;
         src.check_range("src_offset", src_off, count)?;
-        let ((dst, dst_base), (src, src_base)) = (self.0.at(), src.0.at());
+        let ((dst, dst_base), (src, src_base)) = (self.at(), src.at());
         dst.copy_from(dst_base + dst_off, src, src_base + src_off, count);
         Ok(())
     }
@@ -967,7 +1096,7 @@ impl Buffer {
     /// Fill `count` bytes at `offset` with `byte`.
     pub fn fill(&self, offset: u64, count: u64, byte: u8) -> Result<()> {
         self.check_range("offset", offset, count)?;
-        let (arena, base) = self.0.at();
+        let (arena, base) = self.at();
         arena.fill(base + offset, count, byte);
         Ok(())
     }
@@ -978,7 +1107,7 @@ impl Buffer {
     /// `src` valid for `len` reads and not overlapping this buffer.
     pub unsafe fn write_raw(&self, offset: u64, src: *const u8, len: usize) -> Result<()> {
         self.check_range("offset", offset, len as u64)?;
-        let (arena, base) = self.0.at();
+        let (arena, base) = self.at();
         // SAFETY: range checked above; the caller vouches for `src`.
         unsafe { arena.write_raw(base + offset, src, len) };
         Ok(())
@@ -990,7 +1119,7 @@ impl Buffer {
     /// `dst` valid for `len` writes and not overlapping this buffer.
     pub unsafe fn read_raw(&self, offset: u64, dst: *mut u8, len: usize) -> Result<()> {
         self.check_range("offset", offset, len as u64)?;
-        let (arena, base) = self.0.at();
+        let (arena, base) = self.at();
         // SAFETY: range checked above; the caller vouches for `dst`.
         unsafe { arena.read_raw(base + offset, dst, len) };
         Ok(())
@@ -1002,7 +1131,7 @@ impl Buffer {
         let bytes = count
             .checked_mul(size_of::<T>())
             .and_then(|b| u64::try_from(b).ok());
-        let inside = bytes.is_some_and(|b| offset.checked_add(b).is_some_and(|e| e <= self.0.size));
+        let inside = bytes.is_some_and(|b| offset.checked_add(b).is_some_and(|e| e <= self.len));
         assert!(
             inside,
             "typed view of {count} x {} bytes at offset {offset} outside {:?}",
@@ -1030,7 +1159,7 @@ impl Buffer {
     /// caller orders its accesses with streams and events.
     pub unsafe fn slice<T: Element>(&self, offset: u64, count: usize) -> &[T] {
         let bytes = self.view_range::<T>(offset, count);
-        let (arena, base) = self.0.at();
+        let (arena, base) = self.at();
         // SAFETY: the range is inside this live allocation and aligned (checked above); `T`
         // is valid for every bit pattern (`Element`); the caller guarantees no aliasing write.
         unsafe { arena.slice(base + offset, bytes, count) }
@@ -1047,7 +1176,7 @@ impl Buffer {
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn slice_mut<T: Element>(&self, offset: u64, count: usize) -> &mut [T] {
         let bytes = self.view_range::<T>(offset, count);
-        let (arena, base) = self.0.at();
+        let (arena, base) = self.at();
         // SAFETY: as for `slice`, and the caller guarantees exclusivity.
         unsafe { arena.slice_mut(base + offset, bytes, count) }
     }

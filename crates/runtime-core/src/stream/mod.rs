@@ -1009,3 +1009,19 @@ pub(crate) fn unblock(s: &Arc<StreamInner>) {
         schedule(s, kind);
     }
 }
+
+/// A stream as the allocator sees it for `record_stream`: its submission and completion
+/// counters (two atomics; no lock, so a free on any thread may read them).
+impl crate::memory::StreamFence for Stream {
+    fn fence_id(&self) -> u64 {
+        self.id()
+    }
+
+    fn submitted(&self) -> u64 {
+        Stream::submitted(self)
+    }
+
+    fn reached(&self, target: u64) -> bool {
+        Stream::reached(self, target)
+    }
+}

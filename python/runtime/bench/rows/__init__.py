@@ -1,7 +1,8 @@
 """Every benchmark row, in the order the table shows them; one module per area.
 
 ``streams`` (stream create, event record, idle synchronize), ``memory`` (alloc / free, copies),
-``executor`` (launches, graph replay) and ``pipeline`` (the copy -> compute -> copy pipeline,
+``executor`` (launches, graph replay), ``pool`` (allocation through the built-in pool and
+plugged Python allocators) and ``pipeline`` (the copy -> compute -> copy pipeline,
 multi-stream scaling). ``base`` holds the ``Row`` / ``Ctx`` model they share.
 """
 
@@ -18,6 +19,7 @@ from .base import (
 from .executor import graph_rows, launch_rows
 from .memory import alloc_rows, copy_rows
 from .pipeline import pipeline_rows, scaling_rows
+from .pool import pool_rows
 from .streams import stream_event_rows, sync_idle_rows
 
 __all__ = [
@@ -41,4 +43,5 @@ def rows_for(cfg: Config) -> list[Row]:
         *graph_rows(cfg),
         *pipeline_rows(cfg),
         *scaling_rows(cfg),
+        *pool_rows(cfg),
     ]

@@ -1,0 +1,323 @@
+//! The memory pool and pluggable allocation: the `MemoryPool` class (a handle to a device's
+//! built-in pool, CuPy's shape), `get_default_memory_pool`, `set_allocator` /
+//! `get_allocator` (a Python allocator plugged into the core's `memory::Allocator` slot),
+//! and `alloc`, the one path every allocation of the Python API takes.
+//!
+//! A plugged Python allocator is `alloc(nbytes, device, stream) -> DeviceBuffer` (the core
+//! validates the buffer: see `runtime_core::memory::allocator`) and an optional
+//! `free(buf, nbytes, device)`, called with the object `alloc` returned once the runtime no
+//! longer uses it. The core may give a block back on any thread (a stream worker dropping a
+//! queued copy), possibly under a runtime lock, where calling Python is not safe; so a
+//! given-back block is queued here and `free` is called on a Python thread at the next
+//! allocation, `device_free`, `set_allocator` or `MemoryPool` query.
+
+use std::cell::RefCell;
+
+use parking_lot::Mutex;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use runtime_core::device::Device;
+use runtime_core::error::{ArgError, Result as CoreResult};
+use runtime_core::memory::{Allocator, Block, Buffer, DeviceMemory};
+use runtime_core::runtime as rt;
+use std::sync::Arc;
+
+use crate::convert::{device_arg, resolve, type_name};
+use crate::errors::RtErr;
+use crate::handles::{PyDevice, PyDeviceBuffer};
+
+/// A block given back by the core, waiting for its `free` call: (free, object, nbytes, device).
+type Pending = (Arc<Py<PyAny>>, Py<PyAny>, u64, usize);
+
+/// Blocks given back and not yet passed to their allocator's `free`.
+static PENDING: Mutex<Vec<Pending>> = Mutex::new(Vec::new());
+
+/// The `(alloc, free)` functions plugged in with `set_allocator`.
+type Plugged = (Py<PyAny>, Option<Py<PyAny>>);
+
+/// The Python functions plugged in with `set_allocator` (for `get_allocator`).
+static PLUGGED: Mutex<Option<Plugged>> = Mutex::new(None);
+
+thread_local! {
+    /// The exception the plugged `alloc` raised on this thread, re-raised as is by `alloc`.
+    static RAISED: RefCell<Option<PyErr>> = const { RefCell::new(None) };
+}
+
+/// Call `free` for every block given back so far (on this Python thread).
+pub fn drain_frees(py: Python<'_>) {
+    loop {
+        let batch = std::mem::take(&mut *PENDING.lock());
+        if batch.is_empty() {
+            return;
+        }
+        for (free, obj, nbytes, device) in batch {
+            if let Err(e) = free.call1(py, (obj, nbytes, device)) {
+                e.write_unraisable(py, Some(free.bind(py)));
+            }
+        }
+    }
+}
+
+/// A Python allocator as the core sees it.
+struct PyAllocator {
+    alloc: Py<PyAny>,
+    /// Shared with the queue without touching Python reference counts (no GIL needed).
+    free: Option<Arc<Py<PyAny>>>,
+}
+
+impl PyAllocator {
+    fn call(&self, py: Python<'_>, mem: &Arc<DeviceMemory>, size: u64) -> PyResult<Block> {
+        drain_frees(py);
+        let dev = mem.device();
+        let stream = crate::stream::current_stream(py, Some(&dev.into_pyobject(py)?.into_any()))?;
+        let obj = self.alloc.call1(py, (size, dev, stream))?;
+        let b = obj.bind(py);
+        let Ok(h) = b.cast::<PyDeviceBuffer>() else {
+            return Err(PyTypeError::new_err(format!(
+                "allocator: the plugged alloc must return a DeviceBuffer (for example from MemoryPool.malloc or a slice of one), got {}",
+                type_name(b)
+            )));
+        };
+        let h = h.get();
+        // The returned handle's own range (it may be a typed or offset view).
+        let buf = h.buffer(py)?.view(h.offset, h.nbytes).map_err(RtErr)?;
+        Ok(Block::with_token(buf, Box::new(obj)))
+    }
+}
+
+impl Allocator for PyAllocator {
+    fn allocate(&self, mem: &Arc<DeviceMemory>, size: u64) -> CoreResult<Block> {
+        Python::attach(|py| {
+            self.call(py, mem, size).map_err(|e| {
+                let msg = format!("the plugged allocator failed: {}", e.value(py));
+                RAISED.with(|r| *r.borrow_mut() = Some(e));
+                ArgError::new("allocator", msg).into()
+            })
+        })
+    }
+
+    fn free(&self, block: Block) {
+        let Some(free) = &self.free else {
+            // No `free`: dropping our reference is all (CuPy's style); the token is dropped
+            // here, and pyo3 defers the decref when this thread does not hold the GIL.
+            return;
+        };
+        let nbytes = block.buffer.size();
+        let device = block.buffer.device();
+        let Some(token) = block.token else { return };
+        let Ok(obj) = token.downcast::<Py<PyAny>>() else {
+            return;
+        };
+        PENDING.lock().push((free.clone(), *obj, nbytes, device));
+    }
+}
+
+/// Allocate `size` bytes on `d` the way the Python API does: through the plugged allocator
+/// if one is installed, else the built-in pool; without the GIL (a full device waits for
+/// queued work, which may be Python kernels).
+pub fn alloc(py: Python<'_>, d: &Device, size: u64) -> PyResult<Buffer> {
+    let r = py.detach(|| d.memory().malloc(size));
+    match r {
+        Ok(b) => Ok(b),
+        Err(e) => match RAISED.with(|r| r.borrow_mut().take()) {
+            Some(raised) => Err(raised),
+            None => Err(RtErr(e).into()),
+        },
+    }
+}
+
+/// Plug a Python allocator into every device of the runtime (`None` restores the built-in
+/// pool). `alloc(nbytes, device, stream)` must return a `DeviceBuffer` of that device with at
+/// least `nbytes` bytes; `free(buf, nbytes, device)`, if given, gets it back once unused.
+#[pyfunction]
+#[pyo3(signature = (alloc=None, free=None))]
+pub fn set_allocator(
+    py: Python<'_>,
+    alloc: Option<Bound<'_, PyAny>>,
+    free: Option<Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let alloc = alloc.filter(|a| !a.is_none());
+    let free = free.filter(|f| !f.is_none());
+    for (f, name) in [(&alloc, "alloc"), (&free, "free")] {
+        if let Some(f) = f {
+            if !f.is_callable() {
+                return Err(PyTypeError::new_err(format!(
+                    "{name} must be callable or None, got {}",
+                    type_name(f)
+                )));
+            }
+        }
+    }
+    if alloc.is_none() && free.is_some() {
+        return Err(PyValueError::new_err(
+            "free: given without alloc (pass both, or None to restore the built-in pool)",
+        ));
+    }
+    let r = rt::get().map_err(RtErr)?;
+    let plug: Option<Arc<dyn Allocator>> = alloc.as_ref().map(|a| {
+        Arc::new(PyAllocator {
+            alloc: a.clone().unbind(),
+            free: free.as_ref().map(|f| Arc::new(f.clone().unbind())),
+        }) as Arc<dyn Allocator>
+    });
+    for d in r.devices() {
+        d.memory().set_allocator(plug.clone());
+    }
+    let old = std::mem::replace(
+        &mut *PLUGGED.lock(),
+        alloc.map(|a| (a.unbind(), free.map(Bound::unbind))),
+    );
+    drop(old);
+    drain_frees(py);
+    Ok(())
+}
+
+/// The `(alloc, free)` functions plugged in with `set_allocator`, or None for the built-in
+/// pool.
+#[pyfunction]
+pub fn get_allocator(py: Python<'_>) -> Option<Plugged> {
+    let r = rt::get().ok()?;
+    r.devices().first()?.memory().allocator()?;
+    PLUGGED
+        .lock()
+        .as_ref()
+        .map(|(a, f)| (a.clone_ref(py), f.as_ref().map(|f| f.clone_ref(py))))
+}
+
+/// A device's memory pool: the built-in allocator of that device (the default allocator), in
+/// CuPy's `MemoryPool` shape. Every handle to one device's pool shows the same numbers.
+#[pyclass(name = "MemoryPool", module = "runtime", frozen, eq, hash)]
+#[derive(PartialEq, Eq, Hash)]
+pub struct PyMemoryPool {
+    device: usize,
+}
+
+impl PyMemoryPool {
+    fn dev(&self) -> PyResult<Device> {
+        Ok(rt::get()
+            .map_err(RtErr)?
+            .device(self.device as i64)
+            .map_err(RtErr)?
+            .clone())
+    }
+
+    fn mem(&self, py: Python<'_>) -> PyResult<Arc<DeviceMemory>> {
+        drain_frees(py);
+        let m = self.dev()?.memory().clone();
+        m.process_deferred_frees();
+        Ok(m)
+    }
+}
+
+#[pymethods]
+impl PyMemoryPool {
+    /// The pool of `device` (the current device when None).
+    #[new]
+    #[pyo3(signature = (device=None))]
+    fn new(py: Python<'_>, device: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        Ok(PyMemoryPool {
+            device: resolve(py, device, "device")?.index(),
+        })
+    }
+
+    /// The pool's device.
+    #[getter]
+    fn device(&self) -> PyDevice {
+        PyDevice::from_index(self.device)
+    }
+
+    /// Allocate `size` zeroed bytes from this pool, bypassing any plugged allocator (what a
+    /// plugged allocator calls to get memory).
+    fn malloc(&self, py: Python<'_>, size: &Bound<'_, PyAny>) -> PyResult<PyDeviceBuffer> {
+        let size = crate::convert::nonneg(size, "size")?;
+        let m = self.mem(py)?;
+        let b = py.detach(|| m.allocate(size)).map_err(RtErr)?;
+        Ok(PyDeviceBuffer::raw(b))
+    }
+
+    /// Bytes held by live allocations (rounded to the allocator's block sizes).
+    fn used_bytes(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.mem(py)?.stats().allocated)
+    }
+
+    /// Bytes the pool holds: used plus cached (`reserved`).
+    fn total_bytes(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.mem(py)?.stats().reserved)
+    }
+
+    /// Bytes cached for reuse (`total_bytes() - used_bytes()`).
+    fn free_bytes(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.mem(py)?.stats().cached)
+    }
+
+    /// Free blocks held for reuse (cached large blocks and empty slab spans).
+    fn n_free_blocks(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.mem(py)?.stats().free_blocks)
+    }
+
+    /// Release every cached block (as `empty_cache` for this device).
+    fn free_all_blocks(&self, py: Python<'_>) -> PyResult<()> {
+        let m = self.mem(py)?;
+        py.detach(|| m.empty_cache());
+        Ok(())
+    }
+
+    /// Limit the bytes the pool may hold (`total_bytes`): `size` in bytes, or `fraction` of
+    /// the device's capacity; neither (or 0) removes the limit.
+    #[pyo3(signature = (size=None, fraction=None))]
+    fn set_limit(
+        &self,
+        py: Python<'_>,
+        size: Option<&Bound<'_, PyAny>>,
+        fraction: Option<f64>,
+    ) -> PyResult<()> {
+        let size = crate::convert::opt_nonneg(size.filter(|s| !s.is_none()), "size")?;
+        let m = self.mem(py)?;
+        let bytes = match (size, fraction) {
+            (Some(_), Some(_)) => {
+                return Err(PyValueError::new_err(
+                    "size and fraction: give one of them, not both",
+                ))
+            }
+            (Some(s), None) => s,
+            (None, Some(f)) => {
+                if !(0.0..=1.0).contains(&f) {
+                    return Err(PyValueError::new_err(format!(
+                        "fraction must be between 0 and 1, got {f}"
+                    )));
+                }
+                (m.capacity() as f64 * f) as u64
+            }
+            (None, None) => 0,
+        };
+        m.set_limit(Some(bytes)).map_err(RtErr)?;
+        Ok(())
+    }
+
+    /// The limit in bytes set with `set_limit`; 0 when none.
+    fn get_limit(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.mem(py)?.get_limit())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("MemoryPool(device={})", self.device)
+    }
+}
+
+/// The memory pool of `device` (the current device when None): the default allocator.
+#[pyfunction]
+#[pyo3(signature = (device=None))]
+pub fn get_default_memory_pool(
+    py: Python<'_>,
+    device: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyMemoryPool> {
+    let index = match device {
+        Some(o) if !o.is_none() => rt::get()
+            .map_err(RtErr)?
+            .device(device_arg(o, "device")?)
+            .map_err(RtErr)?
+            .index(),
+        _ => resolve(py, None, "device")?.index(),
+    };
+    Ok(PyMemoryPool { device: index })
+}

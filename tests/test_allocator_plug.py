@@ -1,0 +1,219 @@
+"""Pluggable allocation: ``set_allocator(alloc, free)`` routes every allocation of the Python
+API through a Python allocator, which hands back ``DeviceBuffer`` objects the runtime made
+(from ``MemoryPool.malloc`` or a slice of one); the runtime validates them. Translated from
+CuPy's tests/cupy_tests/cuda_tests/test_memory.py (TestAllocator.test_set_allocator,
+test_reuse_between_thread; TestAllocatorDefault.test / test_none) and modelled on torch's
+``CUDAPluggableAllocator`` (alloc/free pairs, test_cuda.py test_pluggable_allocator)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import runtime
+
+KiB = 1 << 10
+
+
+@pytest.fixture(scope="module", autouse=True)
+def rt():
+    runtime.shutdown()
+    runtime.init(device_count=2, memory="64MiB")
+    yield
+    runtime.set_allocator(None)
+    runtime.shutdown()
+
+
+@pytest.fixture
+def pool():
+    p = runtime.get_default_memory_pool()
+    yield p
+    runtime.set_allocator(None)
+    p.free_all_blocks()
+
+
+class Recorder:
+    """A plugged allocator that takes its memory from the pool and records the calls."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.allocs: list[tuple[int, int, object]] = []
+        self.frees: list[tuple[int, int]] = []
+        self.out: dict[int, object] = {}
+
+    def alloc(self, nbytes, device, stream):
+        self.allocs.append((nbytes, device, stream))
+        buf = runtime.get_default_memory_pool(device).malloc(nbytes)
+        self.out[id(buf)] = buf
+        return buf
+
+    def free(self, buf, nbytes, device):
+        assert self.out.pop(id(buf)) is buf
+        self.frees.append((nbytes, device))
+
+
+def test_set_allocator_routes_every_allocation(pool):
+    # CuPy TestAllocator.test_set_allocator
+    rec = Recorder(pool)
+    runtime.set_allocator(rec.alloc, rec.free)
+    assert runtime.get_allocator() == (rec.alloc, rec.free)
+    used = pool.used_bytes()
+    a = runtime.device_malloc(0, 1000)
+    b = runtime.empty((128,), dtype=np.int64)
+    c = runtime.to_device(np.arange(10, dtype=np.float32))
+    d = runtime.zeros((4, 4), device=1)
+    assert [x[:2] for x in rec.allocs] == [(1000, 0), (1024, 0), (40, 0), (64, 1)]
+    assert all(isinstance(x[2], runtime.Stream) for x in rec.allocs)
+    assert rec.allocs[0][2] == runtime.current_stream(0)
+    assert pool.used_bytes() - used == 1024 + 1024 + 64
+    np.testing.assert_array_equal(c.copy_to_host(), np.arange(10, dtype=np.float32))
+    assert b.nbytes == 1024 and d.shape == (4, 4)
+    runtime.device_free(a)
+    assert rec.frees == [(1000, 0)]
+    del b, c, d
+    runtime.device_free(runtime.device_malloc(0, 1))
+    assert sorted(rec.frees) == sorted([(1000, 0), (1024, 0), (40, 0), (64, 1), (1, 0)])
+    assert rec.out == {}
+
+
+def test_set_allocator_none_restores_the_pool(pool):
+    # CuPy TestAllocatorDefault.test / test_none: after set_allocator() the plugged function
+    # is no longer called.
+    rec = Recorder(pool)
+    runtime.set_allocator(rec.alloc)
+    runtime.set_allocator()
+    assert runtime.get_allocator() is None
+    runtime.device_malloc(0, 100)
+    runtime.set_allocator(rec.alloc, rec.free)
+    runtime.set_allocator(None)
+    runtime.device_malloc(0, 100)
+    assert rec.allocs == []
+
+
+def test_allocator_without_free_lets_the_object_go(pool):
+    # CuPy's style: no free function; the block lives as long as the runtime uses it.
+    before = pool.used_bytes()
+    runtime.set_allocator(lambda n, dev, s: pool.malloc(n))
+    a = runtime.device_malloc(0, 5000)
+    assert pool.used_bytes() == before + 5120  # its slab class
+    runtime.device_free(a)
+    assert pool.used_bytes() == before
+
+
+def test_sub_allocating_from_one_buffer(pool):
+    # A bump allocator carving blocks out of one pool buffer by slicing it.
+    arena = pool.malloc(64 * KiB)
+    state = {"next": 0, "freed": []}
+
+    def alloc(n, dev, stream):
+        off = state["next"]
+        state["next"] += (n + 255) // 256 * 256
+        return arena[off : off + n]
+
+    def free(buf, n, dev):
+        state["freed"].append(buf.offset)
+
+    runtime.set_allocator(alloc, free)
+    x = runtime.device_malloc(0, 100)
+    y = runtime.to_device(np.full(50, 7, np.uint8))
+    assert x.ptr == arena.ptr and y.ptr == arena.ptr + 256
+    # Handed out zeroed and bounded by the request.
+    arena_host = np.asarray(arena)
+    arena_host[:100] = 1
+    runtime.device_free(x)
+    z = runtime.device_malloc(0, 10)
+    np.testing.assert_array_equal(np.asarray(z), np.zeros(10, np.uint8))
+    np.testing.assert_array_equal(arena_host[256:306], np.full(50, 7, np.uint8))
+    with pytest.raises(ValueError):
+        runtime.memset(y, 1, 51)
+    del y, z
+    runtime.device_free(runtime.device_malloc(0, 1))
+    assert sorted(state["freed"]) == [0, 256, 512, 768]
+
+
+def test_reuse_between_threads(pool):
+    # CuPy TestAllocator.test_reuse_between_thread
+    rec = Recorder(pool)
+    runtime.set_allocator(rec.alloc, rec.free)
+    errors = []
+
+    def job():
+        try:
+            runtime.device_free(runtime.device_malloc(0, 16))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    job()
+    t = threading.Thread(target=job)
+    t.start()
+    t.join()
+    assert errors == []
+    assert len(rec.allocs) == 2 and len(rec.frees) == 2
+
+
+def test_allocations_inside_the_allocator_use_the_pool(pool):
+    calls = []
+
+    def alloc(n, dev, stream):
+        calls.append(n)
+        return runtime.device_malloc(dev, n)  # not routed back into alloc
+
+    runtime.set_allocator(alloc)
+    runtime.device_malloc(0, 33)
+    assert calls == [33]
+
+
+def test_exceptions_and_bad_blocks(pool):
+    class Boom(Exception):
+        pass
+
+    def raising(n, dev, stream):
+        raise Boom("no memory for you")
+
+    runtime.set_allocator(raising)
+    with pytest.raises(Boom, match="no memory for you"):
+        runtime.device_malloc(0, 10)
+
+    freed = []
+    runtime.set_allocator(lambda n, d, s: 1234, lambda *a: freed.append(a))
+    with pytest.raises(TypeError, match="must return a DeviceBuffer.*got int"):
+        runtime.device_malloc(0, 10)
+
+    small = pool.malloc(8)
+    runtime.set_allocator(lambda n, d, s: small, lambda *a: freed.append(a))
+    with pytest.raises(ValueError, match="returned 8 bytes for a request of 9"):
+        runtime.device_malloc(0, 9)
+    # The refused block is given back to free.
+    runtime.device_free(pool.malloc(1))
+    assert freed == [(small, 8, 0)]
+
+    other = runtime.get_default_memory_pool(1).malloc(64)
+    runtime.set_allocator(lambda n, d, s: other)
+    with pytest.raises(ValueError, match="not memory of that device"):
+        runtime.device_malloc(0, 10)
+
+    dead = pool.malloc(64)
+    runtime.device_free(dead)
+    runtime.set_allocator(lambda n, d, s: dead)
+    with pytest.raises(runtime.InvalidHandleError):
+        runtime.device_malloc(0, 10)
+
+
+def test_set_allocator_argument_errors(pool):
+    with pytest.raises(TypeError, match="alloc must be callable"):
+        runtime.set_allocator(3)
+    with pytest.raises(TypeError, match="free must be callable"):
+        runtime.set_allocator(lambda *a: None, "x")
+    with pytest.raises(ValueError, match="free: given without alloc"):
+        runtime.set_allocator(None, lambda *a: None)
+    assert runtime.get_allocator() is None
+
+
+def test_reinit_restores_the_pool(pool):
+    runtime.set_allocator(lambda n, d, s: 1)
+    runtime.shutdown()
+    runtime.init(device_count=2, memory="64MiB")
+    assert runtime.get_allocator() is None
+    runtime.device_malloc(0, 10)
