@@ -211,7 +211,7 @@ def _try_native(stream: runtime.Stream, kernel: str, dtype: str, launches: list)
     try:
         for k, args in launches:
             stream.launch_kernel(getattr(runtime.kernels, k), args)
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         if "dtype" in str(e):
             _native[key] = False
         return False
@@ -269,13 +269,17 @@ def _binary(name: str, op: str, stream: runtime.Stream, ins: list[_T], outs: lis
             C.ACL_ERROR_OP_OUTPUT_NOT_MATCH,
             f"{name}: {op} output shape {list(out.shape)}, expected {list(shape)}",
         )
+    if out.np_dtype == "bool" and op not in ("Add", "Mul"):
+        raise AclError(
+            C.ACL_ERROR_UNSUPPORTED_DATA_TYPE, f"{name}: {op} does not take bool tensors"
+        )
     if out.buf is None:
         return
     dt = out.np_dtype
     if a.shape == b.shape == out.shape and op in ("Add", "Mul", "Sub"):
         try:
             o, x, y = out.native(), a.native(), b.native()
-        except ValueError:
+        except (ValueError, TypeError):  # the runtime has no such dtype
             o = x = y = None
         if o is not None:
             if op == "Add":
@@ -315,7 +319,7 @@ def _cast(name: str, stream: runtime.Stream, ins: list[_T], outs: list[_T], attr
         try:
             if _try_native(stream, "copy", out.np_dtype, [("copy", (out.native(), x.native()))]):
                 return
-        except ValueError:
+        except (ValueError, TypeError):
             pass
     odt = np.dtype(out.np_dtype)
     _fallback(stream, lambda v: v.astype(odt), out, [x])
@@ -356,7 +360,7 @@ def _matmul(name: str, stream: runtime.Stream, ins: list[_T], outs: list[_T], at
                 stream, "matmul", out.np_dtype, [("matmul", (out.native(), a.native(), b.native()))]
             ):
                 return
-        except ValueError:
+        except (ValueError, TypeError):
             pass
 
     def mm(x: np.ndarray, y: np.ndarray, *rest: np.ndarray) -> np.ndarray:
