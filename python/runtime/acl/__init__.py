@@ -84,7 +84,7 @@ def finalize() -> int:
     rt._reset_callbacks()
     streams = [o for o in S.handles.values() if type(o) is S.StreamRec]
     contexts = [o for o in S.handles.values() if type(o) is S.Context]
-    allocs = list(S.dev.by_start.values())
+    allocs = [r for r in S.mem.by_start.values() if r.is_dev]
     S.reset_all()
     for rec in streams:
         try:

@@ -20,6 +20,7 @@ buffers, attrs) and raw addresses. This module owns the tables that turn them ba
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 from bisect import bisect_right, insort
@@ -141,16 +142,13 @@ def check_init(name: str) -> None:
 
 # --------------------------------------------------------------------------- handles
 
-_next_handle = 0x1000_0000
+_handle_numbers = itertools.count(0x1000_0000, 16)  # next() is atomic under the GIL
 handles: dict[int, Any] = {}
 
 
 def new_handle(obj: Any) -> int:
-    global _next_handle
-    with lock:
-        _next_handle += 16
-        h = _next_handle
-        handles[h] = obj
+    h = next(_handle_numbers)
+    handles[h] = obj
     return h
 
 
@@ -203,15 +201,15 @@ def set_current(ctx: Context | None) -> None:
 
 
 def need_context(name: str) -> Context:
+    ctx = getattr(_tls, "ctx", None)
+    if ctx is not None and handles.get(ctx.handle) is ctx:
+        return ctx
     if not initialized:
         raise AclError(C.ACL_ERROR_UNINITIALIZE, f"{name}: acl.init() has not been called")
-    ctx = current_context()
-    if ctx is None:
-        raise AclError(
-            C.ACL_ERROR_RT_CONTEXT_NULL,
-            f"{name}: this thread has no current context (call acl.rt.set_device or acl.rt.set_context first)",
-        )
-    return ctx
+    raise AclError(
+        C.ACL_ERROR_RT_CONTEXT_NULL,
+        f"{name}: this thread has no current context (call acl.rt.set_device or acl.rt.set_context first)",
+    )
 
 
 class StreamRec:
@@ -227,23 +225,26 @@ class StreamRec:
 
 def stream_of(h: Any, name: str) -> runtime.Stream:
     """The runtime stream for handle ``h`` (0: the current context's default stream)."""
+    rec = handles.get(h)
+    if type(rec) is StreamRec:
+        return rec.stream
     if h == 0:
         return need_context(name).stream
-    rec = handles.get(h)
-    if type(rec) is not StreamRec:
-        check_init(name)
-        raise AclError(
-            C.ACL_ERROR_INVALID_RESOURCE_HANDLE,
-            f"{name}: stream {h:#x} is not a live stream (destroyed or never created)",
-        )
-    return rec.stream
+    check_init(name)
+    raise AclError(
+        C.ACL_ERROR_INVALID_RESOURCE_HANDLE,
+        f"{name}: stream {h:#x} is not a live stream (destroyed or never created)",
+    )
 
 
 # --------------------------------------------------------------------------- pointer tables
 
 
 class DevAlloc:
+    """A device allocation: ``buf`` is the runtime buffer, ``size`` what the caller asked for."""
+
     __slots__ = ("buf", "kind", "ptr", "size")
+    is_dev = True
 
     def __init__(self, buf: runtime.DeviceBuffer, ptr: int, size: int, kind: str):
         self.buf = buf
@@ -256,6 +257,7 @@ class HostAlloc:
     """A host range runtime.acl handed out: ``arr`` is a writable uint8 view of it."""
 
     __slots__ = ("arr", "kind", "owner", "ptr", "size")
+    is_dev = False
 
     def __init__(self, ptr: int, size: int, kind: str, arr: np.ndarray, owner: Any):
         self.ptr = ptr
@@ -266,27 +268,29 @@ class HostAlloc:
 
 
 class RangeTable:
-    """Live ranges ``[ptr, ptr + size)`` keyed by start, found with bisect."""
+    """Live ranges ``[ptr, ptr + size)`` keyed by start, found with bisect. Device memory is
+    host memory mapped by the runtime, so device and host ranges never overlap and share one
+    table."""
 
     def __init__(self) -> None:
         self.starts: list[int] = []
         self.by_start: dict[int, Any] = {}
 
+    # No lock: each mutation is one C call under the GIL, and a start is put in ``by_start``
+    # before ``starts`` and taken out of ``starts`` first, so every start a reader finds in
+    # ``starts`` has its record (or the reader sees None and reports the pointer unknown).
     def add(self, rec: Any) -> None:
-        with lock:
-            if rec.ptr in self.by_start:
-                self.by_start[rec.ptr] = rec
-                return
+        new = rec.ptr not in self.by_start
+        self.by_start[rec.ptr] = rec
+        if new:
             insort(self.starts, rec.ptr)
-            self.by_start[rec.ptr] = rec
 
     def remove(self, ptr: int) -> Any:
-        with lock:
-            rec = self.by_start.pop(ptr, None)
-            if rec is not None:
-                i = bisect_right(self.starts, ptr) - 1
-                del self.starts[i]
-            return rec
+        rec = self.by_start.get(ptr)
+        if rec is not None:
+            self.starts.remove(ptr)
+            del self.by_start[ptr]
+        return rec
 
     def find(self, ptr: int) -> Any:
         """The record whose range holds ``ptr`` (an empty range holds only its start), or None."""
@@ -294,23 +298,22 @@ class RangeTable:
         i = bisect_right(starts, ptr) - 1
         if i < 0:
             return None
-        rec = self.by_start.get(starts[i])
-        if rec is None:
+        try:
+            rec = self.by_start.get(starts[i])
+        except IndexError:  # a concurrent remove shortened the list
             return None
-        if ptr < rec.ptr + rec.size or ptr == rec.ptr:
-            return rec
-        return None
+        if rec is None or (ptr >= rec.ptr + rec.size and ptr != rec.ptr):
+            return None
+        return rec
 
     def clear(self) -> list[Any]:
-        with lock:
-            out = list(self.by_start.values())
-            self.starts.clear()
-            self.by_start.clear()
-            return out
+        out = list(self.by_start.values())
+        self.starts.clear()
+        self.by_start.clear()
+        return out
 
 
-dev = RangeTable()
-host = RangeTable()
+mem = RangeTable()
 
 #: bytes / numpy objects behind util.bytes_to_ptr / numpy_to_ptr pointers that only this
 #: module still references, kept (most recent last) so that ``memcpy(dst, n,
@@ -320,9 +323,13 @@ _borrowed: list[int] = []
 
 
 def borrow(ptr: int, size: int, kind: str, arr: np.ndarray, owner: Any) -> None:
-    """Register a host range owned by a caller's object (kept alive while registered)."""
+    """Register a host range owned by a caller's object (kept alive while registered). A range
+    inside one already registered (a view of it) needs no entry of its own."""
     with lock:
-        host.add(HostAlloc(ptr, size, kind, arr, owner))
+        have = mem.find(ptr)
+        if have is not None and have.ptr != ptr and ptr + size <= have.ptr + have.size:
+            return
+        mem.add(HostAlloc(ptr, size, kind, arr, owner))
         if ptr in _borrowed:
             _borrowed.remove(ptr)
         _borrowed.append(ptr)
@@ -334,52 +341,33 @@ def _prune() -> None:
     # KEEP_UNREFERENCED of those stay valid, older ones are released (their pointer then fails).
     unref = []
     for p in _borrowed:
-        rec = host.by_start.get(p)
-        if rec is None:
+        rec = mem.by_start.get(p)
+        if rec is None or rec.is_dev:
             continue
         # references: the record's slot and getrefcount's argument
         if sys.getrefcount(rec.owner) <= 2:
             unref.append(p)
     for p in unref[: max(0, len(unref) - KEEP_UNREFERENCED)]:
-        host.remove(p)
+        mem.remove(p)
         _borrowed.remove(p)
 
 
-class Ptr:
-    """A checked address: a device range (``dev`` set) or a host range (``host`` set)."""
-
-    __slots__ = ("dev", "host", "off")
-
-    def __init__(self, dev: DevAlloc | None, host: HostAlloc | None, off: int):
-        self.dev = dev
-        self.host = host
-        self.off = off
-
-
-def resolve(ptr: Any, size: int, what: str, name: str) -> Ptr:
-    """Check that ``[ptr, ptr + size)`` lies in one live allocation runtime.acl handed out."""
-    if ptr == 0:
-        raise AclError(C.ACL_ERROR_INVALID_PARAM, f"{name}: {what} is null (0)")
-    rec = dev.find(ptr)
+def resolve(ptr: Any, size: int, what: str, name: str) -> tuple[Any, int]:
+    """``(record, offset)`` of ``[ptr, ptr + size)`` inside one live allocation runtime.acl
+    handed out (``record.is_dev`` says device or host); ``AclError`` otherwise."""
+    rec = mem.find(ptr)
     if rec is not None:
         off = ptr - rec.ptr
-        if off + size > rec.size:
-            raise AclError(
-                C.ACL_ERROR_INVALID_PARAM,
-                f"{name}: {what} {ptr:#x} + {size} bytes runs past the end of its device "
-                f"allocation ({rec.ptr:#x}, {rec.size} bytes) by {off + size - rec.size} bytes",
-            )
-        return Ptr(rec, None, off)
-    hrec = host.find(ptr)
-    if hrec is not None:
-        off = ptr - hrec.ptr
-        if off + size > hrec.size:
-            raise AclError(
-                C.ACL_ERROR_INVALID_PARAM,
-                f"{name}: {what} {ptr:#x} + {size} bytes runs past the end of its host "
-                f"buffer ({hrec.ptr:#x}, {hrec.size} bytes) by {off + size - hrec.size} bytes",
-            )
-        return Ptr(None, hrec, off)
+        if off + size <= rec.size:
+            return rec, off
+        where = "device allocation" if rec.is_dev else "host buffer"
+        raise AclError(
+            C.ACL_ERROR_INVALID_PARAM,
+            f"{name}: {what} {ptr:#x} + {size} bytes runs past the end of its {where} "
+            f"({rec.ptr:#x}, {rec.size} bytes) by {off + size - rec.size} bytes",
+        )
+    if ptr == 0:
+        raise AclError(C.ACL_ERROR_INVALID_PARAM, f"{name}: {what} is null (0)")
     raise AclError(
         C.ACL_ERROR_INVALID_PARAM,
         f"{name}: {what} {ptr:#x} is not inside any live allocation (device memory from "
@@ -388,19 +376,13 @@ def resolve(ptr: Any, size: int, what: str, name: str) -> Ptr:
     )
 
 
-def host_view(p: Ptr, size: int) -> np.ndarray:
-    assert p.host is not None
-    return p.host.arr[p.off : p.off + size]
-
-
 def reset_all() -> None:
     """Forget every handle and pointer (acl.finalize)."""
     global initialized
     with lock:
         handles.clear()
         default_contexts.clear()
-        dev.clear()
-        host.clear()
+        mem.clear()
         _borrowed.clear()
     _tls.ctx = None
     initialized = False

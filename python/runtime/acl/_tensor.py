@@ -16,36 +16,42 @@ from ._state import AclError, api, need_int
 
 
 class TensorDesc:
-    __slots__ = ("dims", "dtype", "fmt")
+    __slots__ = ("count", "dims", "dtype", "fmt", "size")
 
     def __init__(self, dtype: int, dims: tuple[int, ...], fmt: int):
         self.dtype = dtype
         self.dims = dims
         self.fmt = fmt
+        n = 1
+        for d in dims:
+            n *= d
+        self.count = n
+        info = C.DTYPES.get(dtype)
+        if info is not None:
+            self.size = n * info[1]
+        elif dtype == C.ACL_INT4:
+            self.size = (n + 1) // 2
+        elif dtype == C.ACL_UINT1:
+            self.size = (n + 7) // 8
+        else:
+            self.size = 0
 
     def element_count(self) -> int:
-        n = 1
-        for d in self.dims:
-            n *= d
-        return n
+        return self.count
 
     def nbytes(self) -> int:
-        info = C.DTYPES.get(self.dtype)
-        if info is None:
-            if self.dtype == C.ACL_INT4:
-                return (self.element_count() + 1) // 2
-            if self.dtype == C.ACL_UINT1:
-                return (self.element_count() + 7) // 8
-            return 0
-        return self.element_count() * info[1]
+        return self.size
 
 
 class DataBuffer:
-    __slots__ = ("ptr", "size")
+    """An address and a size; ``cache`` keeps the operand ``acl.op`` resolved for it last."""
+
+    __slots__ = ("cache", "ptr", "size")
 
     def __init__(self, ptr: int, size: int):
         self.ptr = ptr
         self.size = size
+        self.cache: Any = None
 
 
 def _desc(h: Any, name: str) -> TensorDesc:
@@ -163,4 +169,5 @@ def update_data_buffer(data_buffer: int, data: int, size: int) -> int:
     if size < 0:
         raise AclError(C.ACL_ERROR_INVALID_PARAM, f"acl.update_data_buffer: size {size}")
     b.ptr, b.size = int(data), int(size)
+    b.cache = None
     return C.ACL_SUCCESS

@@ -156,48 +156,70 @@ def _lists(name: str, **kw: Any) -> None:
 
 
 class _T:
-    """One operand: its descriptor and a uint8 view of its device bytes."""
+    """One operand: its descriptor and where its bytes are (``buf`` None: no bytes)."""
 
-    __slots__ = ("buf", "desc", "np_dtype", "off", "shape")
+    __slots__ = ("_native", "buf", "desc", "np_dtype", "off", "shape")
 
-    def __init__(self, desc: TensorDesc, buf: runtime.DeviceBuffer, off: int):
+    def __init__(self, desc: TensorDesc, buf: runtime.DeviceBuffer | None, off: int):
         self.desc = desc
         self.buf = buf
         self.off = off
         self.shape = desc.dims
         self.np_dtype = C.DTYPES[desc.dtype][0]
+        self._native: runtime.DeviceBuffer | None = None
 
     def native(self) -> runtime.DeviceBuffer:
-        return self.buf.view(self.np_dtype, self.shape, self.off)
+        """A typed view (``ValueError``/``TypeError`` when the runtime lacks the dtype)."""
+        v = self._native
+        if v is None:
+            assert self.buf is not None
+            v = self._native = self.buf.view(self.np_dtype, self.shape, self.off)
+        return v
 
     def raw(self) -> runtime.DeviceBuffer:
-        return self.buf.view("uint8", (self.desc.nbytes(),), self.off)
+        assert self.buf is not None
+        return self.buf.view("uint8", (self.desc.size,), self.off)
 
 
 def _operand(name: str, what: str, dh: Any, bh: Any) -> _T:
-    desc = S.get(dh, TensorDesc, f"{what} desc", name)
-    buf = S.get(bh, DataBuffer, f"{what} buffer", name)
+    desc = S.handles.get(dh)
+    buf = S.handles.get(bh)
+    if type(desc) is not TensorDesc:
+        S.get(dh, TensorDesc, f"{what} desc", name)
+    if type(buf) is not DataBuffer:
+        S.get(bh, DataBuffer, f"{what} buffer", name)
+    cache = buf.cache
+    if (
+        cache is not None
+        and cache[0] is desc
+        and (cache[1] is None or S.mem.by_start.get(cache[1].ptr) is cache[1])
+    ):
+        return cache[2]
     info = C.DTYPES.get(desc.dtype)
     if info is None or info[0] is None:
         raise AclError(
             C.ACL_ERROR_UNSUPPORTED_DATA_TYPE,
             f"{name}: {what} dtype {desc.dtype} is not supported (no numpy type)",
         )
-    need = desc.nbytes()
+    need = desc.size
     if buf.size < need:
         raise AclError(
             C.ACL_ERROR_INVALID_PARAM,
             f"{name}: {what} buffer holds {buf.size} bytes, its desc {list(desc.dims)} needs {need}",
         )
-    p = S.resolve(buf.ptr, need, f"{what} buffer address", name) if need else None
-    if p is None:
-        return _T(desc, None, 0)  # type: ignore[arg-type]
-    if p.dev is None:
+    if not need:
+        t = _T(desc, None, 0)
+        buf.cache = (desc, None, t)
+        return t
+    rec, off = S.resolve(buf.ptr, need, f"{what} buffer address", name)
+    if not rec.is_dev:
         raise AclError(
             C.ACL_ERROR_INVALID_PARAM,
             f"{name}: {what} buffer {buf.ptr:#x} is host memory; operators need device memory",
         )
-    return _T(desc, p.dev.buf, p.off)
+    t = _T(desc, rec.buf, off)
+    buf.cache = (desc, rec, t)
+    return t
 
 
 #: (kernel name, numpy dtype) -> whether the native kernel takes it (learnt on first launch)
@@ -258,7 +280,7 @@ def _binary(name: str, op: str, stream: runtime.Stream, ins: list[_T], outs: lis
             f"{name}: {op} needs one dtype for inputs and output, got {a.np_dtype}, {b.np_dtype} -> {out.np_dtype}",
         )
     try:
-        shape = np.broadcast_shapes(a.shape, b.shape)
+        shape = a.shape if a.shape == b.shape else np.broadcast_shapes(a.shape, b.shape)
     except ValueError:
         raise AclError(
             C.ACL_ERROR_OP_INPUT_NOT_MATCH,
@@ -391,8 +413,15 @@ def _run(
 ) -> int:
     if not isinstance(op_type, str):
         raise S.ArgTypeError(f"{name} args parse failed: op_type must be a str")
-    _lists(name, in_descs=in_descs, in_bufs=in_bufs, out_descs=out_descs, out_bufs=out_bufs)
-    need_int(name, attr=attr, stream=stream)
+    if (
+        type(in_descs) is not list
+        or type(in_bufs) is not list
+        or type(out_descs) is not list
+        or type(out_bufs) is not list
+    ):
+        _lists(name, in_descs=in_descs, in_bufs=in_bufs, out_descs=out_descs, out_bufs=out_bufs)
+    if type(attr) is not int or type(stream) is not int:
+        need_int(name, attr=attr, stream=stream)
     S.check_init(name)
     if op_type not in OPS:
         raise AclError(

@@ -253,13 +253,16 @@ def ctx_get_current_default_stream() -> tuple[int, int]:
 # --------------------------------------------------------------------------- streams
 
 
-@api("acl.rt.create_stream", 1)
 def create_stream() -> tuple[int, int]:
-    ctx = S.need_context("acl.rt.create_stream")
-    rec = S.StreamRec(runtime.Stream(ctx.device), ctx)
-    h = rec.handle = S.new_handle(rec)
-    ctx.streams.add(h)
-    return h, C.ACL_SUCCESS
+    """``(stream, ret)``: a new stream on the current context's device."""
+    try:
+        ctx = S.need_context("acl.rt.create_stream")
+        rec = S.StreamRec(runtime.Stream(ctx.device), ctx)
+        h = rec.handle = S.new_handle(rec)
+        ctx.streams.add(h)
+        return h, C.ACL_SUCCESS
+    except Exception as e:
+        return 0, S.fail("acl.rt.create_stream", e)
 
 
 @api("acl.rt.create_stream_with_config", 1)
@@ -290,11 +293,21 @@ def destroy_stream(stream: int) -> int:
 destroy_stream_force = destroy_stream
 
 
-@api("acl.rt.synchronize_stream")
 def synchronize_stream(stream: int) -> int:
-    need_int("acl.rt.synchronize_stream", stream=stream)
-    S.stream_of(stream, "acl.rt.synchronize_stream").synchronize()
-    return C.ACL_SUCCESS
+    """Wait for ``stream``'s queued work (0: the default stream)."""
+    try:
+        srec = S.handles.get(stream)
+        if type(srec) is S.StreamRec:
+            srec.stream.synchronize()
+            return C.ACL_SUCCESS
+        if type(stream) is not int:
+            need_int("acl.rt.synchronize_stream", stream=stream)
+        S.stream_of(stream, "acl.rt.synchronize_stream").synchronize()
+        return C.ACL_SUCCESS
+    except S.ArgTypeError:
+        raise
+    except Exception as e:
+        return S.fail("acl.rt.synchronize_stream", e)
 
 
 @api("acl.rt.synchronize_stream_with_timeout")
@@ -372,14 +385,24 @@ def destroy_event(event: int) -> int:
     return C.ACL_SUCCESS
 
 
-@api("acl.rt.record_event")
 def record_event(event: int, stream: int) -> int:
-    name = "acl.rt.record_event"
-    need_int(name, event=event, stream=stream)
-    S.check_init(name)
-    rec = S.get(event, EventRec, "event", name)
-    rec.ev.record(S.stream_of(stream, name))
-    return C.ACL_SUCCESS
+    """Record ``event`` at the end of ``stream``'s queued work (0: the default stream)."""
+    try:
+        rec = S.handles.get(event)
+        srec = S.handles.get(stream)
+        if type(rec) is EventRec and type(srec) is S.StreamRec:
+            rec.ev.record(srec.stream)
+            return C.ACL_SUCCESS
+        name = "acl.rt.record_event"
+        need_int(name, event=event, stream=stream)
+        S.check_init(name)
+        rec = S.get(event, EventRec, "event", name)
+        rec.ev.record(S.stream_of(stream, name))
+        return C.ACL_SUCCESS
+    except S.ArgTypeError:
+        raise
+    except Exception as e:
+        return S.fail("acl.rt.record_event", e)
 
 
 @api("acl.rt.reset_event")
@@ -460,7 +483,7 @@ def _device_alloc(name: str, size: Any, nbytes: int, kind: str, align: int) -> t
             C.ACL_ERROR_RT_MEMORY_ALLOCATION,
             f"{name}: the runtime returned {ptr:#x}, not {align}-byte aligned",
         )
-    S.dev.add(S.DevAlloc(buf, ptr, size, kind))
+    S.mem.add(S.DevAlloc(buf, ptr, size, kind))
     return ptr, C.ACL_SUCCESS
 
 
@@ -469,15 +492,32 @@ def _check_size(name: str, size: int) -> None:
         raise AclError(C.ACL_ERROR_INVALID_PARAM, f"{name}: size {size} (must be > 0)")
 
 
-@api("acl.rt.malloc", 1)
 def malloc(size: int, policy: int) -> tuple[int, int]:
-    """``(dev_ptr, ret)``: ``size`` bytes of device memory, 64-byte aligned; as CANN, the block
-    is rounded up to 32 bytes plus 32 (accesses are checked against ``size``)."""
-    need_int("acl.rt.malloc", size=size, policy=policy)
-    _check_size("acl.rt.malloc", size)
-    if policy < 0:
-        raise AclError(C.ACL_ERROR_INVALID_PARAM, f"acl.rt.malloc: policy {policy} is negative")
-    return _device_alloc("acl.rt.malloc", size, (size + 31) // 32 * 32 + 32, "malloc", 64)
+    """``(dev_ptr, ret)``: ``size`` bytes of device memory, 64-byte aligned. Every access is
+    checked against ``size`` (CANN pads the block by up to 63 bytes and does not check)."""
+    # Hot path: the api() wrapper's work is inlined (a return code, never a raise).
+    try:
+        if type(size) is not int or type(policy) is not int:
+            need_int("acl.rt.malloc", size=size, policy=policy)
+        if size <= 0 or policy < 0:
+            raise AclError(
+                C.ACL_ERROR_INVALID_PARAM,
+                f"acl.rt.malloc: size {size} (must be > 0), policy {policy}",
+            )
+        ctx = S.need_context("acl.rt.malloc")
+        buf = runtime.device_malloc(ctx.device, (size + 31) & ~31)
+        ptr = buf.ptr
+        if ptr & 63:
+            runtime.device_free(buf)
+            raise AclError(
+                C.ACL_ERROR_RT_MEMORY_ALLOCATION, f"acl.rt.malloc: {ptr:#x} is not 64-byte aligned"
+            )
+        S.mem.add(S.DevAlloc(buf, ptr, size, "malloc"))
+        return ptr, C.ACL_SUCCESS
+    except S.ArgTypeError:
+        raise
+    except Exception as e:
+        return 0, S.fail("acl.rt.malloc", e)
 
 
 @api("acl.rt.malloc_align32", 1)
@@ -492,34 +532,45 @@ malloc_cached = malloc
 
 def dvpp_alloc(size: int) -> tuple[int, int]:
     _check_size("acl.media.dvpp_malloc", size)
-    return _device_alloc("acl.media.dvpp_malloc", size, (size + 31) // 32 * 32 + 32, "dvpp", 128)
+    return _device_alloc("acl.media.dvpp_malloc", size, (size + 31) // 32 * 32, "dvpp", 128)
 
 
 def device_free(name: str, ptr: int, kind: str) -> int:
     S.check_init(name)
-    rec = S.dev.by_start.get(ptr)
-    if rec is None or rec.kind != kind:
+    rec = S.mem.by_start.get(ptr)
+    if rec is None or not rec.is_dev or rec.kind != kind:
         if ptr == 0:
             raise AclError(C.ACL_ERROR_INVALID_PARAM, f"{name}: ptr is null (0)")
-        if rec is not None:
+        if rec is not None and rec.is_dev:
             other = "acl.rt.free" if rec.kind == "malloc" else "acl.media.dvpp_free"
             why = f"it was allocated by {'acl.rt.malloc' if rec.kind == 'malloc' else 'acl.media.dvpp_malloc'}; free it with {other}"
-        elif (inner := S.dev.find(ptr)) is not None:
+        elif (inner := S.mem.find(ptr)) is not None and inner.is_dev:
             why = f"it is {ptr - inner.ptr} bytes inside the allocation at {inner.ptr:#x}, not its start"
-        elif S.host.find(ptr) is not None:
+        elif inner is not None:
             why = "it is host memory (acl.rt.free_host frees acl.rt.malloc_host memory)"
         else:
             why = "it is not a live device allocation (freed already, or never allocated)"
         raise AclError(C.ACL_ERROR_INVALID_PARAM, f"{name}: ptr {ptr:#x}: {why}")
-    S.dev.remove(ptr)
+    S.mem.remove(ptr)
     runtime.device_free(rec.buf)
     return C.ACL_SUCCESS
 
 
-@api("acl.rt.free")
 def free(dev_ptr: int) -> int:
-    need_int("acl.rt.free", dev_ptr=dev_ptr)
-    return device_free("acl.rt.free", dev_ptr, "malloc")
+    """Free ``malloc`` memory (work still queued on it finishes first)."""
+    try:
+        rec = S.mem.by_start.get(dev_ptr)
+        if type(rec) is not S.DevAlloc or rec.kind != "malloc" or not S.initialized:
+            if type(dev_ptr) is not int:
+                need_int("acl.rt.free", dev_ptr=dev_ptr)
+            return device_free("acl.rt.free", dev_ptr, "malloc")
+        S.mem.remove(dev_ptr)
+        runtime.device_free(rec.buf)
+        return C.ACL_SUCCESS
+    except S.ArgTypeError:
+        raise
+    except Exception as e:
+        return S.fail("acl.rt.free", e)
 
 
 @api("acl.rt.malloc_host", 1)
@@ -535,7 +586,7 @@ def malloc_host(size: int) -> tuple[int, int]:
     addr = raw.ctypes.data
     off = (-addr) % 64
     view = raw[off : off + size]
-    S.host.add(S.HostAlloc(addr + off, size, "malloc_host", view, raw))
+    S.mem.add(S.HostAlloc(addr + off, size, "malloc_host", view, raw))
     return addr + off, C.ACL_SUCCESS
 
 
@@ -544,18 +595,18 @@ def free_host(host_ptr: int) -> int:
     """Free ``malloc_host`` memory (queued copies still holding it keep it alive until they ran)."""
     need_int("acl.rt.free_host", host_ptr=host_ptr)
     S.check_init("acl.rt.free_host")
-    rec = S.host.by_start.get(host_ptr)
-    if rec is None or rec.kind != "malloc_host":
+    rec = S.mem.by_start.get(host_ptr)
+    if rec is None or rec.is_dev or rec.kind != "malloc_host":
         if host_ptr == 0:
             why = "is null (0)"
-        elif rec is not None:
+        elif rec is not None and not rec.is_dev:
             why = f"was not allocated by acl.rt.malloc_host (it comes from {rec.kind})"
-        elif S.dev.find(host_ptr) is not None:
+        elif (inner := S.mem.find(host_ptr)) is not None and inner.is_dev:
             why = "is device memory (use acl.rt.free)"
         else:
             why = "is not a live acl.rt.malloc_host block (freed already, or never allocated)"
         raise AclError(C.ACL_ERROR_INVALID_PARAM, f"acl.rt.free_host: host_ptr {host_ptr:#x} {why}")
-    S.host.remove(host_ptr)
+    S.mem.remove(host_ptr)
     return C.ACL_SUCCESS
 
 
@@ -573,23 +624,23 @@ def _copy(name: str, dst: int, dest_max: int, src: int, count: int, kind: int, s
         raise AclError(
             C.ACL_ERROR_INVALID_PARAM, f"{name}: count {count} exceeds dest_max {dest_max}"
         )
-    d = S.resolve(dst, dest_max, "dst", name)
-    s = S.resolve(src, count, "src", name)
+    d, doff = S.resolve(dst, dest_max, "dst", name)
+    src_rec, soff = S.resolve(src, count, "src", name)
     if count == 0:
         return C.ACL_SUCCESS
     # As CANN documents, the direction follows the two addresses; kind only has to be valid.
-    if d.dev is not None:
-        if s.dev is not None:
+    if d.is_dev:
+        if src_rec.is_dev:
             runtime.memcpy_d2d(
-                d.dev.buf, s.dev.buf, stream, count=count, dst_offset=d.off, src_offset=s.off
+                d.buf, src_rec.buf, stream, count=count, dst_offset=doff, src_offset=soff
             )
         else:
             runtime.memcpy_host_to_device(
-                d.dev.buf, S.host_view(s, count), stream, count=count, dst_offset=d.off
+                d.buf, src_rec.arr[soff : soff + count], stream, count=count, dst_offset=doff
             )
-    elif s.dev is not None:
+    elif src_rec.is_dev:
         runtime.memcpy_device_to_host(
-            S.host_view(d, count), s.dev.buf, stream, count=count, src_offset=s.off
+            d.arr[doff : doff + count], src_rec.buf, stream, count=count, src_offset=soff
         )
     else:
         if stream is not None:
@@ -597,23 +648,41 @@ def _copy(name: str, dst: int, dest_max: int, src: int, count: int, kind: int, s
                 C.ACL_ERROR_RT_FEATURE_NOT_SUPPORT,
                 f"{name}: an asynchronous host-to-host copy is not supported (EP mode); use acl.rt.memcpy",
             )
-        dv = S.host_view(d, count)
-        dv[:] = S.host_view(s, count)
+        d.arr[doff : doff + count] = src_rec.arr[soff : soff + count]
     return C.ACL_SUCCESS
 
 
-@api("acl.rt.memcpy")
 def memcpy(dst: int, dest_max: int, src: int, count: int, kind: int) -> int:
     """Synchronous copy of ``count`` bytes; both ranges must lie in live allocations."""
-    need_int("acl.rt.memcpy", dst=dst, dest_max=dest_max, src=src, count=count, kind=kind)
-    return _copy("acl.rt.memcpy", dst, dest_max, src, count, kind, None)
+    try:
+        if (
+            type(dst) is not int
+            or type(src) is not int
+            or type(count) is not int
+            or type(dest_max) is not int
+            or type(kind) is not int
+        ):
+            need_int("acl.rt.memcpy", dst=dst, dest_max=dest_max, src=src, count=count, kind=kind)
+        return _copy("acl.rt.memcpy", dst, dest_max, src, count, kind, None)
+    except S.ArgTypeError:
+        raise
+    except Exception as e:
+        return S.fail("acl.rt.memcpy", e)
 
 
 @api("acl.rt.memcpy_async")
 def memcpy_async(dst: int, dest_max: int, src: int, count: int, kind: int, stream: int) -> int:
     """Stream-ordered copy (host buffers are kept alive until it ran)."""
     name = "acl.rt.memcpy_async"
-    need_int(name, dst=dst, dest_max=dest_max, src=src, count=count, kind=kind, stream=stream)
+    if (
+        type(dst) is not int
+        or type(src) is not int
+        or type(count) is not int
+        or type(dest_max) is not int
+        or type(kind) is not int
+        or type(stream) is not int
+    ):
+        need_int(name, dst=dst, dest_max=dest_max, src=src, count=count, kind=kind, stream=stream)
     return _copy(name, dst, dest_max, src, count, kind, S.stream_of(stream, name))
 
 
@@ -628,14 +697,14 @@ def _set(name: str, ptr: int, max_count: int, value: int, count: int, stream: An
         raise AclError(
             C.ACL_ERROR_INVALID_PARAM, f"{name}: count {count} exceeds max_count {max_count}"
         )
-    p = S.resolve(ptr, max_count, "dev_ptr", name)
+    p, off = S.resolve(ptr, max_count, "dev_ptr", name)
     if count == 0:
         return C.ACL_SUCCESS
     byte = value & 0xFF
-    if p.dev is not None:
-        runtime.memset(p.dev.buf, byte, count, offset=p.off, stream=stream)
+    if p.is_dev:
+        runtime.memset(p.buf, byte, count, offset=off, stream=stream)
     else:
-        view = S.host_view(p, count)
+        view = p.arr[off : off + count]
         if stream is None:
             view[:] = byte
         else:

@@ -82,15 +82,15 @@ def numpy_contiguous_to_ptr(array: np.ndarray) -> tuple[int, np.ndarray]:
 
 def _host_range(name: str, ptr: Any, size: int) -> np.ndarray:
     try:
-        p = S.resolve(ptr, size, "ptr", name)
+        p, off = S.resolve(ptr, size, "ptr", name)
     except AclError as e:
         S.record_msg(str(e))
         raise ValueError(str(e)) from None
-    if p.host is None:
+    if p.is_dev:
         msg = f"{name}: ptr {ptr:#x} is device memory; copy it to host memory with acl.rt.memcpy first"
         S.record_msg(msg)
         raise ValueError(msg)
-    return S.host_view(p, size)
+    return p.arr[off : off + size]
 
 
 def ptr_to_bytes(ptr: int, size: int) -> bytes:
