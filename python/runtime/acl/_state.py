@@ -165,8 +165,17 @@ def get(h: Any, kind: type, what: str, name: str) -> Any:
 
 
 def drop(h: int) -> None:
-    with lock:
-        handles.pop(h, None)
+    handles.pop(h, None)
+
+
+#: bumped by every call that destroys, frees or changes something an operator call may have
+#: resolved (descriptors, data buffers, attrs, memory): acl.op's recorded plans check it
+generation = 0
+
+
+def bump() -> None:
+    global generation
+    generation += 1
 
 
 # --------------------------------------------------------------------------- contexts
@@ -288,6 +297,7 @@ class RangeTable:
     def remove(self, ptr: int) -> Any:
         rec = self.by_start.get(ptr)
         if rec is not None:
+            bump()
             self.starts.remove(ptr)
             del self.by_start[ptr]
         return rec
@@ -379,6 +389,7 @@ def resolve(ptr: Any, size: int, what: str, name: str) -> tuple[Any, int]:
 def reset_all() -> None:
     """Forget every handle and pointer (acl.finalize)."""
     global initialized
+    bump()
     with lock:
         handles.clear()
         default_contexts.clear()

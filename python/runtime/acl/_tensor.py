@@ -74,6 +74,7 @@ def destroy_tensor_desc(desc: int) -> None:
     need_int("acl.destroy_tensor_desc", desc=desc)
     if type(S.handles.get(desc)) is TensorDesc:
         S.drop(desc)
+        S.bump()
     else:
         S.record_msg(f"acl.destroy_tensor_desc: {desc:#x} is not a live tensor desc")
 
@@ -141,6 +142,7 @@ def destroy_data_buffer(data_buffer: int) -> int:
     need_int("acl.destroy_data_buffer", data_buffer=data_buffer)
     S.get(data_buffer, DataBuffer, "data buffer", "acl.destroy_data_buffer")
     S.drop(data_buffer)
+    S.bump()
     return C.ACL_SUCCESS
 
 
@@ -170,4 +172,5 @@ def update_data_buffer(data_buffer: int, data: int, size: int) -> int:
         raise AclError(C.ACL_ERROR_INVALID_PARAM, f"acl.update_data_buffer: size {size}")
     b.ptr, b.size = int(data), int(size)
     b.cache = None
+    S.bump()
     return C.ACL_SUCCESS

@@ -81,6 +81,7 @@ def destroy_attr(attr: int) -> None:
     need_int("acl.op.destroy_attr", attr=attr)
     if type(S.handles.get(attr)) is OpAttr:
         S.drop(attr)
+        S.bump()
     else:
         S.record_msg(f"acl.op.destroy_attr: {attr:#x} is not a live op attr")
 
@@ -95,6 +96,7 @@ def _setter(name: str, check):
         if not check(value):
             raise S.ArgTypeError(f"{name} args parse failed: value {value!r}")
         a.values[attr_name] = value
+        S.bump()
         return C.ACL_SUCCESS
 
     set_attr.__name__ = name.rsplit(".", 1)[1]
@@ -221,6 +223,24 @@ def _operand(name: str, what: str, dh: Any, bh: Any) -> _T:
     buf.cache = (desc, rec, t)
     return t
 
+
+class _Recorder:
+    """A stream that remembers what was launched on it (the plan a repeated call replays)."""
+
+    __slots__ = ("launches", "stream")
+
+    def __init__(self, stream: runtime.Stream):
+        self.stream = stream
+        self.launches: list[tuple[Any, tuple]] = []
+
+    def launch_kernel(self, kernel: Any, args: tuple) -> None:
+        self.stream.launch_kernel(kernel, args)
+        self.launches.append((kernel, args))
+
+
+#: (op_type, attr, descs and buffers) -> (S.generation when recorded, launches)
+_plans: dict[tuple, tuple[int, list]] = {}
+_MAX_PLANS = 4096
 
 #: (kernel name, numpy dtype) -> whether the native kernel takes it (learnt on first launch)
 _native: dict[tuple[str, str], bool] = {}
@@ -422,6 +442,19 @@ def _run(
         _lists(name, in_descs=in_descs, in_bufs=in_bufs, out_descs=out_descs, out_bufs=out_bufs)
     if type(attr) is not int or type(stream) is not int:
         need_int(name, attr=attr, stream=stream)
+    # A call whose handles and buffers were all seen before, with nothing destroyed, freed or
+    # changed since (S.generation), replays the launches recorded then.
+    gen = S.generation
+    try:
+        key: Any = (op_type, attr, *in_descs, -1, *in_bufs, -1, *out_descs, -1, *out_bufs)
+        plan = _plans.get(key)
+    except TypeError:  # an unhashable element: the checks below report it
+        key = plan = None
+    if plan is not None and plan[0] == gen and S.initialized:
+        st = S.stream_of(stream, name)
+        for kernel, args in plan[1]:
+            st.launch_kernel(kernel, args)
+        return C.ACL_SUCCESS
     S.check_init(name)
     if op_type not in OPS:
         raise AclError(
@@ -439,17 +472,21 @@ def _run(
             f"{name}: {len(out_descs)} output descs but {len(out_bufs)} output buffers",
         )
     attrs = S.get(attr, OpAttr, "attr", name).values if attr != 0 else {}
-    s = S.stream_of(stream, name)
+    rec = _Recorder(S.stream_of(stream, name))
     ins = [_operand(name, f"input {i}", d, b) for i, (d, b) in enumerate(zip(in_descs, in_bufs))]
     outs = [
         _operand(name, f"output {i}", d, b) for i, (d, b) in enumerate(zip(out_descs, out_bufs))
     ]
     if op_type == "Cast":
-        _cast(name, s, ins, outs, attrs)
+        _cast(name, rec, ins, outs, attrs)  # type: ignore[arg-type]
     elif op_type == "MatMul":
-        _matmul(name, s, ins, outs, attrs)
+        _matmul(name, rec, ins, outs, attrs)  # type: ignore[arg-type]
     else:
-        _binary(name, op_type, s, ins, outs)
+        _binary(name, op_type, rec, ins, outs)  # type: ignore[arg-type]
+    if key is not None:
+        if len(_plans) >= _MAX_PLANS:
+            _plans.clear()
+        _plans[key] = (gen, rec.launches)
     return C.ACL_SUCCESS
 
 
@@ -514,6 +551,7 @@ def destroy_handle(handle: int) -> None:
     need_int("acl.op.destroy_handle", handle=handle)
     if type(S.handles.get(handle)) is OpHandle:
         S.drop(handle)
+        S.bump()
 
 
 @api("acl.op.cast")

@@ -636,11 +636,11 @@ def _copy(name: str, dst: int, dest_max: int, src: int, count: int, kind: int, s
             )
         else:
             runtime.memcpy_host_to_device(
-                d.buf, src_rec.arr[soff : soff + count], stream, count=count, dst_offset=doff
+                d.buf, src_rec.arr, stream, count=count, dst_offset=doff, src_offset=soff
             )
     elif src_rec.is_dev:
         runtime.memcpy_device_to_host(
-            d.arr[doff : doff + count], src_rec.buf, stream, count=count, src_offset=soff
+            d.arr, src_rec.buf, stream, count=count, dst_offset=doff, src_offset=soff
         )
     else:
         if stream is not None:
