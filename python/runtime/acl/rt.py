@@ -611,21 +611,31 @@ def free_host(host_ptr: int) -> int:
 
 
 def _copy(name: str, dst: int, dest_max: int, src: int, count: int, kind: int, stream: Any) -> int:
-    S.check_init(name)
-    if not 0 <= kind <= C.ACL_MEMCPY_INTER_DEVICE_TO_DEVICE:
-        raise AclError(
-            C.ACL_ERROR_INVALID_PARAM, f"{name}: kind {kind} is not an aclrtMemcpyKind (0..7)"
-        )
-    if count < 0 or dest_max < 0:
-        raise AclError(
-            C.ACL_ERROR_INVALID_PARAM, f"{name}: negative size (count {count}, dest_max {dest_max})"
-        )
-    if count > dest_max:
+    if not S.initialized:
+        S.check_init(name)
+    if not 0 <= kind <= 7 or count < 0 or count > dest_max:
+        if not 0 <= kind <= C.ACL_MEMCPY_INTER_DEVICE_TO_DEVICE:
+            raise AclError(
+                C.ACL_ERROR_INVALID_PARAM, f"{name}: kind {kind} is not an aclrtMemcpyKind (0..7)"
+            )
+        if count < 0:
+            raise AclError(C.ACL_ERROR_INVALID_PARAM, f"{name}: negative count {count}")
         raise AclError(
             C.ACL_ERROR_INVALID_PARAM, f"{name}: count {count} exceeds dest_max {dest_max}"
         )
-    d, doff = S.resolve(dst, dest_max, "dst", name)
-    src_rec, soff = S.resolve(src, count, "src", name)
+    # Pointers at the start of an allocation (the usual case) are one dict lookup; any other
+    # address is found by bisecting the table.
+    by_start = S.mem.by_start
+    d = by_start.get(dst)
+    if d is not None and dest_max <= d.size:
+        doff = 0
+    else:
+        d, doff = S.resolve(dst, dest_max, "dst", name)
+    src_rec = by_start.get(src)
+    if src_rec is not None and count <= src_rec.size:
+        soff = 0
+    else:
+        src_rec, soff = S.resolve(src, count, "src", name)
     if count == 0:
         return C.ACL_SUCCESS
     # As CANN documents, the direction follows the two addresses; kind only has to be valid.
