@@ -309,6 +309,18 @@ def test_util_converters():
     acl.rt.free(d)
 
 
+def test_shared_small_bytes_are_read_only():
+    # CPython shares bytes of length 1 made from data: a copy into one must not change b"\x07"
+    one = np.full(1, 7, np.uint8).tobytes()
+    d = dev_alloc(1)
+    acl.rt.memset(d, 1, 9, 1)
+    p = acl.util.bytes_to_ptr(one)
+    assert acl.rt.memcpy(d, 1, p, 1, H2D) == ACL_SUCCESS  # reading it is fine
+    assert err(acl.rt.memcpy(p, 1, d, 1, D2H)) == ACL_ERROR_INVALID_PARAM
+    assert one == b"\x07" and bytes([7]) == b"\x07"
+    acl.rt.free(d)
+
+
 def test_released_borrowed_pointer_is_refused():
     # A bytes object the caller dropped is released once enough newer ones were registered.
     p = acl.util.bytes_to_ptr(bytes(range(250)) * 4)  # built at run time: no constant holds it

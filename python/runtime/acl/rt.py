@@ -124,7 +124,7 @@ def _teardown_context(ctx: S.Context) -> None:
         ctx.stream.synchronize()
     else:
         ctx.stream.destroy()
-    if S.current_context() is None or getattr(S._tls, "ctx", None) is ctx:
+    if getattr(S._tls, "ctx", None) is ctx:
         S.set_current(None)
 
 

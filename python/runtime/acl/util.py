@@ -2,7 +2,8 @@
 
 ``bytes_to_ptr`` and ``numpy_to_ptr`` register the object's memory as a host range that
 ``acl.rt.memcpy`` / ``memset`` may use (and write: pyACL samples copy device data into a
-``bytes`` object this way). runtime.acl keeps a reference to each registered object; once the
+``bytes`` object this way; ``bytes`` of length 0 or 1 are shared by CPython and stay
+read-only, a write into them returns ``ACL_ERROR_INVALID_PARAM``). runtime.acl keeps a reference to each registered object; once the
 caller holds none, the newest ``_state.KEEP_UNREFERENCED`` of them stay valid and older ones
 are released, after which their pointers are refused (``ACL_ERROR_INVALID_PARAM``) instead of
 reaching freed memory. ``ptr_to_bytes`` / ``ptr_to_numpy`` read only host ranges runtime.acl
@@ -39,11 +40,13 @@ def bytes_to_ptr(data: bytes) -> int:
         raise ValueError(f"acl.util.bytes_to_ptr: expected bytes, got {type(data).__name__}")
     n = len(data)
     addr = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
-    arr = (
-        np.frombuffer((ctypes.c_char * n).from_address(addr), np.uint8)
-        if n
-        else np.empty(0, np.uint8)
-    )
+    if n > 1:
+        arr = np.frombuffer((ctypes.c_char * n).from_address(addr), np.uint8)
+    else:
+        # CPython shares every bytes object of length 0 and 1 made from data (b"", b"\x07"):
+        # writing into one would change that value everywhere, so these stay read-only.
+        arr = np.array(list(data), np.uint8)  # a copy: no reference to ``data``
+        arr.flags.writeable = False
     S.borrow(addr, n, "acl.util.bytes_to_ptr", arr, data)
     return addr
 
