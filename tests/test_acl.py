@@ -757,3 +757,33 @@ def test_calls_before_init_and_after_finalize():
     assert out.returncode == 0, out.stderr
     u = ACL_ERROR_UNINITIALIZE
     assert out.stdout.split("\n")[:2] == [f"{u} {u} {u} {u}", f"0 {u} {u} 0 0 0"]
+
+
+def test_fallback_and_native_ops_keep_stream_order():
+    # Div (numpy fallback, a Python kernel on the stream) feeds Add (native kernel) feeds Cast
+    # (fallback) with no synchronisation in between: stream order carries the values.
+    s, _ = acl.rt.create_stream()
+    o = Op()
+    a = np.arange(1, 65, dtype=np.float32).reshape(8, 8)
+    b = np.full((8, 8), 4.0, np.float32)
+    da, ba, _, _ = o.tensor(a, acl.ACL_FLOAT)
+    db, bb, _, _ = o.tensor(b, acl.ACL_FLOAT)
+    dq, bq, _, _ = o.tensor((8, 8), acl.ACL_FLOAT)
+    dh, bh, _, _ = o.tensor((8, 8), acl.ACL_FLOAT16)
+    for _ in range(3):  # the repeated call replays its recorded launches
+        assert acl.op.execute_v2("Div", [da, db], [ba, bb], [dq], [bq], 0, s) == ACL_SUCCESS
+        assert acl.op.execute_v2("Add", [dq, da], [bq, ba], [dq], [bq], 0, s) == ACL_SUCCESS
+        assert acl.op.execute_v2("Cast", [dq], [bq], [dh], [bh], 0, s) == ACL_SUCCESS
+    assert acl.rt.synchronize_stream(s) == ACL_SUCCESS
+    want = a / b + a
+    np.testing.assert_array_equal(o.read(2, np.float32, (8, 8)), want)
+    np.testing.assert_array_equal(o.read(3, np.float16, (8, 8)), want.astype(np.float16))
+    # freeing an operand invalidates the recorded call: it is refused, not replayed
+    acl.rt.free(o.ptrs[1])
+    assert (
+        err(acl.op.execute_v2("Div", [da, db], [ba, bb], [dq], [bq], 0, s))
+        == ACL_ERROR_INVALID_PARAM
+    )
+    o.ptrs[1] = dev_alloc(256)
+    o.close()
+    acl.rt.destroy_stream(s)
