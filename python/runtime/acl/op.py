@@ -490,7 +490,6 @@ def _run(
     return C.ACL_SUCCESS
 
 
-@api("acl.op.execute_v2")
 def execute_v2(
     op_type: str,
     in_descs: list,
@@ -501,7 +500,26 @@ def execute_v2(
     stream: int,
 ) -> int:
     """Queue ``op_type`` on ``stream`` (asynchronous; synchronize the stream to read results)."""
-    return _run("acl.op.execute_v2", op_type, in_descs, in_bufs, out_descs, out_bufs, attr, stream)
+    try:
+        # Hot path: a repeated call on an explicit stream replays its recorded launches.
+        if type(stream) is int and type(in_bufs) is list and type(out_bufs) is list:
+            plan = _plans.get(
+                (op_type, attr, *in_descs, -1, *in_bufs, -1, *out_descs, -1, *out_bufs)
+            )
+            if plan is not None and plan[0] == S.generation and S.initialized:
+                srec = S.handles.get(stream)
+                if type(srec) is S.StreamRec:
+                    launch = srec.stream.launch_kernel
+                    for kernel, args in plan[1]:
+                        launch(kernel, args)
+                    return C.ACL_SUCCESS
+        return _run(
+            "acl.op.execute_v2", op_type, in_descs, in_bufs, out_descs, out_bufs, attr, stream
+        )
+    except S.ArgTypeError:
+        raise
+    except Exception as e:
+        return S.fail("acl.op.execute_v2", e)
 
 
 @api("acl.op.execute")
