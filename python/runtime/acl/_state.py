@@ -197,14 +197,6 @@ class Context:
 default_contexts: dict[int, Context] = {}
 
 
-def current_context() -> Context | None:
-    ctx = getattr(_tls, "ctx", None)
-    if ctx is not None and handles.get(ctx.handle) is not ctx:
-        _tls.ctx = None
-        return None
-    return ctx
-
-
 def set_current(ctx: Context | None) -> None:
     _tls.ctx = ctx
 

@@ -117,6 +117,7 @@ def _teardown_context(ctx: S.Context) -> None:
         rec = S.handles.get(h)
         S.drop(h)
         if type(rec) is S.StreamRec:
+            _subs.pop(rec.stream.id, None)
             rec.stream.destroy()
     ctx.streams.clear()
     S.drop(ctx.handle)
