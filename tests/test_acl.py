@@ -787,3 +787,35 @@ def test_fallback_and_native_ops_keep_stream_order():
     o.ptrs[1] = dev_alloc(256)
     o.close()
     acl.rt.destroy_stream(s)
+
+
+def test_threads_allocate_copy_and_free_concurrently():
+    # The pointer table is shared and lock-free for readers: blocks made and freed by other
+    # threads never make a live block's pointer fail or a copy land elsewhere.
+    errors = []
+
+    def work(seed):
+        try:
+            assert acl.rt.set_device(0) == ACL_SUCCESS
+            rng = np.random.default_rng(seed)
+            for _ in range(100):
+                n = int(rng.integers(1, 4096))
+                d, ret = acl.rt.malloc(n, 0)
+                assert ret == ACL_SUCCESS
+                data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+                h = acl.util.bytes_to_ptr(data)
+                assert acl.rt.memcpy(d, n, h, n, H2D) == ACL_SUCCESS
+                out = bytes(n) if n > 1 else None
+                if out is not None:
+                    assert acl.rt.memcpy(acl.util.bytes_to_ptr(out), n, d, n, D2H) == ACL_SUCCESS
+                    assert out == data
+                assert acl.rt.free(d) == ACL_SUCCESS
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
