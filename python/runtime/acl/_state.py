@@ -79,7 +79,8 @@ def code_of(e: BaseException) -> int:
 
 def fail(name: str, e: BaseException) -> int:
     code = code_of(e)
-    record_msg(f"{name}: {e} (error code {code})")
+    msg = str(e) if isinstance(e, AclError) else f"{name}: {type(e).__name__}: {e}"
+    record_msg(f"{msg} (error code {code})")
     return code
 
 
