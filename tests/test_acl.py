@@ -445,7 +445,7 @@ def test_callbacks_run_in_the_subscribed_thread():
     assert err(acl.rt.launch_callback(cb, 0, 2, s)) == ACL_ERROR_INVALID_PARAM
     with pytest.raises(TypeError):
         acl.rt.launch_callback(42, 0, 0, s)
-    for _ in range(200):
+    for _ in range(3000):  # the non-blocking callback runs when its thread gets to it
         if len(ran) == 2:
             break
         threading.Event().wait(0.01)
