@@ -143,6 +143,16 @@ def memset_async(buf, value, stream, **kw) -> None:
 
 _atexit.register(shutdown)
 
+
+def __getattr__(name: str):
+    # runtime.acl (pyACL's face) is imported on first use, so `import runtime` stays lean.
+    if name == "acl":
+        import importlib
+
+        return importlib.import_module(".acl", __name__)
+    raise AttributeError(f"module 'runtime' has no attribute {name!r}")
+
+
 __all__ = [
     "MAX_QUEUED",
     "ComputeInfo",
@@ -164,6 +174,7 @@ __all__ = [
     "Stream",
     "WaitTimeoutError",
     "__version__",
+    "acl",
     "current_stream",
     "default_stream",
     "device_free",
