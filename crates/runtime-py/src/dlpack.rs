@@ -20,7 +20,8 @@ use std::ffi::{c_void, CStr};
 
 use dlpark::allocation::dynamic::{Allocation, Initialized};
 use dlpark::ffi::{
-    DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned, DLPackVersion,
+    DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
+    DLPackVersion,
 };
 use dlpark::{Managed, ManagedTensorBase};
 use pyo3::exceptions::{PyBufferError, PyOverflowError, PyTypeError, PyValueError};

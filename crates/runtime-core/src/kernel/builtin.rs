@@ -73,7 +73,14 @@ trait Elem: Copy + Send + Sync + 'static {
     /// The sum of `xs` (integers wrap; floats accumulate in float64, complex in complex128).
     fn sum(xs: &[Self::Repr]) -> Self::Repr;
     /// `c (m x n) = a (m x k) @ b (k x n)`, row-major, `c` disjoint from `a` and `b`.
-    fn gemm(m: usize, k: usize, n: usize, a: &[Self::Repr], b: &[Self::Repr], c: &mut [Self::Repr]) {
+    fn gemm(
+        m: usize,
+        k: usize,
+        n: usize,
+        a: &[Self::Repr],
+        b: &[Self::Repr],
+        c: &mut [Self::Repr],
+    ) {
         gemm_loop::<Self>(m, k, n, a, b, c);
     }
 }
@@ -190,7 +197,9 @@ impl Elem for Half {
         let widen = |x: &[f16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
         let mut out = vec![0f32; c.len()];
         <f32 as Elem>::gemm(m, k, n, &widen(a), &widen(b), &mut out);
-        c.iter_mut().zip(out).for_each(|(c, v)| *c = f16::from_f32(v));
+        c.iter_mut()
+            .zip(out)
+            .for_each(|(c, v)| *c = f16::from_f32(v));
     }
 }
 
@@ -697,7 +706,14 @@ fn matmul<T: Elem>(c: &Tensor, a: &Tensor, b: &Tensor) {
 }
 
 /// Plain i-k-j product (integers wrap, as numpy; bool is or-of-ands; complex exact formula).
-fn gemm_loop<T: Elem>(m: usize, k: usize, n: usize, a: &[T::Repr], b: &[T::Repr], c: &mut [T::Repr]) {
+fn gemm_loop<T: Elem>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T::Repr],
+    b: &[T::Repr],
+    c: &mut [T::Repr],
+) {
     if n == 0 {
         return;
     }

@@ -236,7 +236,11 @@ fn tuple(shape: &[usize]) -> String {
         [n] => format!("({n},)"),
         _ => format!(
             "({})",
-            shape.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+            shape
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     }
 }

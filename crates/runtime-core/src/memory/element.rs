@@ -41,4 +41,18 @@ macro_rules! elements {
         impl Element for $t {}
     )*};
 }
-elements!(u8, i8, u16, i16, u32, i32, u64, i64, f16, f32, f64, Complex<f32>, Complex<f64>);
+elements!(
+    u8,
+    i8,
+    u16,
+    i16,
+    u32,
+    i32,
+    u64,
+    i64,
+    f16,
+    f32,
+    f64,
+    Complex<f32>,
+    Complex<f64>
+);
