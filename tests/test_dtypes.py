@@ -334,3 +334,26 @@ def test_float16_rounds_like_numpy():
     np.testing.assert_array_equal(out.copy_to_host(), want)  # inf included
     kernels.fill(out, 1e6)
     assert np.isinf(out.copy_to_host()).all()
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+def test_complex_scalars(dtype):
+    x = sample(dtype, (12,), seed=18)
+    out = runtime.empty(12, dtype)
+    for alpha in (1.5 - 2j, np.complex64(0.5 + 1j), np.complex128(-1j)):
+        kernels.scale(out, runtime.to_device(x), alpha)
+        assert_matches(out.copy_to_host(), np.asarray(alpha, dtype) * x, dtype)
+    kernels.fill(out, 2 + 3j)
+    np.testing.assert_array_equal(out.copy_to_host(), np.full(12, 2 + 3j, dtype))
+
+
+def test_complex_scalar_for_a_real_buffer_is_refused():
+    out = runtime.to_device(np.ones(4, np.float32))
+    for bad in (1j, np.complex64(1 + 1j)):
+        with pytest.raises(ValueError, match="value.*complex.*float32"):
+            kernels.fill(out, bad)
+    # numpy real scalars stay real
+    kernels.fill(out, np.float32(0.5))
+    np.testing.assert_array_equal(out.copy_to_host(), np.full(4, 0.5, np.float32))
+    kernels.fill(out, np.float16(2.0))
+    np.testing.assert_array_equal(out.copy_to_host(), np.full(4, 2.0, np.float32))

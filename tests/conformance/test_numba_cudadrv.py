@@ -257,9 +257,7 @@ def test_devicearray_replace():
 def test_devicearray_view_ok(dtype):
     original = np.arange(24, dtype="i4").reshape(4, 6)
     array = runtime.to_device(original)
-    np.testing.assert_array_equal(
-        array.view(dtype).copy_to_host(), original.view(dtype)
-    )
+    np.testing.assert_array_equal(array.view(dtype).copy_to_host(), original.view(dtype))
 
 
 # numba: numba/cuda/tests/cudadrv/test_cuda_ndarray.py::TestCudaNDArray::test_devicearray_view_ok

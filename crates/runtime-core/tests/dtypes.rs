@@ -492,6 +492,35 @@ fn complex_products_and_sums() {
     assert_eq!(read::<Complex<f64>>(&ob, c, 3), want);
     run(&s, "sum", vec![t(&ob, c, &[1]), t(&ab, c, &[3])]);
     assert_eq!(read::<Complex<f64>>(&ob, c, 1), [Complex::new(-2.0, 1.5)]);
+    run(
+        &s,
+        "scale",
+        vec![
+            t(&ob, c, &[3]),
+            t(&ab, c, &[3]),
+            KernelArg::Complex(0.0, 1.0),
+        ],
+    );
+    let want: Vec<_> = a.iter().map(|x| x * Complex::new(0.0, 1.0)).collect();
+    assert_eq!(read::<Complex<f64>>(&ob, c, 3), want);
+    run(
+        &s,
+        "fill",
+        vec![t(&ob, c, &[3]), KernelArg::Complex(1.0, -2.0)],
+    );
+    assert_eq!(
+        read::<Complex<f64>>(&ob, c, 3),
+        [Complex::new(1.0, -2.0); 3]
+    );
+    let f = upload(&[0f64; 3]);
+    arg_error(
+        s.launch_kernel(
+            "fill",
+            vec![t(&f, DType::F64, &[3]), KernelArg::Complex(1.0, 0.0)],
+        ),
+        "value",
+        "is complex, but the tensors are float64",
+    );
     run(&s, "fill", vec![t(&ob, c, &[3]), KernelArg::Float(0.25)]);
     assert_eq!(
         read::<Complex<f64>>(&ob, c, 3),

@@ -18,7 +18,7 @@
 //! and, as in numpy. Integers wrap on overflow as in numpy; float16 is computed in float32 and
 //! each stored result rounded to float16 (numpy's float16 loops do the same); complex uses the
 //! textbook product. Scalars for integer and bool tensors must be integers in the dtype's range;
-//! float and complex tensors take any real number. An output may be exactly one of its inputs
+//! float tensors take any real number, complex tensors any number (`KernelArg::Complex` too). An output may be exactly one of its inputs
 //! (in place) but must not partly overlap one. float32/float64 (and float16, widened) matrix
 //! products use the `matrixmultiply` crate (blocked, SIMD); the others a plain i-k-j loop.
 //!
@@ -67,6 +67,10 @@ trait Elem: Copy + Send + Sync + 'static {
     fn store(self) -> Self::Repr;
     fn from_f64(v: f64) -> Self;
     fn from_i64(v: i64) -> Self;
+    /// A complex scalar; only complex types are given one (checked at launch).
+    fn from_complex(re: f64, _im: f64) -> Self {
+        Self::from_f64(re)
+    }
     fn add(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
     fn zero() -> Self;
@@ -219,6 +223,9 @@ macro_rules! complex_elem {
             fn from_i64(v: i64) -> Self {
                 Complex::new(v as $t, 0.0)
             }
+            fn from_complex(re: f64, im: f64) -> Self {
+                Complex::new(re as $t, im as $t)
+            }
             fn add(self, o: Self) -> Self {
                 self + o
             }
@@ -335,6 +342,16 @@ fn scalar(
 ) -> Result<KernelArg, ArgError> {
     let s = match args.get(i) {
         Some(s @ (KernelArg::Float(_) | KernelArg::Int(_))) => s,
+        Some(s @ KernelArg::Complex(..)) if dtype.is_complex() => return Ok(s.clone()),
+        Some(KernelArg::Complex(re, im)) => {
+            return Err(err(
+                name,
+                format!(
+                    "{kernel}: {name}=({re}{im:+}j) is complex, but the tensors are {}",
+                    dtype.name()
+                ),
+            ))
+        }
         Some(other) => {
             return Err(err(
                 name,
@@ -367,13 +384,13 @@ fn scalar(
         // `lo` and `hi + 1` are powers of two or exact, so `f < hi + 1` means `f <= hi`.
         KernelArg::Float(f) => f >= lo as f64 && f < (hi + 1) as f64,
         KernelArg::Int(n) => (lo..=hi).contains(&i128::from(n)),
-        KernelArg::Tensor(_) => unreachable!("matched above"),
+        KernelArg::Tensor(_) | KernelArg::Complex(..) => unreachable!("matched above"),
     };
     if !fits {
         let v = match *s {
             KernelArg::Float(f) => f.to_string(),
             KernelArg::Int(n) => n.to_string(),
-            KernelArg::Tensor(_) => unreachable!("matched above"),
+            KernelArg::Tensor(_) | KernelArg::Complex(..) => unreachable!("matched above"),
         };
         return Err(err(
             name,
@@ -602,6 +619,7 @@ fn s<T: Elem>(args: &[KernelArg], i: usize) -> T {
     match args[i] {
         KernelArg::Float(f) => T::from_f64(f),
         KernelArg::Int(n) => T::from_i64(n),
+        KernelArg::Complex(re, im) => T::from_complex(re, im),
         KernelArg::Tensor(_) => unreachable!("checked at launch"),
     }
 }

@@ -171,6 +171,8 @@ pub enum KernelArg {
     Float(f64),
     /// An integer scalar.
     Int(i64),
+    /// A complex scalar `(re, im)` (for complex tensors only).
+    Complex(f64, f64),
 }
 
 /// Arguments that passed a kernel's [`Kernel::check`]: the only value [`Kernel::run`]
