@@ -418,7 +418,8 @@ BAD_LAUNCHES = {
     "noop with args": (F32, 4, "noop", lambda: ()),
     "scalar where tensor": (F32, 4, "add", lambda: (1.0, runtime.empty(4, F32))),
     "tensor where scalar": (F32, 4, "fill", lambda: (runtime.empty(4, F32),)),
-    "uint8 buffer": ("uint8", 4, "fill", lambda: (1,)),
+    "uint8 fill out of range": ("uint8", 4, "fill", lambda: (256,)),
+    "int8 fill out of range": ("int8", 4, "fill", lambda: (-129,)),
     "sum out too big": (F32, 2, "sum", lambda: (runtime.empty(8, F32),)),
     "sum dtype mismatch": (F32, 1, "sum", lambda: (runtime.empty(8, "int32"),)),
     "matmul inner mismatch": (

@@ -305,7 +305,6 @@ def test_map_dtype(dtype):
 @pytest.mark.parametrize(
     "dtype", ["int8", "int16", "uint16", "uint32", "uint64", "float16", "complex64", "bool"]
 )
-@pytest.mark.xfail(strict=True, reason="missing API: numpy dtypes beyond f4/f8/i4/i8/u1 (issue 13)")
 def test_map_dtype_more(dtype):
     host = np.arange(16).astype(dtype)
     np.testing.assert_array_equal(np.asarray(runtime.to_device(host)), host)

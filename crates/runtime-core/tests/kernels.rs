@@ -636,7 +636,11 @@ fn bad_arguments_fail_at_launch() {
         "dtype",
     );
     let u8t = KernelArg::Tensor(Tensor::new(f32b.clone(), 0, DType::U8, vec![8]).unwrap());
-    expect_arg_error(c.launch("fill", vec![u8t, KernelArg::Int(1)]), "x", "uint8");
+    expect_arg_error(
+        c.launch("fill", vec![u8t, KernelArg::Int(256)]),
+        "value",
+        "does not fit in uint8",
+    );
 
     // Wrong kinds of argument.
     expect_arg_error(

@@ -21,6 +21,7 @@ use crate::dlpack;
 use crate::errors::RtErr;
 use crate::handles::{PyDevice, PyDeviceBuffer};
 use crate::host;
+use runtime_core::kernel::Tensor;
 
 #[pymethods]
 impl PyDeviceBuffer {
@@ -88,8 +89,11 @@ impl PyDeviceBuffer {
         self.buffer(py).is_err()
     }
 
-    /// A typed, shaped view of part of this buffer sharing its memory.
-    /// `shape=None` takes as many elements as fit after `offset` (bytes, relative to this view).
+    /// A typed view of this buffer sharing its memory. With only `dtype`, numpy's
+    /// `ndarray.view(dtype)`: the same shape, the last axis rescaled when the item size
+    /// changes (`ValueError` where numpy refuses). With `shape` and/or `offset` (bytes, relative
+    /// to this view), a view of those bytes; `shape=None` then takes as many elements as fit
+    /// after `offset`, as a 1-D view.
     #[pyo3(signature = (dtype, shape=None, offset=None))]
     fn view(
         &self,
@@ -100,6 +104,16 @@ impl PyDeviceBuffer {
     ) -> PyResult<PyDeviceBuffer> {
         let b = self.buffer(py)?;
         let dt = parse_dtype(py, dtype)?;
+        let shape = shape.filter(|s| !s.is_none());
+        let offset = offset.filter(|o| !o.is_none());
+        if shape.is_none() && offset.is_none() {
+            let shape = self
+                .dtype
+                .view_shape(&self.shape_usize(), dt)
+                .map_err(|e| RtErr(e.into()))?;
+            Tensor::new(b.clone(), self.offset, dt, shape.clone()).map_err(RtErr)?;
+            return Ok(self.derive(b, self.offset, dt, shape));
+        }
         let offset = opt_nonneg(offset, "offset")?.unwrap_or(0);
         if offset > self.nbytes {
             return Err(PyValueError::new_err(format!(
@@ -108,8 +122,8 @@ impl PyDeviceBuffer {
             )));
         }
         let shape = match shape {
-            Some(s) if !s.is_none() => shape_arg(s, "shape")?,
-            _ => vec![((self.nbytes - offset) / dt.size() as u64) as usize],
+            Some(s) => shape_arg(s, "shape")?,
+            None => vec![((self.nbytes - offset) / dt.size() as u64) as usize],
         };
         let abs = self.offset + offset;
         // Check the size against this view first, so the error names `shape` (the core's
@@ -127,7 +141,7 @@ impl PyDeviceBuffer {
                 )))
             }
         }
-        runtime_core::kernel::Tensor::new(b.clone(), abs, dt, shape.clone()).map_err(RtErr)?;
+        Tensor::new(b.clone(), abs, dt, shape.clone()).map_err(RtErr)?;
         Ok(self.derive(b, abs, dt, shape))
     }
 

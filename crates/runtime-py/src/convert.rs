@@ -127,22 +127,18 @@ pub fn parse_dtype(py: Python<'_>, dtype: &Bound<'_, PyAny>) -> PyResult<DType> 
     device_dtype(&dt)
 }
 
-/// The device dtype of a numpy dtype. Device memory is in native byte order, so a non-native
-/// one (`">f4"` on a little-endian host) is a `ValueError` rather than a silent
-/// reinterpretation of the bytes.
+/// The device dtype of a numpy dtype (by numpy's kind and item size: every fixed-size number
+/// type). Device memory is in native byte order, so a non-native one (`">f4"` on a
+/// little-endian host) is a `ValueError` rather than a silent reinterpretation of the bytes.
 pub fn device_dtype(dt: &Bound<'_, PyArrayDescr>) -> PyResult<DType> {
-    let parsed = match (dt.kind(), dt.itemsize()) {
-        (b'f', 4) => DType::F32,
-        (b'f', 8) => DType::F64,
-        (b'i', 4) => DType::I32,
-        (b'i', 8) => DType::I64,
-        (b'u', 1) => DType::U8,
-        _ => {
-            return Err(PyTypeError::new_err(format!(
-                "dtype {} is not supported; use float32, float64, int32, int64 or uint8",
-                dt.getattr("name")?.str()?
-            )))
-        }
+    // Structured, subarray and extension dtypes (kind 'V', ml_dtypes' bfloat16, ...) have no
+    // device counterpart even where their kind and size match one.
+    let plain = !dt.has_fields() && !dt.has_subarray();
+    let Some(parsed) = DType::from_kind(dt.kind() as char, dt.itemsize()).filter(|_| plain) else {
+        return Err(PyTypeError::new_err(format!(
+            "dtype {} is not supported; use bool, int8/16/32/64, uint8/16/32/64, float16/32/64, complex64 or complex128",
+            dt.str()?
+        )));
     };
     if dt.is_native_byteorder() == Some(false) {
         let name = parsed.name();
@@ -158,12 +154,22 @@ pub fn device_dtype(dt: &Bound<'_, PyArrayDescr>) -> PyResult<DType> {
 
 /// The numpy dtype of a device dtype.
 pub fn numpy_dtype(py: Python<'_>, d: DType) -> Bound<'_, PyArrayDescr> {
+    use num_complex::Complex;
     match d {
-        DType::F32 => dtype::<f32>(py),
-        DType::F64 => dtype::<f64>(py),
+        DType::Bool => dtype::<bool>(py),
+        DType::I8 => dtype::<i8>(py),
+        DType::I16 => dtype::<i16>(py),
         DType::I32 => dtype::<i32>(py),
         DType::I64 => dtype::<i64>(py),
         DType::U8 => dtype::<u8>(py),
+        DType::U16 => dtype::<u16>(py),
+        DType::U32 => dtype::<u32>(py),
+        DType::U64 => dtype::<u64>(py),
+        DType::F16 => dtype::<half::f16>(py),
+        DType::F32 => dtype::<f32>(py),
+        DType::F64 => dtype::<f64>(py),
+        DType::C64 => dtype::<Complex<f32>>(py),
+        DType::C128 => dtype::<Complex<f64>>(py),
     }
 }
 

@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use runtime_core::memory::Buffer;
 use runtime_core::stream::copy::{self, HostMemory};
 
-use crate::convert::{buffer_arg, nonneg, opt_nonneg, stream_arg};
+use crate::convert::{buffer_arg, naming, nonneg, numpy, opt_nonneg, stream_arg};
 use crate::errors::RtErr;
 use crate::host::HostBuf;
 use crate::wait;
@@ -90,6 +91,25 @@ fn no_overlap(host: usize, dev: usize, count: u64) -> PyResult<()> {
     Ok(())
 }
 
+/// The host source of a copy: its bytes if it is C-contiguous, else (a strided numpy array,
+/// a non-contiguous memoryview) a C-contiguous copy of it, as `to_device` makes. The export
+/// holds the copy until the queued transfer has run.
+fn host_source(py: Python<'_>, src: &Bound<'_, PyAny>) -> PyResult<HostBuf> {
+    match HostBuf::get(src, "src", false) {
+        // ValueError: a buffer, but not a C-contiguous one.
+        Err(e) if e.is_instance_of::<PyValueError>(py) => {
+            let kw = PyDict::new(py);
+            kw.set_item("order", "C")?;
+            let copy = numpy(py)?
+                .getattr("asarray")?
+                .call((src,), Some(&kw))
+                .map_err(|e| naming(py, "src", e))?;
+            HostBuf::get(&copy, "src", false)
+        }
+        other => other,
+    }
+}
+
 /// The one copy path. Arguments are read in a fixed order (offsets, device ends, stream, host
 /// end, count) so that the first bad one is the one reported. Without `count` the copy covers
 /// the host end from its offset (the source for device-to-device).
@@ -126,7 +146,7 @@ pub fn memcpy(
         offset: src_offset,
         side: match src_side {
             Some(s) => s,
-            None => Side::Host(HostBuf::get(src, "src", false)?),
+            None => Side::Host(host_source(py, src)?),
         },
     };
     // The end that sizes a default count and is checked first: the host end, else the source.
@@ -181,7 +201,8 @@ pub fn memcpy(
     wait::submit_copy(py, op.map_err(RtErr)?, stream, device, peer)
 }
 
-/// Copy host memory `src` (any C-contiguous buffer) into device buffer `dst`.
+/// Copy host memory `src` (any buffer; a non-contiguous one is copied C-contiguous first, as
+/// `to_device` does) into device buffer `dst`.
 #[pyfunction]
 // Offsets default to None in Rust (so that any object can be checked and named in errors);
 // the Python-visible signature says 0, which behaves the same.

@@ -20,7 +20,8 @@ use std::ffi::{c_void, CStr};
 
 use dlpark::allocation::dynamic::{Allocation, Initialized};
 use dlpark::ffi::{
-    DLDataType, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned, DLPackVersion,
+    DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
+    DLPackVersion,
 };
 use dlpark::{Managed, ManagedTensorBase};
 use pyo3::exceptions::{PyBufferError, PyOverflowError, PyTypeError, PyValueError};
@@ -183,15 +184,22 @@ fn tensor<M: ManagedTensorBase>(
     t.tensor_mut().strides = unsafe { extra.add(ndim) };
     t.set_data(data)
         .set_device(DLDevice::CPU)
-        .set_dtype(match dtype {
-            DType::F32 => DLDataType::F32,
-            DType::F64 => DLDataType::F64,
-            DType::I32 => DLDataType::I32,
-            DType::I64 => DLDataType::I64,
-            DType::U8 => DLDataType::U8,
-        })
+        .set_dtype(dl_dtype(dtype))
         .set_byte_offset(offset);
     Ok(t)
+}
+
+/// The DLPack type of a device dtype: bool is `kDLBool` (8 bits), complex `kDLComplex` with
+/// the bits of the whole number (64, 128), as numpy and torch export them.
+pub fn dl_dtype(dtype: DType) -> DLDataType {
+    let code = match dtype.kind() {
+        'b' => DLDataTypeCode::BOOL,
+        'i' => DLDataTypeCode::INT,
+        'u' => DLDataTypeCode::UINT,
+        'f' => DLDataTypeCode::FLOAT,
+        _ => DLDataTypeCode::COMPLEX,
+    };
+    DLDataType::scalar(code, (8 * dtype.size()) as u8)
 }
 
 /// A capsule named `M::NAME` owning `managed` until a consumer renames it.

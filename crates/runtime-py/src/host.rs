@@ -86,14 +86,24 @@ unsafe impl HostMemory for HostBuf {
     }
 }
 
-/// The buffer-protocol format of a dtype (native byte order).
+/// The buffer-protocol format of a dtype (native byte order; struct-module codes, `Zf` / `Zd`
+/// for complex as PEP 3118 and numpy write them).
 fn c_format(d: DType) -> &'static CStr {
     match d {
-        DType::F32 => c"f",
-        DType::F64 => c"d",
+        DType::Bool => c"?",
+        DType::I8 => c"b",
+        DType::I16 => c"h",
         DType::I32 => c"i",
         DType::I64 => c"q",
         DType::U8 => c"B",
+        DType::U16 => c"H",
+        DType::U32 => c"I",
+        DType::U64 => c"Q",
+        DType::F16 => c"e",
+        DType::F32 => c"f",
+        DType::F64 => c"d",
+        DType::C64 => c"Zf",
+        DType::C128 => c"Zd",
     }
 }
 

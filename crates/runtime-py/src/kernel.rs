@@ -8,7 +8,7 @@ use std::sync::Arc;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyFloat, PyInt, PyString, PyTuple};
+use pyo3::types::{PyBool, PyComplex, PyComplexMethods, PyFloat, PyInt, PyString, PyTuple};
 use runtime_core::error::KernelFailure;
 use runtime_core::kernel::{self, KernelArg, Tensor};
 use runtime_core::stream::{Op, OpKind, Stream};
@@ -153,6 +153,23 @@ fn integral(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
         .bind(py))
 }
 
+static COMPLEX: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static REAL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// `numbers.<name>`, imported once into `cell` (numpy registers its scalar types there: a
+/// complex scalar is `Complex` but not `Real`).
+fn abc<'py>(
+    py: Python<'py>,
+    cell: &'static PyOnceLock<Py<PyAny>>,
+    name: &str,
+) -> PyResult<&'py Bound<'py, PyAny>> {
+    Ok(cell
+        .get_or_try_init(py, || {
+            Ok::<_, PyErr>(py.import("numbers")?.getattr(name)?.unbind())
+        })?
+        .bind(py))
+}
+
 fn native_args(py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<Vec<KernelArg>> {
     let mut out = Vec::with_capacity(args.len());
     for (i, a) in args.iter().enumerate() {
@@ -177,6 +194,15 @@ fn native_args(py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<Vec<Kernel
                 PyValueError::new_err(format!("args[{i}]: integer out of 64-bit range"))
             })?;
             out.push(KernelArg::Int(v));
+        } else if a.is_instance_of::<PyComplex>()
+            || (a.is_instance(abc(py, &COMPLEX, "Complex")?)?
+                && !a.is_instance(abc(py, &REAL, "Real")?)?)
+        {
+            // complex, numpy.complex64/128: both parts (their `__float__` would drop one).
+            let z = a
+                .call_method0("__complex__")
+                .and_then(|z| z.cast_into::<PyComplex>().map_err(PyErr::from))?;
+            out.push(KernelArg::Complex(z.real(), z.imag()));
         } else if let Ok(v) = a.call_method0("__float__").and_then(|f| f.extract::<f64>()) {
             // numpy floats and other number-likes
             out.push(KernelArg::Float(v));

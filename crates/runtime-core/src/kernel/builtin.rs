@@ -12,10 +12,15 @@
 //! | `sum` | `out, x` | `out[0] = x.sum()` (floats accumulate in float64) |
 //! | `matmul` | `c, a, b` | `c = a @ b` for 2-D `a (m,k)`, `b (k,n)`, `c (m,n)` |
 //!
-//! Element-wise kernels need equal element counts and one dtype (float32, float64, int32,
-//! int64); integers wrap on overflow as in numpy. An output may be exactly one of its inputs
-//! (in place) but must not partly overlap one. Float matrix products use the
-//! `matrixmultiply` crate (blocked, SIMD); integer ones a plain i-k-j loop.
+//! Element-wise kernels need equal element counts and one dtype. Every kernel takes every
+//! dtype ([`DType`]) except where numpy's result would have another type: `scale`, `axpy` and
+//! `sum` refuse bool (numpy gives an integer); for bool, `add` is logical or and `mul` logical
+//! and, as in numpy. Integers wrap on overflow as in numpy; float16 is computed in float32 and
+//! each stored result rounded to float16 (numpy's float16 loops do the same); complex uses the
+//! textbook product. Scalars for integer and bool tensors must be integers in the dtype's range;
+//! float tensors take any real number, complex tensors any number (`KernelArg::Complex` too). An output may be exactly one of its inputs
+//! (in place) but must not partly overlap one. float32/float64 (and float16, widened) matrix
+//! products use the `matrixmultiply` crate (blocked, SIMD); the others a plain i-k-j loop.
 //!
 //! Memory access: kernels read and write device memory through raw views
 //! ([`Buffer::slice`](crate::memory::Buffer::slice)); `check` has verified bounds, alignment
@@ -23,6 +28,9 @@
 //! same bytes is a race in the device memory model, as on real hardware.
 
 use std::sync::Arc;
+
+use half::f16;
+use num_complex::Complex;
 
 use crate::error::{ArgError, KernelFailure};
 use crate::kernel::{Args, DType, Kernel, KernelArg, Tensor};
@@ -49,23 +57,61 @@ enum Builtin {
     Matmul,
 }
 
-/// Element types the arithmetic kernels support.
-trait Elem: crate::memory::Element {
+/// How the arithmetic kernels compute on one dtype: values of `Self`, stored in memory as
+/// `Self::Repr`. For most types the two are the same; `bool` is stored as a byte (any nonzero
+/// byte reads as true, results are written as 0 or 1) and float16 is computed in float32
+/// ([`Half`]), each result rounded to float16 when stored, as numpy's float16 loops do.
+trait Elem: Copy + Send + Sync + 'static {
+    type Repr: crate::memory::Element;
+    fn load(r: Self::Repr) -> Self;
+    fn store(self) -> Self::Repr;
     fn from_f64(v: f64) -> Self;
     fn from_i64(v: i64) -> Self;
+    /// A complex scalar; only complex types are given one (checked at launch).
+    fn from_complex(re: f64, _im: f64) -> Self {
+        Self::from_f64(re)
+    }
     fn add(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
     fn zero() -> Self;
-    fn sum(xs: &[Self]) -> Self;
+    /// The sum of `xs` (integers wrap; floats accumulate in float64, complex in complex128).
+    fn sum(xs: &[Self::Repr]) -> Self::Repr;
     /// `c (m x n) = a (m x k) @ b (k x n)`, row-major, `c` disjoint from `a` and `b`.
-    fn gemm(m: usize, k: usize, n: usize, a: &[Self], b: &[Self], c: &mut [Self]) {
-        gemm_loop(m, k, n, a, b, c);
+    fn gemm(
+        m: usize,
+        k: usize,
+        n: usize,
+        a: &[Self::Repr],
+        b: &[Self::Repr],
+        c: &mut [Self::Repr],
+    ) {
+        gemm_loop::<Self>(m, k, n, a, b, c);
     }
+}
+
+/// float16 computed in float32.
+#[derive(Clone, Copy)]
+struct Half(f32);
+
+/// Eight f64 lanes: accurate and vectorisable.
+fn sum_f64(xs: impl ExactSizeIterator<Item = f64>) -> f64 {
+    let mut acc = [0f64; 8];
+    for (i, x) in xs.enumerate() {
+        acc[i % 8] += x;
+    }
+    acc.iter().sum()
 }
 
 macro_rules! float_elem {
     ($t:ty, $gemm:path) => {
         impl Elem for $t {
+            type Repr = $t;
+            fn load(r: $t) -> $t {
+                r
+            }
+            fn store(self) -> $t {
+                self
+            }
             fn from_f64(v: f64) -> Self {
                 v as $t
             }
@@ -82,7 +128,6 @@ macro_rules! float_elem {
                 0.0
             }
             fn sum(xs: &[Self]) -> Self {
-                // Eight f64 lanes: accurate and vectorisable.
                 let mut acc = [0f64; 8];
                 let chunks = xs.chunks_exact(8);
                 let rest = chunks.remainder();
@@ -95,9 +140,10 @@ macro_rules! float_elem {
                 (acc.iter().sum::<f64>() + tail) as $t
             }
             fn gemm(m: usize, k: usize, n: usize, a: &[Self], b: &[Self], c: &mut [Self]) {
-                debug_assert!(a.len() == m * k && b.len() == k * n && c.len() == m * n);
-                // SAFETY: the slices hold exactly m*k, k*n and m*n elements with row-major
-                // strides, and `c` is disjoint from `a` and `b` (checked at launch).
+                assert!(a.len() == m * k && b.len() == k * n && c.len() == m * n);
+                // SAFETY: the slices hold exactly m*k, k*n and m*n elements (asserted) with
+                // row-major strides, and `c` is disjoint from `a` and `b` (checked at launch;
+                // distinct Rust slices here).
                 unsafe {
                     $gemm(
                         m,
@@ -123,9 +169,93 @@ macro_rules! float_elem {
 float_elem!(f32, matrixmultiply::sgemm);
 float_elem!(f64, matrixmultiply::dgemm);
 
-macro_rules! int_elem {
+impl Elem for Half {
+    type Repr = f16;
+    fn load(r: f16) -> Self {
+        Half(r.to_f32())
+    }
+    fn store(self) -> f16 {
+        f16::from_f32(self.0)
+    }
+    fn from_f64(v: f64) -> Self {
+        // Round once, from the double, to the float16 that numpy would store.
+        Half(f16::from_f64(v).to_f32())
+    }
+    fn from_i64(v: i64) -> Self {
+        Half::from_f64(v as f64)
+    }
+    fn add(self, o: Self) -> Self {
+        Half(self.0 + o.0)
+    }
+    fn mul(self, o: Self) -> Self {
+        Half(self.0 * o.0)
+    }
+    fn zero() -> Self {
+        Half(0.0)
+    }
+    fn sum(xs: &[f16]) -> f16 {
+        f16::from_f64(sum_f64(xs.iter().map(|x| x.to_f64())))
+    }
+    /// As numpy's float16 matmul: products summed in float32, each result rounded once.
+    fn gemm(m: usize, k: usize, n: usize, a: &[f16], b: &[f16], c: &mut [f16]) {
+        let widen = |x: &[f16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+        let mut out = vec![0f32; c.len()];
+        <f32 as Elem>::gemm(m, k, n, &widen(a), &widen(b), &mut out);
+        c.iter_mut()
+            .zip(out)
+            .for_each(|(c, v)| *c = f16::from_f32(v));
+    }
+}
+
+macro_rules! complex_elem {
     ($t:ty) => {
+        impl Elem for Complex<$t> {
+            type Repr = Complex<$t>;
+            fn load(r: Self) -> Self {
+                r
+            }
+            fn store(self) -> Self {
+                self
+            }
+            fn from_f64(v: f64) -> Self {
+                Complex::new(v as $t, 0.0)
+            }
+            fn from_i64(v: i64) -> Self {
+                Complex::new(v as $t, 0.0)
+            }
+            fn from_complex(re: f64, im: f64) -> Self {
+                Complex::new(re as $t, im as $t)
+            }
+            fn add(self, o: Self) -> Self {
+                self + o
+            }
+            fn mul(self, o: Self) -> Self {
+                self * o
+            }
+            fn zero() -> Self {
+                Complex::new(0.0, 0.0)
+            }
+            fn sum(xs: &[Self]) -> Self {
+                let re = sum_f64(xs.iter().map(|x| x.re as f64));
+                let im = sum_f64(xs.iter().map(|x| x.im as f64));
+                Complex::new(re as $t, im as $t)
+            }
+        }
+    };
+}
+complex_elem!(f32);
+complex_elem!(f64);
+
+macro_rules! int_elem {
+    ($($t:ty),*) => {$(
         impl Elem for $t {
+            type Repr = $t;
+            fn load(r: $t) -> $t {
+                r
+            }
+            fn store(self) -> $t {
+                self
+            }
             fn from_f64(v: f64) -> Self {
                 v as $t
             }
@@ -145,10 +275,38 @@ macro_rules! int_elem {
                 xs.iter().fold(0, |a: $t, &b| a.wrapping_add(b))
             }
         }
-    };
+    )*};
 }
-int_elem!(i32);
-int_elem!(i64);
+int_elem!(i8, i16, i32, i64, u8, u16, u32, u64);
+
+/// numpy's bool arithmetic: `+` is logical or, `*` logical and.
+impl Elem for bool {
+    type Repr = u8;
+    fn load(r: u8) -> bool {
+        r != 0
+    }
+    fn store(self) -> u8 {
+        u8::from(self)
+    }
+    fn from_f64(v: f64) -> bool {
+        v != 0.0
+    }
+    fn from_i64(v: i64) -> bool {
+        v != 0
+    }
+    fn add(self, o: bool) -> bool {
+        self | o
+    }
+    fn mul(self, o: bool) -> bool {
+        self & o
+    }
+    fn zero() -> bool {
+        false
+    }
+    fn sum(xs: &[u8]) -> u8 {
+        u8::from(xs.iter().any(|&x| x != 0))
+    }
+}
 
 fn err(arg: &str, msg: impl Into<String>) -> ArgError {
     ArgError::new(arg, msg)
@@ -182,48 +340,67 @@ fn scalar(
     kernel: &str,
     dtype: DType,
 ) -> Result<KernelArg, ArgError> {
-    match args.get(i) {
-        Some(KernelArg::Float(f)) if !dtype.is_float() && f.fract() != 0.0 => Err(err(
+    let s = match args.get(i) {
+        Some(s @ (KernelArg::Float(_) | KernelArg::Int(_))) => s,
+        Some(s @ KernelArg::Complex(..)) if dtype.is_complex() => return Ok(s.clone()),
+        Some(KernelArg::Complex(re, im)) => {
+            return Err(err(
+                name,
+                format!(
+                    "{kernel}: {name}=({re}{im:+}j) is complex, but the tensors are {}",
+                    dtype.name()
+                ),
+            ))
+        }
+        Some(other) => {
+            return Err(err(
+                name,
+                format!("{kernel}: argument {i} ({name}) must be a number, got {other:?}"),
+            ))
+        }
+        None => {
+            return Err(err(
+                name,
+                format!("{kernel}: missing argument {i} ({name})"),
+            ))
+        }
+    };
+    // Integer and bool tensors take integers in their range (as numpy 2 refuses
+    // `np.uint8(300)`); float and complex tensors any number.
+    let Some((lo, hi)) = dtype.int_range() else {
+        return Ok(s.clone());
+    };
+    let fits = match *s {
+        KernelArg::Float(f) if f.fract() != 0.0 => {
+            return Err(err(
+                name,
+                format!(
+                    "{kernel}: {name}={f} is not an integer, but the tensors are {}",
+                    dtype.name()
+                ),
+            ))
+        }
+        // Integral (NaN and infinities have no zero fraction): compare as floats. The bounds
+        // `lo` and `hi + 1` are powers of two or exact, so `f < hi + 1` means `f <= hi`.
+        KernelArg::Float(f) => f >= lo as f64 && f < (hi + 1) as f64,
+        KernelArg::Int(n) => (lo..=hi).contains(&i128::from(n)),
+        KernelArg::Tensor(_) | KernelArg::Complex(..) => unreachable!("matched above"),
+    };
+    if !fits {
+        let v = match *s {
+            KernelArg::Float(f) => f.to_string(),
+            KernelArg::Int(n) => n.to_string(),
+            KernelArg::Tensor(_) | KernelArg::Complex(..) => unreachable!("matched above"),
+        };
+        return Err(err(
             name,
             format!(
-                "{kernel}: {name}={f} is not an integer, but the tensors are {}",
+                "{kernel}: {name}={v} does not fit in {} ({lo}..={hi})",
                 dtype.name()
             ),
-        )),
-        Some(s @ (KernelArg::Float(_) | KernelArg::Int(_))) => {
-            let (lo, hi) = match dtype {
-                DType::I32 => (f64::from(i32::MIN), f64::from(i32::MAX)),
-                DType::I64 => (i64::MIN as f64, i64::MAX as f64),
-                _ => (f64::NEG_INFINITY, f64::INFINITY),
-            };
-            let v = match s {
-                KernelArg::Float(f) => *f,
-                KernelArg::Int(n) => *n as f64,
-                KernelArg::Tensor(_) => unreachable!(),
-            };
-            // `i64::MAX as f64` rounds up to 2^63, which is not an i64: a float must stay below
-            // it (an integer argument is exact and fits by construction).
-            let fits = match (s, dtype) {
-                (KernelArg::Float(_), DType::I64) => v >= lo && v < hi,
-                _ => (lo..=hi).contains(&v),
-            };
-            if !dtype.is_float() && !fits {
-                return Err(err(
-                    name,
-                    format!("{kernel}: {name}={v} does not fit in {}", dtype.name()),
-                ));
-            }
-            Ok(s.clone())
-        }
-        Some(other) => Err(err(
-            name,
-            format!("{kernel}: argument {i} ({name}) must be a number, got {other:?}"),
-        )),
-        None => Err(err(
-            name,
-            format!("{kernel}: missing argument {i} ({name})"),
-        )),
+        ));
     }
+    Ok(s.clone())
 }
 
 fn count(args: &[KernelArg], n: usize, kernel: &str, sig: &str) -> Result<(), ArgError> {
@@ -237,9 +414,10 @@ fn count(args: &[KernelArg], n: usize, kernel: &str, sig: &str) -> Result<(), Ar
     }
 }
 
-fn numeric(t: &Tensor, name: &str, kernel: &str) -> Result<(), ArgError> {
-    if t.dtype == DType::U8 {
-        Err(err(name, format!("{kernel}: dtype uint8 is not supported; use float32, float64, int32 or int64 (view the buffer with .view(dtype))")))
+/// Refuse bool where numpy's result would not be bool (`2 * x`, `x.sum()`).
+fn not_bool(t: &Tensor, name: &str, kernel: &str) -> Result<(), ArgError> {
+    if t.dtype == DType::Bool {
+        Err(err(name, format!("{kernel}: dtype bool is not supported (numpy's result would be an integer); view or convert the data to an integer dtype")))
     } else {
         Ok(())
     }
@@ -322,7 +500,6 @@ impl Kernel for Builtin {
             Builtin::Fill => {
                 count(args, 2, k, "x, value")?;
                 let x = tensor(args, 0, "x", k)?;
-                numeric(x, "x", k)?;
                 scalar(args, 1, "value", k, x.dtype).map(|_| ())
             }
             Builtin::Copy => {
@@ -344,7 +521,7 @@ impl Kernel for Builtin {
                 };
                 count(args, 3, k, &format!("{}, {}", names.0, names.1))?;
                 let (o, x) = (tensor(args, 0, names.0, k)?, tensor(args, 1, "x", k)?);
-                numeric(o, names.0, k)?;
+                not_bool(o, names.0, k)?;
                 same(o, x, "x", k, true)?;
                 no_partial_overlap(o, x, "x", k)?;
                 scalar(args, 2, "alpha", k, o.dtype).map(|_| ())
@@ -352,7 +529,6 @@ impl Kernel for Builtin {
             Builtin::Add | Builtin::Mul => {
                 count(args, 3, k, "out, a, b")?;
                 let o = tensor(args, 0, "out", k)?;
-                numeric(o, "out", k)?;
                 for (i, n) in [(1, "a"), (2, "b")] {
                     let x = tensor(args, i, n, k)?;
                     same(o, x, n, k, true)?;
@@ -363,7 +539,7 @@ impl Kernel for Builtin {
             Builtin::Sum => {
                 count(args, 2, k, "out, x")?;
                 let (o, x) = (tensor(args, 0, "out", k)?, tensor(args, 1, "x", k)?);
-                numeric(o, "out", k)?;
+                not_bool(o, "out", k)?;
                 same(o, x, "x", k, false)?;
                 if o.len() != 1 {
                     return Err(err(
@@ -380,7 +556,6 @@ impl Kernel for Builtin {
                     tensor(args, 1, "a", k)?,
                     tensor(args, 2, "b", k)?,
                 );
-                numeric(c, "c", k)?;
                 same(c, a, "a", k, false)?;
                 same(c, b, "b", k, false)?;
                 for (t, n) in [(c, "c"), (a, "a"), (b, "b")] {
@@ -444,61 +619,56 @@ fn s<T: Elem>(args: &[KernelArg], i: usize) -> T {
     match args[i] {
         KernelArg::Float(f) => T::from_f64(f),
         KernelArg::Int(n) => T::from_i64(n),
+        KernelArg::Complex(re, im) => T::from_complex(re, im),
         KernelArg::Tensor(_) => unreachable!("checked at launch"),
     }
 }
 
 fn dispatch(k: Builtin, args: &[KernelArg]) {
     match t(args, 0).dtype {
-        DType::F32 => typed::<f32>(k, args),
-        DType::F64 => typed::<f64>(k, args),
+        DType::Bool => typed::<bool>(k, args),
+        DType::I8 => typed::<i8>(k, args),
+        DType::I16 => typed::<i16>(k, args),
         DType::I32 => typed::<i32>(k, args),
         DType::I64 => typed::<i64>(k, args),
-        DType::U8 => unreachable!("checked at launch"),
+        DType::U8 => typed::<u8>(k, args),
+        DType::U16 => typed::<u16>(k, args),
+        DType::U32 => typed::<u32>(k, args),
+        DType::U64 => typed::<u64>(k, args),
+        DType::F16 => typed::<Half>(k, args),
+        DType::F32 => typed::<f32>(k, args),
+        DType::F64 => typed::<f64>(k, args),
+        DType::C64 => typed::<Complex<f32>>(k, args),
+        DType::C128 => typed::<Complex<f64>>(k, args),
     }
 }
 
-/// Read-only view. SAFETY contract of `Buffer::slice`: `check` verified bounds, alignment, and
-/// that the range is either disjoint from every output or exactly an output (in which case
-/// callers use the in-place paths and never hold both views).
-fn view<T: Elem>(x: &Tensor) -> &[T] {
+/// Read-only view. SAFETY contract of `Buffer::slice`: `check` verified bounds, alignment (the
+/// offset is a multiple of the item size, which every `Repr`'s alignment divides), and that the
+/// range is either disjoint from every output or exactly an output (in which case callers use
+/// the in-place paths and never hold both views).
+fn view<T: Elem>(x: &Tensor) -> &[T::Repr] {
     // SAFETY: see above.
-    unsafe { x.buffer.slice::<T>(x.offset, x.len()) }
+    unsafe { x.buffer.slice::<T::Repr>(x.offset, x.len()) }
 }
 
 #[allow(clippy::mut_from_ref)] // device memory is shared by design; see the module docs
-fn view_mut<T: Elem>(x: &Tensor) -> &mut [T] {
+fn view_mut<T: Elem>(x: &Tensor) -> &mut [T::Repr] {
     // SAFETY: see `view`; the output is the only mutable view alive in each kernel.
-    unsafe { x.buffer.slice_mut::<T>(x.offset, x.len()) }
+    unsafe { x.buffer.slice_mut::<T::Repr>(x.offset, x.len()) }
 }
 
 fn typed<T: Elem>(k: Builtin, args: &[KernelArg]) {
     let out = t(args, 0);
     match k {
-        Builtin::Fill => view_mut::<T>(out).fill(s::<T>(args, 1)),
+        Builtin::Fill => view_mut::<T>(out).fill(s::<T>(args, 1).store()),
         Builtin::Scale => {
-            let (x, alpha) = (t(args, 1), s::<T>(args, 2));
-            if x.span() == out.span() {
-                view_mut::<T>(out)
-                    .iter_mut()
-                    .for_each(|v| *v = alpha.mul(*v));
-            } else {
-                let (o, x) = (view_mut::<T>(out), view::<T>(x));
-                o.iter_mut().zip(x).for_each(|(o, &x)| *o = alpha.mul(x));
-            }
+            let alpha = s::<T>(args, 2);
+            unary::<T>(out, t(args, 1), move |_, x| alpha.mul(x));
         }
         Builtin::Axpy => {
-            let (x, alpha) = (t(args, 1), s::<T>(args, 2));
-            if x.span() == out.span() {
-                view_mut::<T>(out)
-                    .iter_mut()
-                    .for_each(|v| *v = alpha.mul(*v).add(*v));
-            } else {
-                let (y, x) = (view_mut::<T>(out), view::<T>(x));
-                y.iter_mut()
-                    .zip(x)
-                    .for_each(|(y, &x)| *y = alpha.mul(x).add(*y));
-            }
+            let alpha = s::<T>(args, 2);
+            unary::<T>(out, t(args, 1), move |y, x| alpha.mul(x).add(y));
         }
         Builtin::Add => binary::<T>(out, t(args, 1), t(args, 2), T::add),
         Builtin::Mul => binary::<T>(out, t(args, 1), t(args, 2), T::mul),
@@ -511,23 +681,39 @@ fn typed<T: Elem>(k: Builtin, args: &[KernelArg]) {
     }
 }
 
+/// `out[i] = f(out[i], x[i])`, `x` being exactly `out` or disjoint from it.
+fn unary<T: Elem>(out: &Tensor, x: &Tensor, f: impl Fn(T, T) -> T) {
+    if x.span() == out.span() {
+        view_mut::<T>(out).iter_mut().for_each(|v| {
+            let a = T::load(*v);
+            *v = f(a, a).store();
+        });
+    } else {
+        let (o, x) = (view_mut::<T>(out), view::<T>(x));
+        o.iter_mut()
+            .zip(x)
+            .for_each(|(o, &x)| *o = f(T::load(*o), T::load(x)).store());
+    }
+}
+
 fn binary<T: Elem>(out: &Tensor, a: &Tensor, b: &Tensor, f: fn(T, T) -> T) {
+    let g = |a: T::Repr, b: T::Repr| f(T::load(a), T::load(b)).store();
     let (oa, ob) = (out.span() == a.span(), out.span() == b.span());
     match (oa, ob) {
-        (true, true) => view_mut::<T>(out).iter_mut().for_each(|v| *v = f(*v, *v)),
+        (true, true) => view_mut::<T>(out).iter_mut().for_each(|v| *v = g(*v, *v)),
         (true, false) => {
             let (o, b) = (view_mut::<T>(out), view::<T>(b));
-            o.iter_mut().zip(b).for_each(|(o, &b)| *o = f(*o, b));
+            o.iter_mut().zip(b).for_each(|(o, &b)| *o = g(*o, b));
         }
         (false, true) => {
             let (o, a) = (view_mut::<T>(out), view::<T>(a));
-            o.iter_mut().zip(a).for_each(|(o, &a)| *o = f(a, *o));
+            o.iter_mut().zip(a).for_each(|(o, &a)| *o = g(a, *o));
         }
         (false, false) => {
             let (o, a, b) = (view_mut::<T>(out), view::<T>(a), view::<T>(b));
             o.iter_mut()
                 .zip(a.iter().zip(b))
-                .for_each(|(o, (&a, &b))| *o = f(a, b));
+                .for_each(|(o, (&a, &b))| *o = g(a, b));
         }
     }
 }
@@ -537,19 +723,28 @@ fn matmul<T: Elem>(c: &Tensor, a: &Tensor, b: &Tensor) {
     T::gemm(m, k, n, view::<T>(a), view::<T>(b), view_mut::<T>(c));
 }
 
-/// Plain i-k-j product for integer types (wrapping, as numpy).
-fn gemm_loop<T: Elem>(m: usize, k: usize, n: usize, a: &[T], b: &[T], c: &mut [T]) {
-    c.fill(T::zero());
+/// Plain i-k-j product (integers wrap, as numpy; bool is or-of-ands; complex exact formula).
+fn gemm_loop<T: Elem>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T::Repr],
+    b: &[T::Repr],
+    c: &mut [T::Repr],
+) {
     if n == 0 {
         return;
     }
-    for (i, row) in c.chunks_exact_mut(n).enumerate().take(m) {
+    let mut row = vec![T::zero(); n];
+    for (i, out) in c.chunks_exact_mut(n).enumerate().take(m) {
+        row.fill(T::zero());
         for p in 0..k {
-            let aip = a[i * k + p];
+            let aip = T::load(a[i * k + p]);
             let brow = &b[p * n..(p + 1) * n];
             row.iter_mut()
                 .zip(brow)
-                .for_each(|(c, &b)| *c = c.add(aip.mul(b)));
+                .for_each(|(c, &b)| *c = c.add(aip.mul(T::load(b))));
         }
+        out.iter_mut().zip(&row).for_each(|(o, &v)| *o = v.store());
     }
 }

@@ -1,14 +1,19 @@
 //! Kernels: the [`Kernel`] trait, typed tensor arguments, and the process-wide registry that
 //! other crates add to and the Python layer launches from by name.
 //!
+//! * [`dtype`]: [`DType`], the element types (numpy's fixed-size number types) and numpy's
+//!   rule for viewing an array as another dtype.
 //! * [`builtin`]: `noop`, `fill`, `copy`, `scale`, `axpy`, `add`, `mul`, `sum`, `matmul` for
-//!   float32, float64, int32 and int64.
+//!   every dtype where numpy defines the operation.
 //!
 //! A launch checks the arguments on the caller's thread ([`Kernel::check`]: wrong shapes and
 //! dtypes fail there, as `ValueError` in Python) and queues the run on the stream. The
 //! arguments hold their buffers, so memory stays alive until the kernel has run.
 
 pub mod builtin;
+pub mod dtype;
+
+pub use dtype::DType;
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
@@ -18,60 +23,6 @@ use parking_lot::RwLock;
 use crate::error::{arg_error, ArgError, KernelFailure, Result};
 use crate::memory::{Buffer, Element};
 use crate::stream::{Op, OpKind, Stream};
-
-/// Element types kernels understand.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DType {
-    /// 32-bit float.
-    F32,
-    /// 64-bit float.
-    F64,
-    /// 32-bit signed integer.
-    I32,
-    /// 64-bit signed integer.
-    I64,
-    /// Unsigned byte (raw buffers).
-    U8,
-}
-
-impl DType {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            DType::F32 | DType::I32 => 4,
-            DType::F64 | DType::I64 => 8,
-            DType::U8 => 1,
-        }
-    }
-
-    /// numpy name (`"float32"`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "float32",
-            DType::F64 => "float64",
-            DType::I32 => "int32",
-            DType::I64 => "int64",
-            DType::U8 => "uint8",
-        }
-    }
-
-    /// Parse a numpy-style name (`"float32"`, `"f4"`, `"int64"`, `"i8"`, `"uint8"`, `"u1"`).
-    pub fn parse(s: &str) -> Option<DType> {
-        Some(match s {
-            "float32" | "f4" | "<f4" | "f" => DType::F32,
-            "float64" | "f8" | "<f8" | "d" | "float" => DType::F64,
-            "int32" | "i4" | "<i4" | "i" => DType::I32,
-            "int64" | "i8" | "<i8" | "q" | "l" | "int" => DType::I64,
-            "uint8" | "u1" | "|u1" | "B" => DType::U8,
-            _ => return None,
-        })
-    }
-
-    /// Whether this is a float type.
-    pub fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::F64)
-    }
-}
 
 /// A typed, C-contiguous view of part of a buffer: the only way a kernel sees device memory.
 ///
@@ -220,6 +171,8 @@ pub enum KernelArg {
     Float(f64),
     /// An integer scalar.
     Int(i64),
+    /// A complex scalar `(re, im)` (for complex tensors only).
+    Complex(f64, f64),
 }
 
 /// Arguments that passed a kernel's [`Kernel::check`]: the only value [`Kernel::run`]

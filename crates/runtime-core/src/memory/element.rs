@@ -1,5 +1,13 @@
 //! Element types of typed views: plain numbers, valid for every bit pattern and without
 //! padding, so a slice of them can be seen as bytes and bytes as a slice of them.
+//!
+//! float16 is `half::f16` (a `u16` bit pattern with IEEE binary16 conversions); complex
+//! numbers are `num_complex::Complex<f32>` / `Complex<f64>` (`#[repr(C)]` real then imaginary,
+//! numpy's layout). `bool` is not an element: not every byte is a valid Rust `bool`, so
+//! boolean memory is viewed as `u8`.
+
+use half::f16;
+use num_complex::Complex;
 
 /// Element types a typed view of device memory may have. Sealed: the list is the crate's.
 pub trait Element: Copy + Send + Sync + 'static + sealed::Sealed {
@@ -24,10 +32,27 @@ mod sealed {
     pub trait Sealed {}
 }
 
+// Every type listed is plain data valid for any bit pattern, without padding: the integers
+// and floats; `f16` (`#[repr(transparent)]` over `u16`); `Complex<T>` (`#[repr(C)]` of two
+// `T`, same-size fields, so no padding).
 macro_rules! elements {
     ($($t:ty),*) => {$(
         impl sealed::Sealed for $t {}
         impl Element for $t {}
     )*};
 }
-elements!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64);
+elements!(
+    u8,
+    i8,
+    u16,
+    i16,
+    u32,
+    i32,
+    u64,
+    i64,
+    f16,
+    f32,
+    f64,
+    Complex<f32>,
+    Complex<f64>
+);
