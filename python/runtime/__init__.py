@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import atexit as _atexit
 
-from . import kernels
+from . import comm, kernels
 from ._runtime import (
     MAX_QUEUED,
     ComputeInfo,
@@ -141,6 +141,7 @@ _atexit.register(shutdown)
 
 __all__ = [
     "MAX_QUEUED",
+    "comm",
     "ComputeInfo",
     "Device",
     "DeviceBuffer",
