@@ -30,6 +30,9 @@
 //! reaches it rather than when it was issued, so each replay is a new collective; capture the
 //! same sequence on every rank and launch the graphs in the same order as other collectives.
 //!
+//! A rank whose stream holds an unreported error skips its collective, as it skips every op
+//! until the error is reported; the other ranks then fail with `Timeout`.
+//!
 //! Failures travel as the stream's error (a [`KernelFailure`] named after the collective whose
 //! payload is the core [`Error`] — `Timeout`, an argument error or `Invalid` for an abort), so
 //! a stream `synchronize` raises them.
