@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import sys
 import time
 
 import runtime as rt
@@ -91,6 +92,12 @@ def _parser():
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--comm"]:
+        # The collectives benchmark has its own flags (python -m runtime.bench.comm --help).
+        from .comm import main as comm_main
+
+        return comm_main(args[1:])
     return guard(PROG, _main, argv)
 
 
