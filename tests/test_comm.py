@@ -286,3 +286,14 @@ def test_collective_in_a_captured_graph():
         s.synchronize(timeout=WAIT)
     for b in bufs:
         np.testing.assert_array_equal(b.copy_to_host(), np.full(8, 8))
+
+
+def test_bench_busbw_and_runtime_measurement():
+    from runtime.bench import comm as bench
+
+    # nccl-tests: all_reduce busbw = algbw * 2(n-1)/n.
+    assert bench.busbw(2, 10**9, 1.0) == pytest.approx(1.0)
+    assert bench.busbw(4, 10**9, 1.0) == pytest.approx(1.5)
+    assert bench.busbw(8, 10**9, 0.5) == pytest.approx(3.5)
+    times = bench.measure_runtime(2, [4096])
+    assert set(times) == {4096} and times[4096] > 0

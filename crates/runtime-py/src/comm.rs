@@ -48,16 +48,25 @@ fn tensor(py: Python<'_>, obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Tensor>
 }
 
 fn index_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<usize> {
+    let bad_type = || PyTypeError::new_err(format!("{arg} must be an int, got {}", type_name(obj)));
     if obj.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(PyTypeError::new_err(format!(
-            "{arg} must be an int, got bool"
-        )));
+        return Err(bad_type());
     }
-    let v: i64 = obj.extract().map_err(|_| {
-        PyTypeError::new_err(format!("{arg} must be an int, got {}", type_name(obj)))
-    })?;
-    usize::try_from(v).map_err(|_| {
-        pyo3::exceptions::PyValueError::new_err(format!("{arg}: must be a rank (>= 0), got {v}"))
+    // Any integer (numpy's included, through `__index__`), never a float.
+    let int = if obj.is_instance_of::<pyo3::types::PyInt>() {
+        obj.clone()
+    } else {
+        obj.call_method0("__index__").map_err(|_| bad_type())?
+    };
+    let rank = int
+        .extract::<i64>()
+        .ok()
+        .and_then(|v| usize::try_from(v).ok());
+    rank.ok_or_else(|| {
+        pyo3::exceptions::PyValueError::new_err(format!(
+            "{arg}: {} is not a rank (ranks are 0 and up)",
+            obj.repr().map(|r| r.to_string()).unwrap_or_default()
+        ))
     })
 }
 
