@@ -1403,7 +1403,9 @@ def build_cases():  # noqa: C901 - a table
     add(
         C(
             "comm-all_reduce-partial-overlap",
-            lambda e: c0().all_reduce(e.f32, e.f32.view("float32", 8, offset=4)),
+            lambda e: c0().all_reduce(
+                e.f32.view("float32", 8, offset=0), e.f32.view("float32", 8, offset=4)
+            ),
             ValueError,
             "overlap",
         )
