@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import atexit as _atexit
 
-from . import kernels
+from . import comm, kernels
 from ._runtime import (
     MAX_QUEUED,
     ComputeInfo,
@@ -155,6 +155,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "MAX_QUEUED",
+    "comm",
     "ComputeInfo",
     "Device",
     "DeviceBuffer",

@@ -1323,6 +1323,222 @@ def build_cases():  # noqa: C901 - a table
     add(C("buffer-add-float", lambda e: e.dst + 1.0, TypeError, None))
     add(C("buffer-slice-step", lambda e: e.dst[::2], ValueError, "step"))
     add(C("buffer-index-int", lambda e: e.dst[0], TypeError, "slice"))
+    # ------------------------------------------------------------ collectives (runtime.comm)
+    from runtime import comm
+
+    def c0():
+        return comm.init_all([0, 1])[0]
+
+    add(C("comm-init_all-empty", lambda e: comm.init_all([]), ValueError, "devices"))
+    add(C("comm-init_all-twice", lambda e: comm.init_all([0, 0]), ValueError, "devices"))
+    add(C("comm-init_all-not-iterable", lambda e: comm.init_all(5), TypeError))
+    for vid, v in BAD_DEV_VALUE:
+        add(C(f"comm-init_all-device-{vid}", lambda e, v=v: comm.init_all([v]), runtime.Error))
+    for vid, v in BAD_DEV_TYPE:
+        add(
+            C(
+                f"comm-init_all-device-{vid}",
+                lambda e, v=v: comm.init_all([v]),
+                TypeError,
+                "devices",
+            )
+        )
+    for vid, v in [*BAD_TIMEOUT_VALUE, ("0", 0)]:
+        add(
+            C(
+                f"comm-init_all-timeout-{vid}",
+                lambda e, v=v: comm.init_all([0], v),
+                ValueError,
+                "timeout",
+            )
+        )
+    for vid, v in BAD_TIMEOUT_TYPE:
+        add(
+            C(
+                f"comm-init_all-timeout-{vid}",
+                lambda e, v=v: comm.init_all([0], v),
+                TypeError,
+                "timeout",
+            )
+        )
+    for meth in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+        for vid, v in NOT_DEVBUF:
+            add(
+                C(
+                    f"comm-{meth}-send-{vid}",
+                    lambda e, m=meth, v=v: getattr(c0(), m)(_host(e, v), e.f32),
+                    TypeError,
+                    "send",
+                )
+            )
+            add(
+                C(
+                    f"comm-{meth}-recv-{vid}",
+                    lambda e, m=meth, v=v: getattr(c0(), m)(e.f32, _host(e, v)),
+                    TypeError,
+                    "recv",
+                )
+            )
+        add(
+            C(
+                f"comm-{meth}-dtype",
+                lambda e, m=meth: getattr(c0(), m)(e.f32, e.i32),
+                ValueError,
+                "recv",
+            )
+        )
+        add(
+            C(
+                f"comm-{meth}-other-device",
+                lambda e, m=meth: getattr(c0(), m)(e.i32_dev1, e.i32_dev1),
+                ValueError,
+            )
+        )
+        add(
+            C(
+                f"comm-{meth}-freed",
+                lambda e, m=meth: getattr(c0(), m)(e.freed, e.f32),
+                runtime.InvalidHandleError,
+            )
+        )
+        for vid, v in NOT_STREAM:
+            add(
+                C(
+                    f"comm-{meth}-stream-{vid}",
+                    lambda e, m=meth, v=v: getattr(c0(), m)(e.f32, e.f32, stream=_stream(e, v)),
+                    TypeError,
+                    "stream",
+                )
+            )
+        add(
+            C(
+                f"comm-{meth}-stream-other-device",
+                lambda e, m=meth: getattr(c0(), m)(e.i32, e.i32, stream=e.s1),
+                ValueError,
+            )
+        )
+    for op in ("mean", "SUM", ""):
+        add(
+            C(
+                f"comm-all_reduce-op-{op or 'empty'}",
+                lambda e, op=op: c0().all_reduce(e.f32, e.f32, op=op),
+                ValueError,
+                "op",
+            )
+        )
+        add(
+            C(
+                f"comm-reduce_scatter-op-{op or 'empty'}",
+                lambda e, op=op: c0().reduce_scatter(e.f32, e.f32, op=op),
+                ValueError,
+                "op",
+            )
+        )
+    add(C("comm-all_reduce-op-int", lambda e: c0().all_reduce(e.f32, e.f32, op=1), TypeError, "op"))
+    add(
+        C(
+            "comm-all_reduce-partial-overlap",
+            lambda e: c0().all_reduce(
+                e.f32.view("float32", 8, offset=0), e.f32.view("float32", 8, offset=4)
+            ),
+            ValueError,
+            "overlap",
+        )
+    )
+    add(C("comm-all_gather-count", lambda e: c0().all_gather(e.f32, e.f32), ValueError, "recv"))
+    add(
+        C(
+            "comm-reduce_scatter-count",
+            lambda e: c0().reduce_scatter(e.f32, e.f32),
+            ValueError,
+            "send",
+        )
+    )
+    add(C("comm-all_to_all-in-place", lambda e: c0().all_to_all(e.f32, e.f32), ValueError, "recv"))
+    add(
+        C(
+            "comm-reduce-root-without-recv",
+            lambda e: c0().reduce(e.f32, None, 0),
+            ValueError,
+            "recv",
+        )
+    )
+    for vid, v in [("-1", -1), ("size", 2), ("2**64", 2**64)]:
+        add(
+            C(
+                f"comm-broadcast-root-{vid}",
+                lambda e, v=v: c0().broadcast(e.f32, v),
+                (ValueError, OverflowError, TypeError),
+                "root",
+            )
+        )
+        add(
+            C(
+                f"comm-reduce-root-{vid}",
+                lambda e, v=v: c0().reduce(e.f32, e.i32, v),
+                (ValueError, OverflowError, TypeError),
+                "root",
+            )
+        )
+        add(
+            C(
+                f"comm-send-peer-{vid}",
+                lambda e, v=v: c0().send(e.f32, v),
+                (ValueError, OverflowError, TypeError),
+                "peer",
+            )
+        )
+        add(
+            C(
+                f"comm-recv-peer-{vid}",
+                lambda e, v=v: c0().recv(e.f32, v),
+                (ValueError, OverflowError, TypeError),
+                "peer",
+            )
+        )
+    for vid, v in [("str", "0"), ("float", 0.5), ("bool", True), ("None", None)]:
+        add(
+            C(
+                f"comm-broadcast-root-{vid}",
+                lambda e, v=v: c0().broadcast(e.f32, v),
+                TypeError,
+                "root",
+            )
+        )
+        add(C(f"comm-send-peer-{vid}", lambda e, v=v: c0().send(e.f32, v), TypeError, "peer"))
+    for vid, v in NOT_DEVBUF:
+        add(
+            C(
+                f"comm-broadcast-buf-{vid}",
+                lambda e, v=v: c0().broadcast(_host(e, v), 0),
+                TypeError,
+                "buf",
+            )
+        )
+        add(C(f"comm-send-buf-{vid}", lambda e, v=v: c0().send(_host(e, v), 1), TypeError, "buf"))
+        add(C(f"comm-recv-buf-{vid}", lambda e, v=v: c0().recv(_host(e, v), 1), TypeError, "buf"))
+    for vid, v in NOT_STREAM:
+        add(
+            C(
+                f"comm-barrier-stream-{vid}",
+                lambda e, v=v: c0().barrier(stream=_stream(e, v)),
+                TypeError,
+                "stream",
+            )
+        )
+
+    def destroyed(e):
+        c = c0()
+        c.destroy()
+        c.barrier()
+
+    def aborted(e):
+        c = c0()
+        c.abort()
+        c.all_reduce(e.f32, e.f32)
+
+    add(C("comm-destroyed-barrier", destroyed, runtime.InvalidHandleError))
+    add(C("comm-aborted-all_reduce", aborted, runtime.InvalidOperationError, "aborted"))
     return cases
 
 

@@ -13,6 +13,7 @@
 //! | execution | [`stream`] | streams, engines, executors, copies, capture and replay |
 //! | devices | [`device`] | a device's memory, executor and default stream; current device/stream |
 //! | kernels | [`kernel`] | the `Kernel` trait, checked arguments, registry, built-ins |
+//! | collectives | [`comm`] | communicators over this process's devices; stream-ordered collectives |
 //! | lifecycle | [`runtime`] | the devices between `init` and `shutdown`; barriers |
 //!
 //! (`sync`, crate-private, holds the lock and atomic types that loom model-checks.)
@@ -22,7 +23,7 @@
 //! against the allocation; kernels see it only through [`kernel::Tensor`] (checked when built,
 //! fields private) and run only with [`kernel::Args`] that their own check accepted. Unsafe
 //! code lives in `memory::host` (the mapping and raw copies), [`memory`] (typed views and
-//! element byte views), [`kernel::builtin`] (the gemm call) and [`stream::copy`] (host memory
+//! element byte views), [`kernel::builtin`] (the gemm call), `comm::reduce` (the collectives' typed views) and [`stream::copy`] (host memory
 //! behind raw pointers); each block carries a `SAFETY:` comment.
 //!
 //! ---
@@ -31,6 +32,7 @@
 #![warn(missing_docs)]
 
 pub mod clock;
+pub mod comm;
 pub mod config;
 pub mod device;
 pub mod error;

@@ -204,6 +204,8 @@ pub fn shutdown_within(timeout: Option<std::time::Duration>) -> Result<bool> {
         return Ok(true);
     };
     rt.closing.store(true, Ordering::Release);
+    // Collectives waiting for a rank that will never come would hold up the drain.
+    crate::comm::abort_all("the runtime is shutting down");
     for d in &rt.devices {
         d.executor().close();
     }

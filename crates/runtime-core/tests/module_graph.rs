@@ -21,6 +21,7 @@ const LAYERS: &[&str] = &[
     "stream",
     "device",
     "kernel",
+    "comm",
     "runtime",
 ];
 

@@ -146,6 +146,11 @@ pub fn to_pyerr(py: Python<'_>, e: Error) -> PyErr {
         ) => err_of(py, &c.invalid_operation, msg),
         Error::Stream(StreamError::Multiple(errors)) => several(py, errors),
         Error::Stream(StreamError::Kernel(k)) => {
+            // A failure that carries a core error (a collective's timeout, mismatch or abort)
+            // raises as that error.
+            if let Some(inner) = k.payload.as_ref().and_then(|p| p.downcast_ref::<Error>()) {
+                return to_pyerr(py, inner.clone());
+            }
             let err = err_of(py, &c.kernel, msg);
             let v = err.value(py);
             let _ = v.setattr("kernel", &k.kernel);

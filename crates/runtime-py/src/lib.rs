@@ -14,8 +14,10 @@
 //   buffer, memory, stats       the DeviceBuffer class, allocation, allocator statistics
 //   device, event, kernel       Device and records, Event, Kernel and launches
 //   stream                      Stream, Graph and the stream functions
+//   comm                        Communicator and comm_init_all (runtime.comm)
 //   lifecycle                   init, shutdown, options
 mod buffer;
+mod comm;
 mod context;
 mod convert;
 mod copy;
@@ -58,6 +60,8 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handles::PyEvent>()?;
     m.add_class::<stream::PyGraph>()?;
     m.add_class::<kernel::PyKernel>()?;
+    m.add_class::<comm::PyCommunicator>()?;
+    m.add_function(wrap_pyfunction!(comm::comm_init_all, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::init, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::is_initialized, m)?)?;

@@ -11,6 +11,7 @@ import argparse
 import gc
 import json
 import os
+import sys
 import time
 
 import runtime as rt
@@ -106,6 +107,12 @@ def _parser():
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--comm"]:
+        # The collectives benchmark has its own flags (python -m runtime.bench.comm --help).
+        from .comm import main as comm_main
+
+        return comm_main(args[1:])
     return guard(PROG, _main, argv)
 
 

@@ -1,0 +1,336 @@
+//! The data movement of the collectives: each rank's share of the work, over every rank's
+//! buffers (device memory is host memory, so a rank reads and writes its peers' buffers
+//! directly), with the element-wise reductions generic over the element type.
+//!
+//! Shares: element range `[count * r / n, count * (r + 1) / n)` is rank `r`'s. For
+//! `all_reduce`, rank `r` reads its range of every input once, reduces it tile by tile in a
+//! cache-resident accumulator and writes the result to every output: every input byte is read
+//! once and every output byte written once (what a reduce-scatter followed by an all-gather
+//! moves), and the ranks work in parallel on disjoint ranges. The other collectives split the
+//! same way. No two ranks ever touch the same bytes, and a rank reads a tile of an input before
+//! it writes the same tile of an output, so an output that *is* its input (in place) is safe;
+//! partial overlaps are refused when the collective is issued (`check_alias` in `mod.rs`).
+//!
+//! Memory access goes through [`Buffer::slice`](crate::memory::Buffer::slice) views, one tile
+//! at a time, never a shared and an exclusive view of the same bytes at once.
+
+use half::f16;
+use num_complex::Complex;
+
+use crate::kernel::{DType, Tensor};
+use crate::memory::Element;
+
+use super::{Kind, ReduceOp};
+
+/// Bytes per tile: the accumulator and one input tile stay in the L1/L2 cache.
+const TILE_BYTES: usize = 32 * 1024;
+
+/// Element types the reductions handle: integers wrap on overflow (as numpy's), floats follow
+/// IEEE arithmetic; `avg` is the sum divided by the rank count (integer division for
+/// integers, as NCCL's `ncclAvg`).
+pub(crate) trait Num: Element + Default {
+    fn add(a: Self, b: Self) -> Self;
+    fn mul(a: Self, b: Self) -> Self;
+    fn div_count(a: Self, n: usize) -> Self;
+    /// The larger (`max`) or smaller value; complex numbers never get here (refused at issue).
+    fn pick(a: Self, b: Self, max: bool) -> Self;
+}
+
+macro_rules! int_num {
+    ($($t:ty),*) => {$(
+        impl Num for $t {
+            #[inline(always)]
+            fn add(a: Self, b: Self) -> Self { a.wrapping_add(b) }
+            #[inline(always)]
+            fn mul(a: Self, b: Self) -> Self { a.wrapping_mul(b) }
+            #[inline(always)]
+            fn div_count(a: Self, n: usize) -> Self { a / (n as Self) }
+            #[inline(always)]
+            fn pick(a: Self, b: Self, max: bool) -> Self { if (b > a) == max { b } else { a } }
+        }
+    )*};
+}
+int_num!(u8, i8, u16, i16, u32, i32, u64, i64);
+
+macro_rules! float_num {
+    ($($t:ty),*) => {$(
+        impl Num for $t {
+            #[inline(always)]
+            fn add(a: Self, b: Self) -> Self { a + b }
+            #[inline(always)]
+            fn mul(a: Self, b: Self) -> Self { a * b }
+            #[inline(always)]
+            fn div_count(a: Self, n: usize) -> Self { a / (n as Self) }
+            #[inline(always)]
+            fn pick(a: Self, b: Self, max: bool) -> Self {
+                if (max && b > a) || (!max && b < a) { b } else { a }
+            }
+        }
+    )*};
+}
+float_num!(f32, f64);
+
+/// float16: each step computed in f32 and rounded to f16, as numpy's float16 loops.
+impl Num for f16 {
+    #[inline(always)]
+    fn add(a: Self, b: Self) -> Self {
+        f16::from_f32(a.to_f32() + b.to_f32())
+    }
+    #[inline(always)]
+    fn mul(a: Self, b: Self) -> Self {
+        f16::from_f32(a.to_f32() * b.to_f32())
+    }
+    #[inline(always)]
+    fn div_count(a: Self, n: usize) -> Self {
+        f16::from_f32(a.to_f32() / n as f32)
+    }
+    #[inline(always)]
+    fn pick(a: Self, b: Self, max: bool) -> Self {
+        let (x, y) = (a.to_f32(), b.to_f32());
+        if (max && y > x) || (!max && y < x) {
+            b
+        } else {
+            a
+        }
+    }
+}
+
+macro_rules! complex_num {
+    ($($t:ty),*) => {$(
+        impl Num for Complex<$t> {
+            #[inline(always)]
+            fn add(a: Self, b: Self) -> Self { a + b }
+            #[inline(always)]
+            fn mul(a: Self, b: Self) -> Self { a * b }
+            #[inline(always)]
+            fn div_count(a: Self, n: usize) -> Self { a / (n as $t) }
+            #[inline(always)]
+            fn pick(a: Self, _b: Self, _max: bool) -> Self { a }
+        }
+    )*};
+}
+complex_num!(f32, f64);
+
+
+/// `acc[i] = acc[i] <op> x[i]`: one tight loop per operator, which the compiler vectorises.
+fn combine<T: Num>(op: ReduceOp, acc: &mut [T], x: &[T]) {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => {
+            for (a, &b) in acc.iter_mut().zip(x) {
+                *a = T::add(*a, b);
+            }
+        }
+        ReduceOp::Prod => {
+            for (a, &b) in acc.iter_mut().zip(x) {
+                *a = T::mul(*a, b);
+            }
+        }
+        ReduceOp::Max => {
+            for (a, &b) in acc.iter_mut().zip(x) {
+                *a = T::pick(*a, b, true);
+            }
+        }
+        ReduceOp::Min => {
+            for (a, &b) in acc.iter_mut().zip(x) {
+                *a = T::pick(*a, b, false);
+            }
+        }
+    }
+}
+
+fn finish<T: Num>(op: ReduceOp, acc: &mut [T], n: usize) {
+    if op == ReduceOp::Avg {
+        for a in acc.iter_mut() {
+            *a = T::div_count(*a, n);
+        }
+    }
+}
+
+/// One rank's part of a collective: everything the ranks agreed on, and every rank's tensors.
+pub(crate) struct Share<'a> {
+    pub kind: Kind,
+    pub rank: usize,
+    pub size: usize,
+    pub sends: &'a [Option<Tensor>],
+    pub recvs: &'a [Option<Tensor>],
+}
+
+/// Run rank `share.rank`'s part for the agreed dtype: the one match on [`DType`].
+pub(crate) fn run(dtype: DType, share: &Share<'_>) {
+    match dtype {
+        DType::F32 => typed::<f32>(share),
+        DType::F64 => typed::<f64>(share),
+        DType::I32 => typed::<i32>(share),
+        DType::I64 => typed::<i64>(share),
+        DType::U8 => typed::<u8>(share),
+        DType::I8 => typed::<i8>(share),
+        DType::I16 => typed::<i16>(share),
+        DType::U16 => typed::<u16>(share),
+        DType::U32 => typed::<u32>(share),
+        DType::U64 => typed::<u64>(share),
+        DType::F16 => typed::<f16>(share),
+        DType::C64 => typed::<Complex<f32>>(share),
+        DType::C128 => typed::<Complex<f64>>(share),
+        // Booleans are bytes of 0 or 1: or is max and and is min (`check_dtype` refused avg).
+        DType::Bool => {
+            let share = Share {
+                kind: share.kind.bool_as_bytes(),
+                ..*share
+            };
+            typed::<u8>(&share);
+        }
+    }
+}
+
+/// `[lo, hi)`: rank `r`'s range of `count` elements split `n` ways.
+pub(crate) fn range(count: usize, r: usize, n: usize) -> (usize, usize) {
+    let part = |i: usize| ((count as u128 * i as u128) / n as u128) as usize;
+    (part(r), part(r + 1))
+}
+
+/// A shared view of elements `[lo, hi)` of `t`.
+fn view<T: Num>(t: &Tensor, lo: usize, hi: usize) -> &[T] {
+    let off = t.offset() + (lo * size_of::<T>()) as u64;
+    // SAFETY: `Buffer::slice` checks bounds and alignment itself (panicking otherwise). No
+    // exclusive view of these bytes exists meanwhile: within a collective only this rank
+    // touches this element range of any participating tensor (disjoint shares), each tile's
+    // shared view is dropped before any exclusive view of the same bytes is made, and inputs
+    // and outputs of one rank are identical or disjoint (checked at issue). The ranks' streams
+    // are all inside this collective, so they do not touch these buffers; other streams'
+    // accesses are ordered by the caller, as for kernels.
+    unsafe { t.buffer().slice::<T>(off, hi - lo) }
+}
+
+/// An exclusive view of elements `[lo, hi)` of `t`.
+#[allow(clippy::mut_from_ref)] // device memory is shared by design, as for kernels
+fn view_mut<T: Num>(t: &Tensor, lo: usize, hi: usize) -> &mut [T] {
+    let off = t.offset() + (lo * size_of::<T>()) as u64;
+    // SAFETY: as for `view`; in addition the view is the only one of these bytes alive (each
+    // is made, written and dropped within one statement of the tile loop).
+    unsafe { t.buffer().slice_mut::<T>(off, hi - lo) }
+}
+
+fn tile_elems<T>() -> usize {
+    (TILE_BYTES / size_of::<T>()).max(1)
+}
+
+/// Reduce elements `[lo, hi)` of every tensor in `inputs` (all starting at element `in_base`
+/// of their tensor) and write the result to elements `[lo, hi)` (starting at `out_base`) of
+/// every tensor in `outputs`.
+fn reduce_into<T: Num>(
+    op: ReduceOp,
+    inputs: &[&Tensor],
+    in_base: usize,
+    outputs: &[&Tensor],
+    out_base: usize,
+    lo: usize,
+    hi: usize,
+) {
+    let n = inputs.len();
+    let tile = tile_elems::<T>();
+    let mut acc = vec![T::default(); tile.min(hi - lo)];
+    let mut at = lo;
+    while at < hi {
+        let end = (at + tile).min(hi);
+        let acc = &mut acc[..end - at];
+        acc.copy_from_slice(view::<T>(inputs[0], in_base + at, in_base + end));
+        for x in &inputs[1..] {
+            combine(op, acc, view::<T>(x, in_base + at, in_base + end));
+        }
+        finish(op, acc, n);
+        for y in outputs {
+            view_mut::<T>(y, out_base + at, out_base + end).copy_from_slice(acc);
+        }
+        at = end;
+    }
+}
+
+/// Copy elements `[lo, hi)` of `src` (from element `src_base`) to every tensor of `dsts` (from
+/// element `dst_base`), tile by tile so the source tile is read from memory once.
+fn copy_to_all<T: Num>(
+    src: &Tensor,
+    src_base: usize,
+    dsts: &[&Tensor],
+    dst_base: usize,
+    lo: usize,
+    hi: usize,
+) {
+    let tile = tile_elems::<T>() * 4;
+    let mut at = lo;
+    while at < hi {
+        let end = (at + tile).min(hi);
+        for d in dsts {
+            if same_place(src, src_base + at, d, dst_base + at) {
+                continue; // in place: the bytes are already there
+            }
+            let s = view::<T>(src, src_base + at, src_base + end);
+            view_mut::<T>(d, dst_base + at, dst_base + end).copy_from_slice(s);
+        }
+        at = end;
+    }
+}
+
+/// Whether element `i` of `a` and element `j` of `b` are the same bytes.
+fn same_place(a: &Tensor, i: usize, b: &Tensor, j: usize) -> bool {
+    a.buffer() == b.buffer()
+        && a.offset() + (i * a.dtype().size()) as u64 == b.offset() + (j * b.dtype().size()) as u64
+}
+
+fn typed<T: Num>(s: &Share<'_>) {
+    let (r, n) = (s.rank, s.size);
+    let send = |q: usize| s.sends[q].as_ref().expect("send checked at issue");
+    let recv = |q: usize| s.recvs[q].as_ref().expect("recv checked at issue");
+    match s.kind {
+        Kind::AllReduce(op) => {
+            let count = send(0).len();
+            let (lo, hi) = range(count, r, n);
+            let ins: Vec<&Tensor> = (0..n).map(send).collect();
+            let outs: Vec<&Tensor> = (0..n).map(recv).collect();
+            reduce_into::<T>(op, &ins, 0, &outs, 0, lo, hi);
+        }
+        Kind::Reduce(op, root) => {
+            let count = send(0).len();
+            let (lo, hi) = range(count, r, n);
+            let ins: Vec<&Tensor> = (0..n).map(send).collect();
+            reduce_into::<T>(op, &ins, 0, &[recv(root)], 0, lo, hi);
+        }
+        Kind::Broadcast(root) => {
+            let count = recv(root).len();
+            let (lo, hi) = range(count, r, n);
+            let outs: Vec<&Tensor> = (0..n).filter(|&q| q != root).map(recv).collect();
+            copy_to_all::<T>(recv(root), 0, &outs, 0, lo, hi);
+        }
+        Kind::AllGather => {
+            // Rank r places its own input in block r of every output.
+            let count = send(r).len();
+            let outs: Vec<&Tensor> = (0..n).map(recv).collect();
+            copy_to_all::<T>(send(r), 0, &outs, r * count, 0, count);
+        }
+        Kind::ReduceScatter(op) => {
+            // Rank r reduces block r of every input into its own output.
+            let count = recv(r).len();
+            let ins: Vec<&Tensor> = (0..n).map(send).collect();
+            reduce_into::<T>(op, &ins, r * count, &[recv(r)], 0, 0, count);
+        }
+        Kind::AllToAll => {
+            // Block q of rank r's input goes to block r of rank q's output.
+            let count = send(r).len() / n;
+            for q in 0..n {
+                copy_to_all::<T>(send(r), q * count, &[recv(q)], r * count, 0, count);
+            }
+        }
+        Kind::Barrier => {}
+    }
+}
+
+/// Copy `t`'s elements to host bytes (a point-to-point send's staging copy).
+pub(crate) fn stage(t: &Tensor) -> crate::Result<Vec<u8>> {
+    let mut out = vec![0u8; t.nbytes() as usize];
+    t.buffer().read(t.offset(), &mut out)?;
+    Ok(out)
+}
+
+/// Copy staged bytes into `t` (a point-to-point receive).
+pub(crate) fn unstage(t: &Tensor, bytes: &[u8]) -> crate::Result<()> {
+    t.buffer().write(t.offset(), bytes)
+}
