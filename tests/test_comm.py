@@ -65,7 +65,7 @@ def reference(op: str, xs: list[np.ndarray]) -> np.ndarray:
                 acc = np.minimum(acc, x)
         if op == "avg":
             n = len(xs)
-            if acc.dtype.kind == "f":
+            if acc.dtype.kind in "fc":
                 acc = acc / acc.dtype.type(n)
             else:  # integer division truncating toward zero, as C's
                 acc = (np.sign(acc) * (np.abs(acc.astype(np.int64)) // n)).astype(acc.dtype)
@@ -297,3 +297,72 @@ def test_bench_busbw_and_runtime_measurement():
     assert bench.busbw(8, 10**9, 0.5) == pytest.approx(3.5)
     times = bench.measure_runtime(2, [4096])
     assert set(times) == {4096} and times[4096] > 0
+
+
+# --- the other dtypes: small integers, float16 (rounded per step), complex, bool ------------
+
+MORE_DTYPES = ["int8", "int16", "uint16", "uint32", "uint64", "float16", "complex64", "complex128"]
+
+
+def small(rank: int, size: int, dtype: str, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed * 100 + rank)
+    x = rng.integers(-2, 3, size)
+    if dtype.startswith("complex"):
+        return (x + 1j * rng.integers(-2, 3, size)).astype(dtype)
+    if dtype.startswith("uint"):
+        return np.abs(x).astype(dtype)
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("dtype", MORE_DTYPES)
+def test_all_reduce_every_other_dtype(n, dtype):
+    cs = comms(n)
+    ops = ["sum", "prod", "avg"] + ([] if dtype.startswith("complex") else ["max", "min"])
+    for op in ops:
+        for size in (7, 1001):
+            xs = [small(r, size, dtype, size) for r in range(n)]
+            sends = [runtime.to_device(x, device=c.device) for c, x in zip(cs, xs)]
+            recvs = [runtime.empty(size, dtype, c.device) for c in cs]
+            for c, s, r in zip(cs, sends, recvs):
+                c.all_reduce(s, r, op=op)
+            sync(cs)
+            want = reference(op, xs)
+            for r in recvs:
+                got = r.copy_to_host()
+                if op == "avg" and dtype.startswith("complex"):
+                    # numpy divides by complex(n) (Smith's algorithm); the device divides
+                    # each part by n: equal to the last bit or so.
+                    np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"{op} {size}")
+                else:
+                    np.testing.assert_array_equal(got, want, err_msg=f"{op} {size}")
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_all_reduce_bool_is_or_and(n):
+    """numpy's add/multiply on bool are logical or/and; max/min agree with them."""
+    cs = comms(n)
+    rng = np.random.default_rng(5)
+    xs = [rng.integers(0, 2, 1001).astype(bool) for _ in range(n)]
+    want_or = functools.reduce(np.logical_or, xs)
+    want_and = functools.reduce(np.logical_and, xs)
+    for op, want in (("sum", want_or), ("max", want_or), ("prod", want_and), ("min", want_and)):
+        sends = [runtime.to_device(x, device=c.device) for c, x in zip(cs, xs)]
+        recvs = [runtime.empty(1001, "bool", c.device) for c in cs]
+        for c, s, r in zip(cs, sends, recvs):
+            c.all_reduce(s, r, op=op)
+        sync(cs)
+        for r in recvs:
+            np.testing.assert_array_equal(r.copy_to_host(), want, err_msg=op)
+
+
+@pytest.mark.parametrize(
+    "dtype, op", [("complex64", "max"), ("complex128", "min"), ("bool", "avg")]
+)
+def test_operators_without_meaning_for_the_dtype_are_refused(dtype, op):
+    cs = comms(2)
+    buf = runtime.empty(4, dtype, cs[0].device)
+    with pytest.raises(ValueError, match=rf"op.*{op} is not defined for dtype {dtype}"):
+        cs[0].all_reduce(buf, buf, op=op)
+    with pytest.raises(ValueError, match="op"):
+        cs[0].reduce_scatter(buf, buf[:2] if dtype != "bool" else buf[:2], op=op)

@@ -111,7 +111,6 @@ macro_rules! complex_num {
 }
 complex_num!(f32, f64);
 
-
 /// `acc[i] = acc[i] <op> x[i]`: one tight loop per operator, which the compiler vectorises.
 fn combine<T: Num>(op: ReduceOp, acc: &mut [T], x: &[T]) {
     match op {
