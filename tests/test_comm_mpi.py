@@ -1,0 +1,78 @@
+"""MPI communicators (``runtime._mpi``) across processes, run under ``mpiexec``.
+
+Each case launches ``mpiexec -n N python mpi_collectives.py ...`` (every collective x op x
+dtype x size, checked against numpy in every process) and checks that every process reported
+success. Skipped, with the reason, where mpi4py or mpiexec is missing
+(``pip install "runtime[mpi]"`` installs both).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+SCRIPT = HERE / "mpi_collectives.py"
+
+
+def _mpiexec() -> str | None:
+    beside = pathlib.Path(sys.executable).parent / "mpiexec"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("mpiexec")
+
+
+def _skip_reason() -> str | None:
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return 'mpi4py is not installed (pip install "runtime[mpi]")'
+    if _mpiexec() is None:
+        return 'no mpiexec on PATH or beside the interpreter (pip install "runtime[mpi]")'
+    return None
+
+
+pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+
+
+def run_mpi(n: int, *args: str, timeout: float = 600) -> list[tuple[int, int]]:
+    """Run the script on ``n`` processes; (process, checks) of each one's ``ok`` line."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("RUNTIME_DEVICE_COUNT", None)
+    out = subprocess.run(
+        [_mpiexec(), "-n", str(n), sys.executable, str(SCRIPT), *args],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    assert out.returncode == 0, f"rc {out.returncode}\n{out.stdout}\n{out.stderr}"
+    oks = [(int(p), int(k)) for p, k in re.findall(r"ok (\d+) (\d+)", out.stdout)]
+    assert sorted(p for p, _ in oks) == list(range(n)), out.stdout
+    return oks
+
+
+@pytest.mark.parametrize(
+    ("n", "devices"),
+    [(1, "2"), (2, "1"), (2, "2"), (3, "1"), (3, "2"), (3, "1,2,1")],
+    ids=["1proc-2dev", "2proc-1dev", "2proc-2dev", "3proc-1dev", "3proc-2dev", "3proc-1,2,1dev"],
+)
+def test_collectives_match_numpy(n, devices):
+    oks = run_mpi(n, "check", devices)
+    # every process checked every collective, op, dtype and size on each of its devices
+    for process, checks in oks:
+        assert checks > 400, (process, checks)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_errors_timeouts_abort(n):
+    oks = run_mpi(n, "errors")
+    for process, checks in oks:
+        assert checks >= 20, (process, checks)
