@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 
@@ -22,9 +23,15 @@ SCRIPT = HERE / "mpi_collectives.py"
 
 
 def _mpiexec() -> str | None:
-    beside = pathlib.Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
+    """The mpiexec of the mpich wheel (installed beside the interpreter's scripts), else PATH's."""
+    dirs = [pathlib.Path(sys.executable).parent, pathlib.Path(sysconfig.get_path("scripts"))]
+    try:
+        dirs.append(pathlib.Path(sysconfig.get_path("scripts", f"{os.name}_user")))
+    except KeyError:
+        pass
+    for d in dirs:
+        if (d / "mpiexec").exists():
+            return str(d / "mpiexec")
     return shutil.which("mpiexec")
 
 

@@ -87,6 +87,13 @@ def _parser():
         "--markdown", action="store_true", help="print the table and targets as markdown"
     )
     ap.add_argument("--list", action="store_true", help="list the rows and exit")
+    ap.add_argument(
+        "--mpi",
+        action="store_true",
+        help="instead: all_reduce over MPI beside raw mpi4py, 4 KiB..256 MiB, under mpiexec "
+        "(needs mpi4py: pip install 'runtime[mpi]'); honours --quick and --json",
+    )
+    ap.add_argument("--np", type=_positive_int, default=2, help="processes for --mpi (default 2)")
     return ap
 
 
@@ -161,6 +168,10 @@ def _main(argv: list[str] | None) -> int:
             check_writable(path, flag)
     if a.from_json:
         return _render_saved(a)
+    if a.mpi:
+        from .mpi import run as run_mpi
+
+        return run_mpi(a.np, a.quick, a.json)
     cfg = Config(a.quick, a.reps)
     wanted = (
         [] if a.peers.strip() == "none" else [p.strip() for p in a.peers.split(",") if p.strip()]
