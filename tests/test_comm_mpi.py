@@ -83,3 +83,18 @@ def test_errors_timeouts_abort(n):
     oks = run_mpi(n, "errors")
     for process, checks in oks:
         assert checks >= 20, (process, checks)
+
+
+@pytest.mark.parametrize("devices", ["1", "2"])
+def test_data_parallel_example_under_mpiexec(devices):
+    example = HERE.parent / "examples" / "data_parallel.py"
+    out = subprocess.run(
+        [_mpiexec(), "-n", "2", sys.executable, str(example), "--mpi", "--devices", devices],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"
+    ranks = 2 * int(devices)
+    assert f"{ranks} ranks (MPI" in out.stdout, out.stdout
+    assert "weights match full-batch gradient descent" in out.stdout, out.stdout
