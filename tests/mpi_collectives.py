@@ -12,12 +12,14 @@ Driven by ``test_comm_mpi.py``.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
 from mpi4py import MPI
 
 import runtime as rt
+import runtime._mpi as rt_mpi
 from runtime._mpi import init_mpi
 
 DTYPES = ("float32", "float64", "int32", "int64")
@@ -72,6 +74,12 @@ def check(devices_arg: str) -> int:
     mine = spec[0] if len(spec) == 1 else spec[world.rank]
     rt.init(device_count=max(mine, 1), memory="256MiB")
     comms = init_mpi(list(range(mine)), timeout=120)
+    if os.environ.get("MPI4PY_RC_THREAD_LEVEL") == "serialized":
+        # MPI_THREAD_SERIALIZED: every MPI call under one lock, waits polled (no watchdog)
+        assert MPI.Query_thread() == MPI.THREAD_SERIALIZED
+        assert rt_mpi._SERIAL_LOCK is not None and rt_mpi._WATCHDOG is None
+    else:
+        assert MPI.Query_thread() == MPI.THREAD_MULTIPLE and rt_mpi._WATCHDOG is not None
     ch = Checker(comms)
     size = comms[0].size
     assert [c.rank for c in comms] == list(range(comms[0].rank, comms[0].rank + mine))

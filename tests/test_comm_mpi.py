@@ -48,9 +48,11 @@ def _skip_reason() -> str | None:
 pytestmark = pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
 
 
-def run_mpi(n: int, *args: str, timeout: float = 600) -> list[tuple[int, int]]:
+def run_mpi(
+    n: int, *args: str, timeout: float = 600, env: dict | None = None
+) -> list[tuple[int, int]]:
     """Run the script on ``n`` processes; (process, checks) of each one's ``ok`` line."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     env.pop("RUNTIME_DEVICE_COUNT", None)
     out = subprocess.run(
         [_mpiexec(), "-n", str(n), sys.executable, str(SCRIPT), *args],
@@ -83,6 +85,14 @@ def test_errors_timeouts_abort(n):
     oks = run_mpi(n, "errors")
     for process, checks in oks:
         assert checks >= 20, (process, checks)
+
+
+@pytest.mark.parametrize("mode", ["check", "errors"])
+def test_thread_serialized_mpi(mode):
+    """MPI initialised with MPI_THREAD_SERIALIZED: calls serialised by a lock, waits polled."""
+    env = {"MPI4PY_RC_THREAD_LEVEL": "serialized"}
+    oks = run_mpi(2, *(["check", "2"] if mode == "check" else ["errors"]), env=env)
+    assert len(oks) == 2
 
 
 @pytest.mark.parametrize("devices", ["1", "2"])

@@ -113,6 +113,71 @@ class _Broken(Exception):
     pass
 
 
+class _Watchdog:
+    """Wakes MPI waits at their deadline or when their group breaks (one thread a process).
+
+    A wait posts a 1-byte receive on a private duplicate of ``MPI.COMM_SELF`` with a tag of its
+    own and waits for either its operation or that receive; this thread sends the byte.
+    """
+
+    def __init__(self, MPI):  # noqa: N803
+        self.MPI = MPI
+        self.comm = MPI.COMM_SELF.Dup()
+        self.tag_ub = max(int(MPI.COMM_SELF.Get_attr(MPI.TAG_UB) or 32767), 32767)
+        self.cond = threading.Condition()
+        self.armed: dict[int, tuple[float | None, _Group]] = {}
+        self.next = 0
+        self.one = np.zeros(1, np.uint8)
+        self.thread = threading.Thread(target=self._run, name="runtime-mpi-watchdog", daemon=True)
+        self.thread.start()
+
+    def arm(self, group: _Group, deadline: float | None):
+        with self.cond:
+            self.next = self.next % self.tag_ub + 1
+            token = self.next
+            self.armed[token] = (deadline, group)
+            self.cond.notify()
+        wake = self.comm.Irecv([np.empty(1, np.uint8), 1, self.MPI.BYTE], source=0, tag=token)
+        return token, wake
+
+    def disarm(self, token: int, wake) -> None:
+        with self.cond:
+            self.armed.pop(token, None)
+        if wake != self.MPI.REQUEST_NULL:
+            # Either the receive is cancelled or the byte already matched it; both complete.
+            wake.Cancel()
+            wake.Wait()
+
+    def poke(self) -> None:
+        with self.cond:
+            self.cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                now = time.monotonic()
+                due = [
+                    t
+                    for t, (d, g) in self.armed.items()
+                    if g.broken is not None or (d is not None and d <= now)
+                ]
+                if not due:
+                    deadlines = [d for d, _ in self.armed.values() if d is not None]
+                    self.cond.wait(max(min(deadlines) - now, 0.001) if deadlines else None)
+                    continue
+                for t in due:
+                    del self.armed[t]
+            for t in due:
+                try:
+                    self.comm.Send([self.one, 1, self.MPI.BYTE], dest=0, tag=t)
+                except Exception:  # noqa: BLE001 - MPI finalised at exit: nobody waits
+                    return
+
+
+_WATCHDOG: _Watchdog | None = None
+_MPI_MOD: Any = None
+
+
 class _Slot:
     """One rendezvous of the local ranks of a group (a collective, or a local send/recv)."""
 
@@ -165,6 +230,8 @@ class _Group:
             if self.broken is None:
                 self.broken = why
             self.cond.notify_all()
+        if _WATCHDOG is not None:
+            _WATCHDOG.poke()
 
     def check(self) -> None:
         if self.broken is not None:
@@ -172,26 +239,43 @@ class _Group:
 
     # --- waiting for MPI -------------------------------------------------------------------
     def wait(self, req, what: str) -> None:
-        """Poll ``req`` until it completes, the group breaks, or the timeout passes."""
-        start = time.monotonic()
-        deadline = None if self.timeout is None else start + self.timeout
-        while True:
-            with _mpi_lock():
-                if req.Test():
-                    return
-            if self.broken is not None:
-                raise _Broken(f"{what}: abandoned, the communicator is broken: {self.broken}")
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                why = (
-                    f"{what} did not complete within {self.timeout:g} s (process "
-                    f"{self.proc} of {self.nprocs}); a peer process never joined it. The MPI "
-                    "request is abandoned and the communicator is broken"
-                )
-                self.fail(why)
-                raise _rt.WaitTimeoutError(why)
-            if now - start > _SPIN_S:
-                time.sleep(_NAP_S)
+        """Wait for ``req`` until it completes, the group breaks, or the timeout passes.
+
+        With MPI_THREAD_MULTIPLE the wait is MPI's own (``Waitany``, the GIL released, MPI's
+        progress at full speed) on ``req`` and a wake-up receive that the watchdog thread
+        completes at the deadline or on abort. Otherwise ``req`` is polled.
+        """
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        if _WATCHDOG is not None:
+            token, wake = _WATCHDOG.arm(self, deadline)
+            try:
+                first = _MPI_MOD.Request.Waitany([req, wake])
+            finally:
+                _WATCHDOG.disarm(token, wake)
+            if first == 0:
+                return
+        else:
+            start = time.monotonic()
+            while True:
+                with _mpi_lock():
+                    if req.Test():
+                        return
+                if self.broken is not None:
+                    break
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    break
+                if now - start > _SPIN_S:
+                    time.sleep(_NAP_S)
+        if self.broken is not None:
+            raise _Broken(f"{what}: abandoned, the communicator is broken: {self.broken}")
+        why = (
+            f"{what} did not complete within {self.timeout:g} s (process "
+            f"{self.proc} of {self.nprocs}); a peer process never joined it. The MPI "
+            "request is abandoned and the communicator is broken"
+        )
+        self.fail(why)
+        raise _rt.WaitTimeoutError(why)
 
     def mpi(self, what: str, start: Callable[[], Any]) -> None:
         """Start a non-blocking MPI call and wait for it."""
@@ -807,7 +891,7 @@ def init_mpi(devices=None, mpi_comm=None, timeout: float | None = 300.0) -> list
     waits for its peers before it fails and breaks the communicator (None: wait forever).
     Needs ``runtime.init()`` first and ``mpi4py`` (``pip install "runtime[mpi]"``).
     """
-    global _SERIAL_LOCK
+    global _SERIAL_LOCK, _WATCHDOG, _MPI_MOD
     MPI = _mpi()
     if timeout is not None:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
@@ -837,6 +921,9 @@ def init_mpi(devices=None, mpi_comm=None, timeout: float | None = 300.0) -> list
         )
     if level < MPI.THREAD_MULTIPLE and _SERIAL_LOCK is None:
         _SERIAL_LOCK = threading.Lock()
+    if level >= MPI.THREAD_MULTIPLE and _WATCHDOG is None:
+        _MPI_MOD = MPI
+        _WATCHDOG = _Watchdog(MPI)
     base = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
     if not isinstance(base, MPI.Intracomm):
         raise TypeError(f"mpi_comm must be an mpi4py intracommunicator, got {type(base)}")
