@@ -76,8 +76,13 @@ _SPIN_S = 0.05
 _NAP_S = 0.0002
 
 
+_MPI_MOD: Any = None  # mpi4py.MPI once init_mpi has run
+
+
 def _mpi():
     """The ``mpi4py.MPI`` module, or an ImportError saying how to install it."""
+    if _MPI_MOD is not None:
+        return _MPI_MOD
     try:
         from mpi4py import MPI
     except ImportError as e:
@@ -111,6 +116,19 @@ def _view(buf) -> np.ndarray:
 
 class _Broken(Exception):
     pass
+
+
+class _Label:
+    """An operation's name for error messages, formatted only when one is raised."""
+
+    __slots__ = ("fmt", "args")
+
+    def __init__(self, fmt: str, *args: Any):
+        self.fmt = fmt
+        self.args = args
+
+    def __str__(self) -> str:
+        return self.fmt.format(*self.args)
 
 
 class _Watchdog:
@@ -175,7 +193,6 @@ class _Watchdog:
 
 
 _WATCHDOG: _Watchdog | None = None
-_MPI_MOD: Any = None
 
 
 class _Slot:
@@ -214,6 +231,7 @@ class _Group:
         self.broken: str | None = None
         self.destroyed: set[int] = set()
         self.pending = 0
+        self.pending_lock = threading.Lock()
         self.freed = False
 
     # --- rank arithmetic -------------------------------------------------------------------
@@ -287,6 +305,10 @@ class _Group:
     # --- local rendezvous ------------------------------------------------------------------
     def rendezvous(self, key, desc, local, expected, payload, action, what):
         """Join slot ``key``; the last local rank to arrive runs ``action(payloads)``."""
+        if expected == 1:
+            self.check()
+            action({local: payload})
+            return
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         with self.cond:
             self.check()
@@ -346,16 +368,21 @@ class _Group:
 
     # --- lifetime --------------------------------------------------------------------------
     def begin(self) -> None:
-        with self.cond:
+        with self.pending_lock:
             self.pending += 1
 
     def end(self) -> None:
-        with self.cond:
+        with self.pending_lock:
             self.pending -= 1
-            self._maybe_free()
+            last = not self.pending and len(self.destroyed) == self.nlocal
+        if last:
+            with self.cond:
+                self._maybe_free()
 
     def _maybe_free(self) -> None:
-        if self.freed or self.pending or len(self.destroyed) < self.nlocal:
+        with self.pending_lock:
+            busy = self.pending
+        if self.freed or busy or len(self.destroyed) < self.nlocal:
             return
         self.freed = True
         if self.broken is None:
@@ -366,20 +393,20 @@ class _Group:
                 pass
 
 
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two flat views are the same memory (an in-place call)."""
-    return a.ctypes.data == b.ctypes.data and a.size == b.size
+def _same(a, b) -> bool:
+    """Whether two DeviceBuffers are the same memory (an in-place call)."""
+    return a.ptr == b.ptr and a.nbytes == b.nbytes
 
 
-def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
-    lo, hi = a.ctypes.data, a.ctypes.data + a.nbytes
-    return lo < b.ctypes.data + b.nbytes and b.ctypes.data < hi
+def _overlap(a, b) -> bool:
+    """Whether two DeviceBuffers share any byte."""
+    return a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
 
 
-def _reduce_local(op, arrays, out):
-    """``out = op(arrays...)`` elementwise (``out`` may be the memory of ``arrays[0]``)."""
+def _reduce_local(op, arrays, out, first_is_out=False):
+    """``out = op(arrays...)`` elementwise (``first_is_out``: ``out`` is ``arrays[0]``)."""
     f = _NP_OPS[op]
-    if not _same(out, arrays[0]):
+    if not first_is_out:
         np.copyto(out, arrays[0])
     for a in arrays[1:]:
         f(out, a, out=out)
@@ -489,7 +516,7 @@ class MPICommunicator:
         seq = g.seq[self._local]
         g.seq[self._local] += 1
         local = self._local
-        label = f"{what} #{seq} (rank {self.rank})"
+        label = _Label("{} #{} (rank {})", what, seq, self.rank)
 
         def run():
             try:
@@ -528,10 +555,11 @@ class MPICommunicator:
             sends = [_view(payload[i][0]) for i in range(g.nlocal)]
             recvs = [_view(payload[i][1]) for i in range(g.nlocal)]
             acc = recvs[0]
-            if g.nlocal == 1 and not _same(sends[0], acc):
+            same = _same(payload[0][0], payload[0][1])
+            if g.nlocal == 1 and not same:
                 src = sends[0]
             else:
-                _reduce_local(op, sends, acc)
+                _reduce_local(op, sends, acc, same)
                 src = MPI.IN_PLACE
             if g.nprocs > 1:
                 g.mpi(label, lambda: g.comm.Iallreduce(src, acc, mop))
@@ -542,8 +570,8 @@ class MPICommunicator:
             for r in recvs[1:]:
                 np.copyto(r, acc)
 
-        label = f"all_reduce of {send.size} {send.dtype}"
-        self._enqueue(s, what, (what, send.size, str(send.dtype), op), (send, recv), action)
+        label = _Label("all_reduce of {} {}", send.size, send.dtype)
+        self._enqueue(s, what, (what, send.size, send.dtype, op), (send, recv), action)
 
     def broadcast(self, buf, root: int, stream=None) -> None:
         """Every rank's ``buf`` = rank ``root``'s ``buf``."""
@@ -564,8 +592,8 @@ class MPICommunicator:
                 if b is not src:
                     np.copyto(b, src)
 
-        label = f"broadcast of {buf.size} {buf.dtype} from rank {root}"
-        self._enqueue(s, what, (what, buf.size, str(buf.dtype), root), buf, action)
+        label = _Label("broadcast of {} {} from rank {}", buf.size, buf.dtype, root)
+        self._enqueue(s, what, (what, buf.size, buf.dtype, root), buf, action)
 
     def reduce(self, send, recv, root: int, op: str = "sum", stream=None) -> None:
         """Rank ``root``'s ``recv = op(send of every rank)``; ``recv`` is unused elsewhere
@@ -595,12 +623,13 @@ class MPICommunicator:
                 acc = sends[0]
             else:
                 acc = np.empty_like(sends[0])
-            if here and g.nlocal == 1 and not _same(sends[0], acc):
+            same = here and _same(payload[0][0], payload[rlocal][1])
+            if here and g.nlocal == 1 and not same:
                 src = sends[0]
             elif not here and g.nlocal == 1:
                 src = acc
             else:
-                _reduce_local(op, sends, acc)
+                _reduce_local(op, sends, acc, same)
                 src = MPI.IN_PLACE if here else acc
             if g.nprocs > 1:
                 if here:
@@ -612,8 +641,8 @@ class MPICommunicator:
             if here and op == "avg":
                 _divide(acc, g.size)
 
-        label = f"reduce of {send.size} {send.dtype} to rank {root}"
-        self._enqueue(s, what, (what, send.size, str(send.dtype), op, root), (send, recv), action)
+        label = _Label("reduce of {} {} to rank {}", send.size, send.dtype, root)
+        self._enqueue(s, what, (what, send.size, send.dtype, op, root), (send, recv), action)
 
     def all_gather(self, send, recv, stream=None) -> None:
         """``recv[r*count:(r+1)*count] = send of rank r`` for every rank, count = send.size."""
@@ -638,7 +667,7 @@ class MPICommunicator:
             recvs = [_view(payload[i][1]) for i in range(g.nlocal)]
             acc = recvs[0]
             base = g.offsets[g.proc]
-            if g.nprocs > 1 and g.max_local == 1 and n and not _overlap(sends[0], acc):
+            if g.nprocs > 1 and g.max_local == 1 and n and not _overlap(*payload[0]):
                 g.mpi(label, lambda: g.comm.Iallgather(sends[0], acc))
             else:
                 for i, x in enumerate(sends):
@@ -651,8 +680,8 @@ class MPICommunicator:
             for r in recvs[1:]:
                 np.copyto(r, acc)
 
-        label = f"all_gather of {n} {dt}"
-        self._enqueue(s, what, (what, n, str(dt)), (send, recv), action)
+        label = _Label("all_gather of {} {}", n, dt)
+        self._enqueue(s, what, (what, n, dt), (send, recv), action)
 
     def reduce_scatter(self, send, recv, op: str = "sum", stream=None) -> None:
         """``recv = op(send[rank*count:(rank+1)*count] of every rank)``, count = recv.size."""
@@ -678,7 +707,7 @@ class MPICommunicator:
             sends = [_view(payload[i][0]) for i in range(g.nlocal)]
             recvs = [_view(payload[i][1]) for i in range(g.nlocal)]
             base = g.offsets[g.proc]
-            if g.nprocs > 1 and g.max_local == 1 and n and not _overlap(sends[0], recvs[0]):
+            if g.nprocs > 1 and g.max_local == 1 and n and not _overlap(*payload[0]):
                 g.mpi(label, lambda: g.comm.Ireduce_scatter_block(sends[0], recvs[0], mop))
                 if op == "avg":
                     _divide(recvs[0], g.size)
@@ -696,8 +725,8 @@ class MPICommunicator:
             for i, r in enumerate(recvs):
                 np.copyto(r, mine[i * n : (i + 1) * n])
 
-        label = f"reduce_scatter to {n} {dt}"
-        self._enqueue(s, what, (what, n, str(dt), op), (send, recv), action)
+        label = _Label("reduce_scatter to {} {}", n, dt)
+        self._enqueue(s, what, (what, n, dt, op), (send, recv), action)
 
     def all_to_all(self, send, recv, stream=None) -> None:
         """Chunk ``j`` of ``send`` goes to rank ``j``; chunk ``i`` of ``recv`` comes from rank
@@ -760,8 +789,8 @@ class MPICommunicator:
                         j = g.offsets[p] + src
                         r[j * n : (j + 1) * n] = inn[at + m * n : at + (m + 1) * n]
 
-        label = f"all_to_all of {send.size} {dt}"
-        self._enqueue(s, what, (what, send.size, str(dt)), (send, recv), action)
+        label = _Label("all_to_all of {} {}", send.size, dt)
+        self._enqueue(s, what, (what, send.size, dt), (send, recv), action)
 
     def barrier(self, stream=None) -> None:
         """Stream-ordered barrier: work queued after it on ``stream`` waits until every rank
@@ -792,11 +821,16 @@ class MPICommunicator:
         counters = g.p2p_send if sending else g.p2p_recv
         k = counters.get((src, dst), 0)
         counters[(src, dst)] = k + 1
-        desc = ("p2p", buf.size, str(buf.dtype))
-        label = (
-            f"{what} of {buf.size} {buf.dtype} #{k} "
-            + (f"to rank {peer}" if sending else f"from rank {peer}")
-            + f" (rank {self.rank})"
+        desc = ("p2p", buf.size, buf.dtype)
+        label = _Label(
+            "{} of {} {} #{} {} rank {} (rank {})",
+            what,
+            buf.size,
+            buf.dtype,
+            k,
+            "to" if sending else "from",
+            peer,
+            self.rank,
         )
         if pproc == g.proc:
 
@@ -921,8 +955,8 @@ def init_mpi(devices=None, mpi_comm=None, timeout: float | None = 300.0) -> list
         )
     if level < MPI.THREAD_MULTIPLE and _SERIAL_LOCK is None:
         _SERIAL_LOCK = threading.Lock()
+    _MPI_MOD = MPI
     if level >= MPI.THREAD_MULTIPLE and _WATCHDOG is None:
-        _MPI_MOD = MPI
         _WATCHDOG = _Watchdog(MPI)
     base = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
     if not isinstance(base, MPI.Intracomm):
