@@ -74,6 +74,8 @@ _DTYPES = frozenset(
 # the latency no longer matters, and the core is left to others).
 _SPIN_S = 0.05
 _NAP_S = 0.0002
+# The watchdog's longest sleep: a deadline fires at most this late.
+_TICK_S = 0.25
 
 
 _MPI_MOD: Any = None  # mpi4py.MPI once init_mpi has run
@@ -154,7 +156,6 @@ class _Watchdog:
             self.next = self.next % self.tag_ub + 1
             token = self.next
             self.armed[token] = (deadline, group)
-            self.cond.notify()
         wake = self.comm.Irecv([np.empty(1, np.uint8), 1, self.MPI.BYTE], source=0, tag=token)
         return token, wake
 
@@ -180,8 +181,10 @@ class _Watchdog:
                     if g.broken is not None or (d is not None and d <= now)
                 ]
                 if not due:
-                    deadlines = [d for d, _ in self.armed.values() if d is not None]
-                    self.cond.wait(max(min(deadlines) - now, 0.001) if deadlines else None)
+                    # arm() does not wake this thread (that would cost every operation a
+                    # context switch and a GIL hand-over): it looks every _TICK_S at most.
+                    deadlines = [d - now for d, _ in self.armed.values() if d is not None]
+                    self.cond.wait(max(min([_TICK_S, *deadlines]), 0.001))
                     continue
                 for t in due:
                     del self.armed[t]
