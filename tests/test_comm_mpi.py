@@ -8,6 +8,7 @@ success. Skipped, with the reason, where mpi4py or mpiexec is missing
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -108,3 +109,23 @@ def test_data_parallel_example_under_mpiexec(devices):
     ranks = 2 * int(devices)
     assert f"{ranks} ranks (MPI" in out.stdout, out.stdout
     assert "weights match full-batch gradient descent" in out.stdout, out.stdout
+
+
+def test_bench_mpi_quick(tmp_path):
+    """``python -m runtime bench --mpi --quick`` runs both systems at every quick size."""
+    out_json = tmp_path / "mpi.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "runtime", "bench", "--mpi", "--quick", "--json", str(out_json)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"
+    assert "| 64 MiB |" in out.stdout, out.stdout
+    rows = json.loads(out_json.read_text())["rows"]
+    assert [r["bytes"] for r in rows] == [4 << 10, 1 << 20, 64 << 20]
+    for r in rows:
+        for system in ("runtime", "mpi4py"):
+            assert len(r[system]["samples_us"]) == r["rounds"]
+            assert r[system]["us"] > 0 and r[system]["busbw_GBps"] > 0
