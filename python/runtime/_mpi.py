@@ -273,7 +273,7 @@ class _Group:
                 first = _MPI_MOD.Request.Waitany([req, wake])
             finally:
                 _WATCHDOG.disarm(token, wake)
-            if first == 0:
+            if first == 0 or req.Test():
                 return
         else:
             start = time.monotonic()
@@ -310,7 +310,11 @@ class _Group:
         """Join slot ``key``; the last local rank to arrive runs ``action(payloads)``."""
         if expected == 1:
             self.check()
-            action({local: payload})
+            try:
+                action({local: payload})
+            except BaseException as e:
+                self.fail(f"{what} failed: {type(e).__name__}: {e}")
+                raise
             return
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         with self.cond:

@@ -32,7 +32,8 @@ QUICK_SIZES = [4 << 10, 1 << 20, 64 << 20]
 
 
 def _iters(nbytes: int) -> int:
-    return max(2, min(200, (32 << 20) // nbytes))
+    """Operations per round: at least 4 (so one synchronisation is amortised), at most 200."""
+    return max(4, min(200, (256 << 20) // nbytes))
 
 
 def _worker(sizes: list[int], rounds: int) -> int:
