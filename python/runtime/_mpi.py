@@ -74,8 +74,6 @@ _DTYPES = frozenset(
 # the latency no longer matters, and the core is left to others).
 _SPIN_S = 0.05
 _NAP_S = 0.0002
-# The watchdog's longest sleep: a deadline fires at most this late.
-_TICK_S = 0.25
 
 
 _MPI_MOD: Any = None  # mpi4py.MPI once init_mpi has run
@@ -133,71 +131,6 @@ class _Label:
         return self.fmt.format(*self.args)
 
 
-class _Watchdog:
-    """Wakes MPI waits at their deadline or when their group breaks (one thread a process).
-
-    A wait posts a 1-byte receive on a private duplicate of ``MPI.COMM_SELF`` with a tag of its
-    own and waits for either its operation or that receive; this thread sends the byte.
-    """
-
-    def __init__(self, MPI):  # noqa: N803
-        self.MPI = MPI
-        self.comm = MPI.COMM_SELF.Dup()
-        self.tag_ub = max(int(MPI.COMM_SELF.Get_attr(MPI.TAG_UB) or 32767), 32767)
-        self.cond = threading.Condition()
-        self.armed: dict[int, tuple[float | None, _Group]] = {}
-        self.next = 0
-        self.one = np.zeros(1, np.uint8)
-        self.thread = threading.Thread(target=self._run, name="runtime-mpi-watchdog", daemon=True)
-        self.thread.start()
-
-    def arm(self, group: _Group, deadline: float | None):
-        with self.cond:
-            self.next = self.next % self.tag_ub + 1
-            token = self.next
-            self.armed[token] = (deadline, group)
-        wake = self.comm.Irecv([np.empty(1, np.uint8), 1, self.MPI.BYTE], source=0, tag=token)
-        return token, wake
-
-    def disarm(self, token: int, wake) -> None:
-        with self.cond:
-            self.armed.pop(token, None)
-        if wake != self.MPI.REQUEST_NULL:
-            # Either the receive is cancelled or the byte already matched it; both complete.
-            wake.Cancel()
-            wake.Wait()
-
-    def poke(self) -> None:
-        with self.cond:
-            self.cond.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self.cond:
-                now = time.monotonic()
-                due = [
-                    t
-                    for t, (d, g) in self.armed.items()
-                    if g.broken is not None or (d is not None and d <= now)
-                ]
-                if not due:
-                    # arm() does not wake this thread (that would cost every operation a
-                    # context switch and a GIL hand-over): it looks every _TICK_S at most.
-                    deadlines = [d - now for d, _ in self.armed.values() if d is not None]
-                    self.cond.wait(max(min([_TICK_S, *deadlines]), 0.001))
-                    continue
-                for t in due:
-                    del self.armed[t]
-            for t in due:
-                try:
-                    self.comm.Send([self.one, 1, self.MPI.BYTE], dest=0, tag=t)
-                except Exception:  # noqa: BLE001 - MPI finalised at exit: nobody waits
-                    return
-
-
-_WATCHDOG: _Watchdog | None = None
-
-
 class _Slot:
     """One rendezvous of the local ranks of a group (a collective, or a local send/recv)."""
 
@@ -236,6 +169,8 @@ class _Group:
         self.pending = 0
         self.pending_lock = threading.Lock()
         self.freed = False
+        # MPI_THREAD_MULTIPLE: the communicator of the arrival barriers (see coll()).
+        self.arrival = None
 
     # --- rank arithmetic -------------------------------------------------------------------
     def where(self, rank: int) -> tuple[int, int]:
@@ -251,8 +186,6 @@ class _Group:
             if self.broken is None:
                 self.broken = why
             self.cond.notify_all()
-        if _WATCHDOG is not None:
-            _WATCHDOG.poke()
 
     def check(self) -> None:
         if self.broken is not None:
@@ -260,43 +193,26 @@ class _Group:
 
     # --- waiting for MPI -------------------------------------------------------------------
     def wait(self, req, what: str) -> None:
-        """Wait for ``req`` until it completes, the group breaks, or the timeout passes.
-
-        With MPI_THREAD_MULTIPLE the wait is MPI's own (``Waitany``, the GIL released, MPI's
-        progress at full speed) on ``req`` and a wake-up receive that the watchdog thread
-        completes at the deadline or on abort. Otherwise ``req`` is polled.
-        """
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        if _WATCHDOG is not None:
-            token, wake = _WATCHDOG.arm(self, deadline)
-            try:
-                first = _MPI_MOD.Request.Waitany([req, wake])
-            finally:
-                _WATCHDOG.disarm(token, wake)
-            if first == 0 or req.Test():
-                return
-        else:
-            start = time.monotonic()
-            while True:
-                with _mpi_lock():
-                    if req.Test():
-                        return
-                if self.broken is not None:
-                    break
-                now = time.monotonic()
-                if deadline is not None and now >= deadline:
-                    break
-                if now - start > _SPIN_S:
-                    time.sleep(_NAP_S)
-        if self.broken is not None:
-            raise _Broken(f"{what}: abandoned, the communicator is broken: {self.broken}")
-        why = (
-            f"{what} did not complete within {self.timeout:g} s (process "
-            f"{self.proc} of {self.nprocs}); a peer process never joined it. The MPI "
-            "request is abandoned and the communicator is broken"
-        )
-        self.fail(why)
-        raise _rt.WaitTimeoutError(why)
+        """Poll ``req`` until it completes, the group breaks, or the timeout passes."""
+        start = time.monotonic()
+        deadline = None if self.timeout is None else start + self.timeout
+        while True:
+            with _mpi_lock():
+                if req.Test():
+                    return
+            if self.broken is not None:
+                raise _Broken(f"{what}: abandoned, the communicator is broken: {self.broken}")
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                why = (
+                    f"{what} did not complete within {self.timeout:g} s (process "
+                    f"{self.proc} of {self.nprocs}); a peer process never joined it. The MPI "
+                    "request is abandoned and the communicator is broken"
+                )
+                self.fail(why)
+                raise _rt.WaitTimeoutError(why)
+            if now - start > _SPIN_S:
+                time.sleep(_NAP_S)
 
     def mpi(self, what: str, start: Callable[[], Any]) -> None:
         """Start a non-blocking MPI call and wait for it."""
@@ -304,6 +220,25 @@ class _Group:
         with _mpi_lock():
             req = start()
         self.wait(req, what)
+
+    def coll(self, what, name: str, *args, **kw) -> None:
+        """The collective ``comm.<name>(*args, **kw)`` across the processes, interruptibly.
+
+        With MPI_THREAD_MULTIPLE: first a non-blocking barrier on the group's arrival
+        communicator, polled (timeout, abort); once it completes every process has reached this
+        collective, so the blocking call, MPI's fastest path, cannot wait for a missing peer.
+        Otherwise the non-blocking form of the call is polled (the calls of the process are
+        serialised by a lock, which a blocking call would hold for its whole length).
+        """
+        if self.arrival is not None:
+            self.mpi(
+                _Label("{} (waiting for every process to reach it)", what), self.arrival.Ibarrier
+            )
+            if name != "Barrier":
+                getattr(self.comm, name)(*args, **kw)
+            return
+        nonblocking = getattr(self.comm, "I" + name[0].lower() + name[1:])
+        self.mpi(what, lambda: nonblocking(*args, **kw))
 
     # --- local rendezvous ------------------------------------------------------------------
     def rendezvous(self, key, desc, local, expected, payload, action, what):
@@ -396,6 +331,8 @@ class _Group:
             try:
                 with _mpi_lock():
                     self.comm.Free()
+                    if self.arrival is not None:
+                        self.arrival.Free()
             except Exception:  # noqa: BLE001 - MPI already finalised at exit: nothing to free
                 pass
 
@@ -569,7 +506,7 @@ class MPICommunicator:
                 _reduce_local(op, sends, acc, same)
                 src = MPI.IN_PLACE
             if g.nprocs > 1:
-                g.mpi(label, lambda: g.comm.Iallreduce(src, acc, mop))
+                g.coll(label, "Allreduce", src, acc, mop)
             elif src is not MPI.IN_PLACE:
                 np.copyto(acc, src)
             if op == "avg":
@@ -594,7 +531,7 @@ class MPICommunicator:
             bufs = [_view(payload[i]) for i in range(g.nlocal)]
             src = bufs[rlocal] if g.proc == rproc else bufs[0]
             if g.nprocs > 1:
-                g.mpi(label, lambda: g.comm.Ibcast(src, root=rproc))
+                g.coll(label, "Bcast", src, root=rproc)
             for b in bufs:
                 if b is not src:
                     np.copyto(b, src)
@@ -640,9 +577,9 @@ class MPICommunicator:
                 src = MPI.IN_PLACE if here else acc
             if g.nprocs > 1:
                 if here:
-                    g.mpi(label, lambda: g.comm.Ireduce(src, acc, mop, root=rproc))
+                    g.coll(label, "Reduce", src, acc, mop, root=rproc)
                 else:
-                    g.mpi(label, lambda: g.comm.Ireduce(src, None, mop, root=rproc))
+                    g.coll(label, "Reduce", src, None, mop, root=rproc)
             elif src is not MPI.IN_PLACE:
                 np.copyto(acc, src)
             if here and op == "avg":
@@ -675,7 +612,7 @@ class MPICommunicator:
             acc = recvs[0]
             base = g.offsets[g.proc]
             if g.nprocs > 1 and g.max_local == 1 and n and not _overlap(*payload[0]):
-                g.mpi(label, lambda: g.comm.Iallgather(sends[0], acc))
+                g.coll(label, "Allgather", sends[0], acc)
             else:
                 for i, x in enumerate(sends):
                     np.copyto(acc[(base + i) * n : (base + i + 1) * n], x)
@@ -683,7 +620,7 @@ class MPICommunicator:
                     counts = [c * n for c in g.counts]
                     displs = [o * n for o in g.offsets]
                     spec = [acc, (counts, displs), _mpi_type(MPI, dt)]
-                    g.mpi(label, lambda: g.comm.Iallgatherv(MPI.IN_PLACE, spec))
+                    g.coll(label, "Allgatherv", MPI.IN_PLACE, spec)
             for r in recvs[1:]:
                 np.copyto(r, acc)
 
@@ -715,7 +652,7 @@ class MPICommunicator:
             recvs = [_view(payload[i][1]) for i in range(g.nlocal)]
             base = g.offsets[g.proc]
             if g.nprocs > 1 and g.max_local == 1 and n and not _overlap(*payload[0]):
-                g.mpi(label, lambda: g.comm.Ireduce_scatter_block(sends[0], recvs[0], mop))
+                g.coll(label, "Reduce_scatter_block", sends[0], recvs[0], mop)
                 if op == "avg":
                     _divide(recvs[0], g.size)
                 return
@@ -723,7 +660,7 @@ class MPICommunicator:
             _reduce_local(op, sends, acc)
             if g.nprocs > 1 and n:
                 counts = [c * n for c in g.counts]
-                g.mpi(label, lambda: g.comm.Ireduce_scatter(MPI.IN_PLACE, acc, counts, mop))
+                g.coll(label, "Reduce_scatter", MPI.IN_PLACE, acc, counts, mop)
                 mine = acc[: g.nlocal * n]
             else:
                 mine = acc[base * n : (base + g.nlocal) * n]
@@ -765,7 +702,7 @@ class MPICommunicator:
                         np.copyto(r[j * n : (j + 1) * n], x[i * n : (i + 1) * n])
                 return
             if g.max_local == 1:
-                g.mpi(label, lambda: g.comm.Ialltoall(sends[0], recvs[0]))
+                g.coll(label, "Alltoall", sends[0], recvs[0])
                 return
             # Pack, per destination process q: for each local source l, for each rank of q.
             L = g.nlocal
@@ -783,12 +720,7 @@ class MPICommunicator:
             rcounts = [g.counts[p] * L * n for p in range(g.nprocs)]
             rdispls = [g.offsets[p] * L * n for p in range(g.nprocs)]
             t = _mpi_type(MPI, dt)
-            g.mpi(
-                label,
-                lambda: g.comm.Ialltoallv(
-                    [out, (scounts, sdispls), t], [inn, (rcounts, rdispls), t]
-                ),
-            )
+            g.coll(label, "Alltoallv", [out, (scounts, sdispls), t], [inn, (rcounts, rdispls), t])
             for p in range(g.nprocs):
                 for src in range(g.counts[p]):
                     at = rdispls[p] + src * L * n
@@ -809,7 +741,7 @@ class MPICommunicator:
 
         def action(payload):
             if g.nprocs > 1:
-                g.mpi("barrier", g.comm.Ibarrier)
+                g.coll("barrier", "Barrier")
 
         self._enqueue(s, what, (what,), None, action)
 
@@ -932,7 +864,7 @@ def init_mpi(devices=None, mpi_comm=None, timeout: float | None = 300.0) -> list
     waits for its peers before it fails and breaks the communicator (None: wait forever).
     Needs ``runtime.init()`` first and ``mpi4py`` (``pip install "runtime[mpi]"``).
     """
-    global _SERIAL_LOCK, _WATCHDOG, _MPI_MOD
+    global _SERIAL_LOCK, _MPI_MOD
     MPI = _mpi()
     if timeout is not None:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
@@ -963,8 +895,6 @@ def init_mpi(devices=None, mpi_comm=None, timeout: float | None = 300.0) -> list
     if level < MPI.THREAD_MULTIPLE and _SERIAL_LOCK is None:
         _SERIAL_LOCK = threading.Lock()
     _MPI_MOD = MPI
-    if level >= MPI.THREAD_MULTIPLE and _WATCHDOG is None:
-        _WATCHDOG = _Watchdog(MPI)
     base = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
     if not isinstance(base, MPI.Intracomm):
         raise TypeError(f"mpi_comm must be an mpi4py intracommunicator, got {type(base)}")
@@ -977,4 +907,8 @@ def init_mpi(devices=None, mpi_comm=None, timeout: float | None = 300.0) -> list
     mine = np.array([len(devs)], np.int64)
     probe.mpi("init_mpi (exchanging device counts)", lambda: comm.Iallgather(mine, counts))
     group = _Group(comm, devs, [int(c) for c in counts], timeout)
+    if _SERIAL_LOCK is None:
+        arrival, req = comm.Idup()
+        probe.wait(req, "init_mpi (duplicating the MPI communicator)")
+        group.arrival = arrival
     return [MPICommunicator(group, i) for i in range(len(devs))]
