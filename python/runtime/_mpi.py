@@ -19,20 +19,23 @@ Ordering: every rank must issue the same collectives in the same order, as with 
 :func:`init_mpi` duplicates its MPI communicator, so groups do not interfere; within a group
 the k-th collective of every local rank is the k-th MPI call of the process.
 
-Timeouts and abort: MPI calls are made non-blocking and polled, so a rank whose peers never
-join gives up after ``timeout`` seconds: its host function raises ``runtime.WaitTimeoutError``
+Timeouts and abort: before each collective the processes meet at a non-blocking barrier on
+a second duplicate communicator, which is polled; once every process has arrived, the
+collective itself is MPI's blocking call (its fastest path). A rank whose peers never arrive
+gives up after ``timeout`` seconds: its host function raises ``runtime.WaitTimeoutError``
 (seen as a ``KernelError`` at the stream's next synchronisation) and the communicator is
 broken: every later call on it raises. :meth:`MPICommunicator.abort` does the same at once
 (NCCL's ``ncclCommAbort``): it releases every local rank waiting in the group without ending
-the process. What cannot be done: an MPI collective already started cannot be cancelled, so
-the peers still inside it wait until their own timeout, and the abandoned request keeps its
-buffers in MPI's hands; free those buffers only after the peers have given up too. Ending the
-whole job is left to the caller (``comm.mpi_comm.Abort()``).
+the process. What cannot be interrupted: a collective whose processes have all arrived runs to
+its end (a peer that dies inside it is MPI's to report), and an abandoned barrier cannot be
+cancelled, so the peers still waiting in it give up only at their own timeout. ``send`` and
+``recv`` are polled non-blocking calls throughout. Ending the whole job is left to the caller
+(``comm.mpi_comm.Abort()``).
 
 Threads: the host functions run on runtime worker threads, so MPI must be initialised with
 ``MPI_THREAD_MULTIPLE`` (what ``mpi4py`` asks for by default). With ``MPI_THREAD_SERIALIZED``
-every MPI call of the process is made under one lock (the calls never block, so this cannot
-deadlock); lower levels are refused.
+every MPI call of the process is made under one lock and every call is non-blocking and
+polled (a blocking call would hold the lock while it waits); lower levels are refused.
 """
 
 from __future__ import annotations
