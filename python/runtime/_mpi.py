@@ -77,6 +77,8 @@ _DTYPES = frozenset(
 # the latency no longer matters, and the core is left to others).
 _SPIN_S = 0.05
 _NAP_S = 0.0002
+# The arrival barrier moves no data: after this long a late peer is what it waits for.
+_ARRIVAL_SPIN_S = 0.005
 
 
 _MPI_MOD: Any = None  # mpi4py.MPI once init_mpi has run
@@ -195,8 +197,9 @@ class _Group:
             raise _Broken(self.broken)
 
     # --- waiting for MPI -------------------------------------------------------------------
-    def wait(self, req, what: str) -> None:
-        """Poll ``req`` until it completes, the group breaks, or the timeout passes."""
+    def wait(self, req, what, spin: float = _SPIN_S) -> None:
+        """Poll ``req`` until it completes, the group breaks, or the timeout passes (polls
+        back to back for ``spin`` seconds, then with naps that leave the GIL to others)."""
         start = time.monotonic()
         deadline = None if self.timeout is None else start + self.timeout
         while True:
@@ -214,15 +217,15 @@ class _Group:
                 )
                 self.fail(why)
                 raise _rt.WaitTimeoutError(why)
-            if now - start > _SPIN_S:
+            if now - start > spin:
                 time.sleep(_NAP_S)
 
-    def mpi(self, what: str, start: Callable[[], Any]) -> None:
+    def mpi(self, what, start: Callable[[], Any], spin: float = _SPIN_S) -> None:
         """Start a non-blocking MPI call and wait for it."""
         self.check()
         with _mpi_lock():
             req = start()
-        self.wait(req, what)
+        self.wait(req, what, spin)
 
     def coll(self, what, name: str, *args, **kw) -> None:
         """The collective ``comm.<name>(*args, **kw)`` across the processes, interruptibly.
@@ -235,7 +238,9 @@ class _Group:
         """
         if self.arrival is not None:
             self.mpi(
-                _Label("{} (waiting for every process to reach it)", what), self.arrival.Ibarrier
+                _Label("{} (waiting for every process to reach it)", what),
+                self.arrival.Ibarrier,
+                _ARRIVAL_SPIN_S,
             )
             if name != "Barrier":
                 getattr(self.comm, name)(*args, **kw)
