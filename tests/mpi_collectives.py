@@ -91,7 +91,8 @@ def check(devices_arg: str) -> int:
         return rt.to_device(x, c.device)
 
     for dtype in DTYPES:
-        for n in (1, 7, 1000, 4099):
+        # 70,000 elements: above 256 KiB, where collectives take the arrival-barrier path
+        for n in (1, 7, 1000, 4099, 70000):
             # all_reduce, every op, out of place and in place
             for op in OPS:
                 case += 1

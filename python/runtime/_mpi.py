@@ -77,6 +77,9 @@ _DTYPES = frozenset(
 # the latency no longer matters, and the core is left to others).
 _SPIN_S = 0.05
 _NAP_S = 0.0002
+# Collectives up to this many bytes are one polled non-blocking call; larger ones an arrival
+# barrier and MPI's blocking call (see _Group.coll; both measured in BENCHMARKS.md).
+_SMALL = 256 << 10
 # The arrival barrier moves no data: after this long a late peer is what it waits for.
 _ARRIVAL_SPIN_S = 0.005
 
@@ -227,23 +230,24 @@ class _Group:
             req = start()
         self.wait(req, what, spin)
 
-    def coll(self, what, name: str, *args, **kw) -> None:
+    def coll(self, what, name: str, nbytes: int, *args, **kw) -> None:
         """The collective ``comm.<name>(*args, **kw)`` across the processes, interruptibly.
 
-        With MPI_THREAD_MULTIPLE: first a non-blocking barrier on the group's arrival
-        communicator, polled (timeout, abort); once it completes every process has reached this
-        collective, so the blocking call, MPI's fastest path, cannot wait for a missing peer.
-        Otherwise the non-blocking form of the call is polled (the calls of the process are
-        serialised by a lock, which a blocking call would hold for its whole length).
+        Up to ``_SMALL`` bytes (``nbytes``: the largest buffer, the same in every process), or
+        below MPI_THREAD_MULTIPLE, the non-blocking form of the call is polled: one
+        collective, the least latency (below MPI_THREAD_MULTIPLE the calls of the process are
+        serialised by a lock, which a blocking call would hold for its whole length). Larger
+        ones first meet at a non-blocking barrier on the group's arrival communicator, polled
+        (timeout, abort); once it completes every process has reached this collective, so
+        MPI's blocking call, its fastest path for bulk data, cannot wait for a missing peer.
         """
-        if self.arrival is not None:
+        if self.arrival is not None and nbytes > _SMALL:
             self.mpi(
                 _Label("{} (waiting for every process to reach it)", what),
                 self.arrival.Ibarrier,
                 _ARRIVAL_SPIN_S,
             )
-            if name != "Barrier":
-                getattr(self.comm, name)(*args, **kw)
+            getattr(self.comm, name)(*args, **kw)
             return
         nonblocking = getattr(self.comm, "I" + name[0].lower() + name[1:])
         self.mpi(what, lambda: nonblocking(*args, **kw))
@@ -514,7 +518,7 @@ class MPICommunicator:
                 _reduce_local(op, sends, acc, same)
                 src = MPI.IN_PLACE
             if g.nprocs > 1:
-                g.coll(label, "Allreduce", src, acc, mop)
+                g.coll(label, "Allreduce", acc.nbytes, src, acc, mop)
             elif src is not MPI.IN_PLACE:
                 np.copyto(acc, src)
             if op == "avg":
@@ -539,7 +543,7 @@ class MPICommunicator:
             bufs = [_view(payload[i]) for i in range(g.nlocal)]
             src = bufs[rlocal] if g.proc == rproc else bufs[0]
             if g.nprocs > 1:
-                g.coll(label, "Bcast", src, root=rproc)
+                g.coll(label, "Bcast", src.nbytes, src, root=rproc)
             for b in bufs:
                 if b is not src:
                     np.copyto(b, src)
@@ -585,9 +589,9 @@ class MPICommunicator:
                 src = MPI.IN_PLACE if here else acc
             if g.nprocs > 1:
                 if here:
-                    g.coll(label, "Reduce", src, acc, mop, root=rproc)
+                    g.coll(label, "Reduce", acc.nbytes, src, acc, mop, root=rproc)
                 else:
-                    g.coll(label, "Reduce", src, None, mop, root=rproc)
+                    g.coll(label, "Reduce", acc.nbytes, src, None, mop, root=rproc)
             elif src is not MPI.IN_PLACE:
                 np.copyto(acc, src)
             if here and op == "avg":
@@ -620,7 +624,7 @@ class MPICommunicator:
             acc = recvs[0]
             base = g.offsets[g.proc]
             if g.nprocs > 1 and g.max_local == 1 and n and not _overlap(*payload[0]):
-                g.coll(label, "Allgather", sends[0], acc)
+                g.coll(label, "Allgather", acc.nbytes, sends[0], acc)
             else:
                 for i, x in enumerate(sends):
                     np.copyto(acc[(base + i) * n : (base + i + 1) * n], x)
@@ -628,7 +632,10 @@ class MPICommunicator:
                     counts = [c * n for c in g.counts]
                     displs = [o * n for o in g.offsets]
                     spec = [acc, (counts, displs), _mpi_type(MPI, dt)]
-                    g.coll(label, "Allgatherv", MPI.IN_PLACE, spec)
+                    # Not MPI_IN_PLACE: MPICH's blocking Allgatherv then trips an overlapping
+                    # memcpy when processes contribute different counts (seen with 1, 2, 1).
+                    mine = acc[base * n : (base + g.nlocal) * n].copy()
+                    g.coll(label, "Allgatherv", acc.nbytes, mine, spec)
             for r in recvs[1:]:
                 np.copyto(r, acc)
 
@@ -660,7 +667,7 @@ class MPICommunicator:
             recvs = [_view(payload[i][1]) for i in range(g.nlocal)]
             base = g.offsets[g.proc]
             if g.nprocs > 1 and g.max_local == 1 and n and not _overlap(*payload[0]):
-                g.coll(label, "Reduce_scatter_block", sends[0], recvs[0], mop)
+                g.coll(label, "Reduce_scatter_block", sends[0].nbytes, sends[0], recvs[0], mop)
                 if op == "avg":
                     _divide(recvs[0], g.size)
                 return
@@ -668,8 +675,8 @@ class MPICommunicator:
             _reduce_local(op, sends, acc)
             if g.nprocs > 1 and n:
                 counts = [c * n for c in g.counts]
-                g.coll(label, "Reduce_scatter", MPI.IN_PLACE, acc, counts, mop)
-                mine = acc[: g.nlocal * n]
+                mine = np.empty_like(acc[: g.nlocal * n])  # not MPI_IN_PLACE (see all_gather)
+                g.coll(label, "Reduce_scatter", acc.nbytes, acc, mine, counts, mop)
             else:
                 mine = acc[base * n : (base + g.nlocal) * n]
             if op == "avg":
@@ -710,7 +717,7 @@ class MPICommunicator:
                         np.copyto(r[j * n : (j + 1) * n], x[i * n : (i + 1) * n])
                 return
             if g.max_local == 1:
-                g.coll(label, "Alltoall", sends[0], recvs[0])
+                g.coll(label, "Alltoall", sends[0].nbytes, sends[0], recvs[0])
                 return
             # Pack, per destination process q: for each local source l, for each rank of q.
             L = g.nlocal
@@ -728,7 +735,13 @@ class MPICommunicator:
             rcounts = [g.counts[p] * L * n for p in range(g.nprocs)]
             rdispls = [g.offsets[p] * L * n for p in range(g.nprocs)]
             t = _mpi_type(MPI, dt)
-            g.coll(label, "Alltoallv", [out, (scounts, sdispls), t], [inn, (rcounts, rdispls), t])
+            g.coll(
+                label,
+                "Alltoallv",
+                g.size * n * dt.itemsize,  # the same in every process
+                [out, (scounts, sdispls), t],
+                [inn, (rcounts, rdispls), t],
+            )
             for p in range(g.nprocs):
                 for src in range(g.counts[p]):
                     at = rdispls[p] + src * L * n
@@ -749,7 +762,7 @@ class MPICommunicator:
 
         def action(payload):
             if g.nprocs > 1:
-                g.coll("barrier", "Barrier")
+                g.coll("barrier", "Barrier", 0)
 
         self._enqueue(s, what, (what,), None, action)
 
