@@ -19,17 +19,19 @@ Ordering: every rank must issue the same collectives in the same order, as with 
 :func:`init_mpi` duplicates its MPI communicator, so groups do not interfere; within a group
 the k-th collective of every local rank is the k-th MPI call of the process.
 
-Timeouts and abort: before each collective the processes meet at a non-blocking barrier on
-a second duplicate communicator, which is polled; once every process has arrived, the
-collective itself is MPI's blocking call (its fastest path). A rank whose peers never arrive
-gives up after ``timeout`` seconds: its host function raises ``runtime.WaitTimeoutError``
-(seen as a ``KernelError`` at the stream's next synchronisation) and the communicator is
-broken: every later call on it raises. :meth:`MPICommunicator.abort` does the same at once
-(NCCL's ``ncclCommAbort``): it releases every local rank waiting in the group without ending
-the process. What cannot be interrupted: a collective whose processes have all arrived runs to
-its end (a peer that dies inside it is MPI's to report), and an abandoned barrier cannot be
-cancelled, so the peers still waiting in it give up only at their own timeout. ``send`` and
-``recv`` are polled non-blocking calls throughout. Ending the whole job is left to the caller
+Timeouts and abort: a collective of up to 256 KiB is one non-blocking MPI call, polled;
+before a larger one the processes meet at a non-blocking barrier on a second duplicate
+communicator, which is polled, and once every process has arrived the collective itself is
+MPI's blocking call (its fastest path for bulk data; see BENCHMARKS.md). A rank whose peers
+never arrive gives up after ``timeout`` seconds: its host function raises
+``runtime.WaitTimeoutError`` (seen as a ``KernelError`` at the stream's next synchronisation)
+and the communicator is broken: every later call on it raises.
+:meth:`MPICommunicator.abort` does the same at once (NCCL's ``ncclCommAbort``): it releases
+every local rank waiting in the group without ending the process. What cannot be interrupted:
+a large collective whose processes have all arrived runs to its end (a peer that dies inside
+it is MPI's to report), and an abandoned non-blocking call cannot be cancelled, so the peers
+still waiting in it give up only at their own timeout. ``send`` and ``recv`` are polled
+non-blocking calls throughout. Ending the whole job is left to the caller
 (``comm.mpi_comm.Abort()``).
 
 Threads: the host functions run on runtime worker threads, so MPI must be initialised with
