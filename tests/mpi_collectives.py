@@ -285,6 +285,7 @@ def errors() -> int:
     count += 1
     # abort releases a local rank waiting for its peer at once (no 60 s wait)
     comms = init_mpi([0, 1], timeout=60.0)
+    assert comms[0].timeout == 60.0 and not comms[0].aborted
     comms[0].all_reduce(x0, x0)
     import time
 
@@ -296,6 +297,7 @@ def errors() -> int:
     assert "aborted" in str(e.__cause__), str(e.__cause__)
     assert time.monotonic() - t < 30
     expect_raises(rt.InvalidOperationError, comms[0].broadcast, x0, 0)
+    assert comms[0].aborted and comms[1].aborted
     count += 2
     # a peer process that never joins: process 0 gives up after the timeout (MPI level)
     if world.size > 1:

@@ -407,6 +407,16 @@ class MPICommunicator:
     def process_rank(self) -> int:
         return self._g.proc
 
+    @property
+    def timeout(self) -> float | None:
+        """Seconds an operation waits for its peers (``init_mpi``'s ``timeout``)."""
+        return self._g.timeout
+
+    @property
+    def aborted(self) -> bool:
+        """Whether the communicator is unusable: ``abort()`` was called or an operation failed."""
+        return self._g.broken is not None
+
     def __repr__(self) -> str:
         return (
             f"runtime.MPICommunicator(rank={self.rank}, size={self.size}, "
