@@ -14,6 +14,9 @@ with :class:`runtime.InvalidOperationError`. Errors are raised by the stream's
 Counts follow NCCL: ``all_gather`` receives ``size`` times the send count, ``reduce_scatter``
 sends ``size`` times the receive count; ``send`` and ``recv`` may be the same buffer (in place),
 or for those two, ``send`` may be block ``rank`` of the larger buffer.
+
+Across processes and machines, ``init_mpi(devices=None, mpi_comm=None)`` (from ``_mpi``, over
+mpi4py) makes communicators with the same methods whose ranks are (MPI process x device).
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator
 
+from ._mpi import MPICommunicator, init_mpi
 from ._runtime import Communicator, Device, comm_init_all
 
-__all__ = ["Communicator", "group", "init_all"]
+__all__ = ["Communicator", "MPICommunicator", "group", "init_all", "init_mpi"]
 
 
 def init_all(devices: Iterable[Device | int], timeout: float = 300.0) -> list[Communicator]:

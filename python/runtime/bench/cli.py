@@ -103,6 +103,13 @@ def _parser():
         metavar="NAME[,NAME]",
         help=f"with --curves: only these sweeps ({', '.join(CURVES)})",
     )
+    ap.add_argument(
+        "--mpi",
+        action="store_true",
+        help="instead: all_reduce over MPI beside raw mpi4py, 4 KiB..256 MiB, under mpiexec "
+        "(needs mpi4py: pip install 'runtime[mpi]'); honours --quick and --json",
+    )
+    ap.add_argument("--np", type=_positive_int, default=2, help="processes for --mpi (default 2)")
     return ap
 
 
@@ -212,6 +219,10 @@ def _main(argv: list[str] | None) -> int:
             check_writable(path, flag)
     if a.from_json:
         return _render_saved(a)
+    if a.mpi:
+        from .mpi import run as run_mpi
+
+        return run_mpi(a.np, a.quick, a.json)
     cfg = Config(a.quick, a.reps)
     wanted = (
         [] if a.peers.strip() == "none" else [p.strip() for p in a.peers.split(",") if p.strip()]
