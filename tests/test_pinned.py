@@ -250,3 +250,25 @@ def test_mlock_refused_warns_and_still_works(tmp_path):
     if out.stdout.startswith("LOCKED"):
         pytest.skip("this process may lock memory beyond RLIMIT_MEMLOCK (CAP_IPC_LOCK)")
     assert out.stdout.startswith("UNLOCKED") and "RuntimeWarning" in out.stdout
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork()")
+def test_pinned_memory_works_in_a_forked_child():
+    import os
+
+    a = runtime.malloc_host(4096)
+    a[:] = 4
+    pid = os.fork()
+    if pid == 0:  # the child: inherited arrays stay readable, new blocks can be allocated
+        code = 1
+        try:
+            runtime.init(device_count=1, memory="64MiB")
+            b = runtime.malloc_host(4096)
+            b[:] = a
+            d = runtime.to_device(np.zeros(4096, np.uint8))
+            runtime.memcpy_host_to_device(d, b)
+            code = 0 if (d.copy_to_host() == 4).all() else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

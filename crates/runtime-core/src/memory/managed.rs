@@ -245,3 +245,18 @@ pub fn advise(b: &Buffer, advice: Advice, location: Location) -> Result<()> {
 pub(crate) fn note_prefetch(b: &Buffer, location: Location) {
     update(b, |s| s.last_prefetch = Some(location));
 }
+
+/// Around `fork()`: hold the lock so that no other thread is inside it when the process is
+/// copied (see `runtime::before_fork`).
+pub(crate) fn before_fork() {
+    std::mem::forget(REGISTRY.lock());
+}
+
+/// After `fork()`, in the parent or the child: release the lock [`before_fork`] took.
+pub(crate) fn after_fork() {
+    if REGISTRY.is_locked() {
+        // SAFETY: held by this thread's `before_fork` (guard forgotten), or in a child by a
+        // thread that no longer exists.
+        unsafe { REGISTRY.force_unlock() };
+    }
+}

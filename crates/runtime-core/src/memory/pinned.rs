@@ -425,3 +425,18 @@ impl PinnedBuffer {
         Ok(())
     }
 }
+
+/// Around `fork()`: hold the lock so that no other thread is inside it when the process is
+/// copied (see `runtime::before_fork`).
+pub(crate) fn before_fork() {
+    std::mem::forget(POOL.lock());
+}
+
+/// After `fork()`, in the parent or the child: release the lock [`before_fork`] took.
+pub(crate) fn after_fork() {
+    if POOL.is_locked() {
+        // SAFETY: held by this thread's `before_fork` (guard forgotten), or in a child by a
+        // thread that no longer exists.
+        unsafe { POOL.force_unlock() };
+    }
+}
