@@ -3,6 +3,8 @@ mem_range_attributes."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -167,3 +169,20 @@ def test_freed_managed_handle_is_refused():
     runtime.device_free(m)
     with pytest.raises(runtime.InvalidHandleError):
         runtime.prefetch(m, 0)
+
+
+def test_queued_copy_from_a_host_view_follows_stream_order():
+    # A managed buffer is device-accessible: a queued copy from its host view reads it when the
+    # stream gets there (after the kernel before it), not when the copy was queued.
+    s = runtime.Stream(0)
+    m = runtime.malloc_managed(16).view(np.float32, 4)
+    m.host_view()[:] = 1.0
+    out = runtime.zeros(4, np.float32)
+    ev = threading.Event()
+    s.launch_host_func(lambda: ev.wait(WAIT))  # nothing below runs before ev is set
+    s.launch_kernel(runtime.kernels.scale, (m, m, 3.0))
+    runtime.memcpy_host_to_device(out, m.host_view(), s)
+    runtime.memcpy_2d(out, 8, m.host_view(), 8, 8, 2, s)
+    ev.set()
+    s.synchronize(timeout=WAIT)
+    assert out.copy_to_host().tolist() == [3.0] * 4

@@ -90,6 +90,29 @@ fn no_overlap(host: usize, dev: usize, count: u64) -> PyResult<()> {
     Ok(())
 }
 
+/// Whether host object `obj` is a view of device memory (`np.asarray(buf)`, a managed
+/// buffer's `host_view()`): its chain of `.base` / `memoryview.obj` reaches a `DeviceBuffer`.
+/// Such memory is device-accessible, so a queued copy reads it in stream order rather than
+/// staging it when queued.
+fn views_device(obj: &Bound<'_, PyAny>) -> bool {
+    let mut cur = obj.clone();
+    for _ in 0..16 {
+        if cur.cast::<crate::handles::PyDeviceBuffer>().is_ok() {
+            return true;
+        }
+        let next = if let Ok(mv) = cur.cast::<pyo3::types::PyMemoryView>() {
+            mv.getattr("obj").ok()
+        } else {
+            cur.getattr("base").ok()
+        };
+        match next {
+            Some(n) if !n.is_none() => cur = n,
+            _ => return false,
+        }
+    }
+    false
+}
+
 /// The one copy path. Arguments are read in a fixed order (offsets, device ends, stream, host
 /// end, count) so that the first bad one is the one reported. Without `count` the copy covers
 /// the host end from its offset (the source for device-to-device).
@@ -121,6 +144,7 @@ pub fn memcpy(
             None => Side::Host(HostBuf::get(dst, "dst", true)?),
         },
     };
+    let src_views_device = !src_dev && views_device(src);
     let src = End {
         arg: "src",
         offset: src_offset,
@@ -161,8 +185,9 @@ pub fn memcpy(
         )?;
     }
     let (op, device, peer) = match (dst.side, src.side) {
-        // Queued: pinned sources are read when the copy runs, pageable ones staged now.
-        (Side::Device(db, doff, _), Side::Host(h)) if stream.is_some() => (
+        // Queued: pinned sources (and host views of device memory) are read when the copy
+        // runs, pageable ones staged now.
+        (Side::Device(db, doff, _), Side::Host(h)) if stream.is_some() && !src_views_device => (
             copy::h2d_async(&db, doff + dst_offset, Arc::new(h), src_offset, count),
             db.device(),
             None,
@@ -357,7 +382,7 @@ pub fn memcpy_2d(
     let queued = stream.is_some();
     let (op, device, peer) = match (d, s) {
         (Side::Device(db, ..), Side::Host(h)) => {
-            let op = if queued {
+            let op = if queued && !views_device(src) {
                 copy::h2d_2d_async(&db, Arc::new(h), rect)
             } else {
                 copy::h2d_2d(&db, Arc::new(h), rect)
