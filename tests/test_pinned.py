@@ -272,3 +272,36 @@ def test_pinned_memory_works_in_a_forked_child():
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+# cupy: tests/cupy_tests/cuda_tests/test_pinned_memory.py::TestSingleDeviceMemoryPool::test_free
+def test_pool_free_reuses_the_block():
+    p1 = runtime.malloc_host(1000)
+    ptr1 = p1.ptr
+    del p1
+    assert runtime.malloc_host(1000).ptr == ptr1
+
+
+# cupy: ...::TestSingleDeviceMemoryPool::test_free_different_size. CuPy's pool rounds to 512
+# bytes, so 1000 and 2000 bytes differ there; here blocks are whole pages rounded to a power of
+# two, so the sizes must differ in block size (4 KiB and 8 KiB).
+def test_pool_free_different_block_size_is_not_reused():
+    p1 = runtime.malloc_host(4000)
+    ptr1 = p1.ptr
+    del p1
+    p2 = runtime.malloc_host(8000)
+    assert p2.ptr != ptr1
+
+
+# cupy: ...::TestSingleDeviceMemoryPool::test_free_all_blocks. CuPy asserts a new pointer;
+# a fresh mapping may land at the address just unmapped, so what is checked is that the
+# block was not served from the cache.
+def test_pool_empty_cache_maps_afresh():
+    p1 = runtime.malloc_host(1000)
+    del p1
+    runtime.host_empty_cache()
+    before = runtime.host_memory_stats()
+    runtime.malloc_host(1000)
+    after = runtime.host_memory_stats()
+    assert after["num_host_alloc"] == before["num_host_alloc"] + 1
+    assert after["cache_hits"] == before["cache_hits"]

@@ -76,6 +76,13 @@ def memcpy_2d(
         w, h = _pair(region, "region")
         dx, dy = _pair(dst_origin or (0, 0), "dst_origin")
         sx, sy = _pair(src_origin or (0, 0), "src_origin")
+        for arg, obj, (x, y) in (("dst", dst, (dx, dy)), ("src", src, (sx, sy))):
+            rows, cols = obj.shape
+            if (w and h) and (x + w > cols or y + h > rows):
+                raise ValueError(
+                    f"{arg}: a region of {w} x {h} elements at ({x}, {y}) does not fit in its "
+                    f"{rows} x {cols} array (x counts columns, y rows)"
+                )
         _runtime.memcpy_2d(
             dst,
             dpitch,

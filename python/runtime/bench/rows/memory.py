@@ -8,7 +8,7 @@ import numpy as np
 
 import runtime as rt
 
-from ..config import SEED_US, Config, MiB
+from ..config import SEED_US, Config, MiB, NotApplicable
 from ..timing import timed_calls, timed_create, timed_destroy
 from .base import Row, _na
 
@@ -281,7 +281,10 @@ def async_copy_rows(cfg: Config) -> list[Row]:
             t = ctx.peers.torch
             src = t.ones(size, dtype=t.uint8)
             if pinned:
-                src = src.pin_memory()  # needs an accelerator: raises on a CPU-only build
+                try:  # pinning needs a CUDA device: torch refuses on a host without one
+                    src = src.pin_memory()
+                except RuntimeError as e:
+                    raise NotApplicable(f"Tensor.pin_memory(): {str(e).split('.')[0]}") from e
             dst = t.full((size,), 3, dtype=t.uint8)
 
             def call():
