@@ -88,13 +88,19 @@ fn pinned_source(src: &dyn HostMemory, src_off: u64, count: u64) -> Result<Optio
     }
 }
 
-/// Copy `count` bytes of `src` at `src_off` into a staging vector now.
-fn stage(src: &dyn HostMemory, src_off: u64, count: u64) -> Arc<HostVec> {
+/// Copy `count` bytes of `src` at `src_off` into a staging buffer now: a block of the pinned
+/// cache (as CUDA stages pageable memory through pinned buffers: after the first copy of a
+/// size the block is reused, so staging costs one memcpy and no page faults), or a vector
+/// when no pinned block can be mapped.
+fn stage(src: &dyn HostMemory, src_off: u64, count: u64) -> Arc<dyn HostMemory> {
     // SAFETY: the caller checked `[src_off, src_off + count)` against `src.len()`; `src` is
     // valid for reads of `len()` bytes while it lives (the `HostMemory` contract).
     let bytes =
         unsafe { std::slice::from_raw_parts(src.as_ptr().add(src_off as usize), count as usize) };
-    HostVec::new(bytes.to_vec())
+    match pinned::allocate(count) {
+        Ok(block) if block.write(0, bytes).is_ok() => Arc::new(block),
+        _ => HostVec::new(bytes.to_vec()),
+    }
 }
 
 /// A stream-ordered host-to-device copy (for a copy queued on a stream): from pinned memory
