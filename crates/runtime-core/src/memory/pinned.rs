@@ -5,7 +5,8 @@
 //! memory reads the host bytes when the stream runs it (truly asynchronous, as CUDA does for
 //! page-locked memory), holding a clone of the block so that it stays mapped until the copy is
 //! done; a copy from any other host memory is staged when it is queued (see
-//! `stream::copy::h2d_async`).
+//! `stream::copy::h2d_async`), into a block of this cache that the copy holds until it ran
+//! (so staging buffers show in [`stats`] while copies are in flight, and are reused after).
 //!
 //! Blocks are cached process-wide, like PyTorch's `CachingHostAllocator`: a request is rounded
 //! up to a power of two (whole pages; page multiples above [`ROUND_POW2_MAX`]), and a block
