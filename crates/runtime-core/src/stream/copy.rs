@@ -89,19 +89,27 @@ fn pinned_source(src: &dyn HostMemory, src_off: u64, count: u64) -> Result<Optio
 }
 
 /// Copy `count` bytes of `src` at `src_off` into a staging buffer now: a block of the pinned
-/// cache (as CUDA stages pageable memory through pinned buffers: after the first copy of a
-/// size the block is reused, so staging costs one memcpy and no page faults), or a vector
-/// when no pinned block can be mapped.
+/// cache up to [`STAGE_PINNED_MAX`] (as CUDA stages pageable memory through pinned buffers:
+/// after the first copy of a size the block is reused, so staging costs one memcpy and no
+/// page faults), else or when no pinned block can be mapped a vector.
 fn stage(src: &dyn HostMemory, src_off: u64, count: u64) -> Arc<dyn HostMemory> {
     // SAFETY: the caller checked `[src_off, src_off + count)` against `src.len()`; `src` is
     // valid for reads of `len()` bytes while it lives (the `HostMemory` contract).
     let bytes =
         unsafe { std::slice::from_raw_parts(src.as_ptr().add(src_off as usize), count as usize) };
-    match pinned::allocate(count) {
-        Ok(block) if block.write(0, bytes).is_ok() => Arc::new(block),
-        _ => HostVec::new(bytes.to_vec()),
+    if count <= STAGE_PINNED_MAX {
+        if let Ok(block) = pinned::allocate(count) {
+            if block.write(0, bytes).is_ok() {
+                return Arc::new(block);
+            }
+        }
     }
+    HostVec::new(bytes.to_vec())
 }
+
+/// Largest staging copy served from the pinned cache; larger ones use a plain vector, so a
+/// one-off huge copy does not leave that much locked memory in the cache.
+pub const STAGE_PINNED_MAX: u64 = 256 << 20;
 
 /// A stream-ordered host-to-device copy (for a copy queued on a stream): from pinned memory
 /// the op reads `src` when it runs and keeps the pinned block alive until then; from pageable
