@@ -1278,3 +1278,79 @@ def test_memory_summary_reports_the_numbers():
     finally:
         runtime.device_free(buf)
     assert "device 0" in runtime.memory_summary()
+
+
+# --------------------------------------------------------------------------- memory fraction
+
+
+@pytest.fixture
+def fraction_reset():
+    yield
+    for d in range(DEVICES):
+        runtime.set_per_process_memory_fraction(1.0, d)
+
+
+def test_memory_fraction_limits_allocations(fraction_reset):
+    # torch: test/test_cuda.py::TestCuda::test_set_per_process_memory_fraction
+    keep = runtime.zeros(1024, np.float32)
+    settle_cache(0)
+    total = runtime.get_device_properties(0).total_memory
+    runtime.set_per_process_memory_fraction(0.5, 0)
+    assert runtime.get_per_process_memory_fraction(0) == 0.5
+    fits = int(total * 0.499) - runtime.memory_stats(0)["peak_reserved"]
+    tmp = runtime.device_malloc(0, fits)
+    del tmp
+    settle_cache(0)
+    with pytest.raises(
+        runtime.OutOfMemoryError, match=r"fraction 0\.500 allows 536870912 of 1073741824 bytes"
+    ):
+        runtime.device_malloc(0, int(total * 0.5))
+    # the failure disturbs nothing: earlier buffers and other devices are untouched
+    runtime.kernels.fill(keep, 1.0)
+    runtime.synchronize()
+    assert (keep.copy_to_host() == 1.0).all()
+    runtime.device_free(runtime.device_malloc(1, int(total * 0.6)))
+
+
+def test_memory_fraction_zero_refuses_everything_but_empty(fraction_reset):
+    runtime.set_per_process_memory_fraction(0.0, 2)
+    with pytest.raises(runtime.OutOfMemoryError):
+        runtime.device_malloc(2, 1)
+    assert runtime.device_malloc(2, 0).nbytes == 0
+    runtime.set_per_process_memory_fraction(1.0, 2)
+    assert runtime.device_malloc(2, 1).nbytes == 1
+
+
+def test_memory_fraction_none_is_the_current_device(fraction_reset):
+    with runtime.Device(3):
+        runtime.set_per_process_memory_fraction(0.25)
+        assert runtime.get_per_process_memory_fraction() == 0.25
+    assert runtime.get_per_process_memory_fraction(3) == 0.25
+    assert runtime.get_per_process_memory_fraction(0) == 1.0
+
+
+@pytest.mark.parametrize("bad", [-0.1, 2.0, float("nan"), float("inf")])
+def test_memory_fraction_out_of_range_is_value_error(bad, fraction_reset):
+    with pytest.raises(ValueError, match=r"fraction: must be a number between 0 and 1, got"):
+        runtime.set_per_process_memory_fraction(bad, 0)
+    assert runtime.get_per_process_memory_fraction(0) == 1.0
+
+
+@pytest.mark.parametrize("bad", [1, True, "0.5", None])
+def test_memory_fraction_must_be_a_float(bad, fraction_reset):
+    # torch refuses an int too ("Invalid type")
+    with pytest.raises(TypeError, match="fraction must be a float"):
+        runtime.set_per_process_memory_fraction(bad, 0)
+
+
+def test_memory_fraction_bad_device(fraction_reset):
+    with pytest.raises(runtime.InvalidDeviceError):
+        runtime.set_per_process_memory_fraction(0.5, 7)
+
+
+def test_get_device_properties_none_is_the_current_device():
+    assert runtime.get_device_properties().index == runtime.get_device()
+    with runtime.Device(2):
+        assert runtime.get_device_properties(None).index == 2
+        assert runtime.get_device_memory_info().device == 2
+        assert runtime.get_device_compute_info().device == 2

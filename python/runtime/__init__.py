@@ -14,6 +14,10 @@ from __future__ import annotations
 import atexit as _atexit
 
 from . import comm, kernels
+
+# Pinned host memory and 2-D copies: pure-Python faces over the extension.
+from ._copy2d import memcpy_2d
+from ._pinned import PinnedArray, malloc_host, pinned_empty
 from ._runtime import (
     MAX_QUEUED,
     ComputeInfo,
@@ -33,6 +37,7 @@ from ._runtime import (
     NotInitializedError,
     NotReadyError,
     OutOfMemoryError,
+    PinnedMemory,
     Stream,
     WaitTimeoutError,
     current_stream,
@@ -42,6 +47,7 @@ from ._runtime import (
     empty,
     empty_cache,
     get_allocator,
+    free_host,
     get_available_devices,
     get_default_memory_pool,
     get_device,
@@ -50,18 +56,26 @@ from ._runtime import (
     get_device_memory_info,
     get_device_properties,
     get_option,
+    get_per_process_memory_fraction,
+    host_empty_cache,
+    host_memory_stats,
     init,
     is_initialized,
+    malloc_managed,
+    mem_advise,
+    mem_range_attributes,
     memcpy_d2d,
     memcpy_device_to_host,
     memcpy_host_to_device,
     memory_stats,
     memset,
     option_names,
+    prefetch,
     reset_peak_memory_stats,
     set_allocator,
     set_device,
     set_option,
+    set_per_process_memory_fraction,
     shutdown,
     stream_priority_range,
     stream_synchronize,
@@ -122,7 +136,8 @@ def get_device_name(device=None) -> str:
 
 
 def memcpy_host_to_device_async(dst, src, stream, **kw) -> None:
-    """Stream-ordered host-to-device copy: queued on ``stream``; ``src`` is kept alive until it ran."""
+    """Stream-ordered host-to-device copy queued on ``stream``: pinned ``src`` (``malloc_host``,
+    ``pinned_empty``) is read when the copy runs; other host memory is staged at once."""
     memcpy_host_to_device(dst, src, stream, **kw)
 
 
@@ -219,6 +234,21 @@ __all__ = [
     "synchronize",
     "to_device",
     "zeros",
+    # Memory fraction, pinned and managed memory, 2-D copies.
+    "PinnedArray",
+    "PinnedMemory",
+    "free_host",
+    "get_per_process_memory_fraction",
+    "host_empty_cache",
+    "host_memory_stats",
+    "malloc_host",
+    "malloc_managed",
+    "mem_advise",
+    "mem_range_attributes",
+    "memcpy_2d",
+    "pinned_empty",
+    "prefetch",
+    "set_per_process_memory_fraction",
 ]
 
 # Memory pool and pluggable allocation.

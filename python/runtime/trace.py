@@ -43,6 +43,17 @@ def to_chrome(records: list[dict[str, Any]]) -> dict[str, Any]:
         elif phase == "record":
             lanes.add((pid, tid))
             events.append({**base, "ph": "i", "s": "t", "cat": "event"})
+        elif phase == "advise":  # mem_advise on managed memory: an instant on the memory lane
+            events.append(
+                {
+                    **base,
+                    "tid": 0,
+                    "ph": "i",
+                    "s": "p",
+                    "cat": "memory",
+                    "args": {"bytes": r["bytes"]},
+                }
+            )
         else:  # alloc / free: an instant on the memory lane and a counter of allocated bytes
             events.append(
                 {

@@ -813,7 +813,6 @@ def test_mem_info():
 
 
 # cupy: tests/cupy_tests/cuda_tests/test_pinned_memory.py::TestSingleDeviceMemoryPool::test_alloc
-@pytest.mark.xfail(strict=True, reason="missing API: malloc_host (pinned memory) (issue 13)")
 def test_pinned_alloc():
     p1 = runtime.malloc_host(4096)
     p2 = runtime.malloc_host(4096)

@@ -73,14 +73,12 @@ def test_device_view():
 
 
 # numba: numba/cuda/tests/cudadrv/test_cuda_memory.py::TestCudaMemory::test_host_alloc
-@pytest.mark.xfail(strict=True, reason="missing API: malloc_host (pinned memory) (issue 13)")
 def test_host_alloc():
     mem = runtime.malloc_host(1024, mapped=True)
     assert mem.nbytes == 1024
 
 
 # numba: numba/cuda/tests/cudadrv/test_cuda_memory.py::TestCudaMemory::test_managed_memory
-@pytest.mark.xfail(strict=True, reason="missing API: malloc_managed (issue 13)")
 def test_managed_memory():
     mem = runtime.malloc_managed(1024)
     assert mem.nbytes == 1024

@@ -118,7 +118,6 @@ def test_sub_buffers():
 
 
 # pyopencl: test/test_wrapper.py::test_copy_buffer_rect
-@pytest.mark.xfail(strict=True, reason="missing API: memcpy_2d (issue 13)")
 def test_copy_buffer_rect():
     src = runtime.to_device(np.ones((2, 3), np.float32))
     dst = runtime.empty((4, 5), np.float32)

@@ -66,9 +66,9 @@ def test_get_device_properties_of_current_device():
     props = runtime.get_device_properties(current)
     assert props.index == 2
     assert props.to_dict() == runtime.Device(current).get_properties().to_dict()
-    # torch's None meaning "current device" is not accepted: a TypeError naming the argument
-    with pytest.raises(TypeError, match="device"):
-        runtime.get_device_properties(None)
+    # torch: None (or no argument) means the current device
+    assert runtime.get_device_properties(None).index == 2
+    assert runtime.get_device_properties().to_dict() == props.to_dict()
 
 
 # torch: test/test_cuda.py::TestCuda::test_out_of_memory
@@ -99,7 +99,6 @@ def test_out_of_memory_retry():
 
 
 # torch: test/test_cuda.py::TestCuda::test_set_per_process_memory_fraction
-@pytest.mark.xfail(strict=True, reason="missing API: set_per_process_memory_fraction (issue 13)")
 def test_set_per_process_memory_fraction():
     runtime.set_per_process_memory_fraction(0.5, 0)
     with pytest.raises(runtime.OutOfMemoryError):
@@ -116,13 +115,11 @@ def test_mem_get_info():
 
 
 # torch: test/test_cuda.py::TestCuda::test_host_memory_stats
-@pytest.mark.xfail(strict=True, reason="missing API: host_memory_stats / pinned memory (issue 13)")
 def test_host_memory_stats():
     assert runtime.host_memory_stats()["allocations.current"] == 0
 
 
 # torch: test/test_cuda.py::TestCuda::test_caching_pinned_memory
-@pytest.mark.xfail(strict=True, reason="missing API: malloc_host (pinned memory) (issue 13)")
 def test_caching_pinned_memory():
     t = runtime.malloc_host(4)
     ptr = t.ptr

@@ -206,13 +206,18 @@ def build_cases():  # noqa: C901 - a table
     # ------------------------------------------------------------ devices and lifecycle
     dev_required = {
         "device_malloc": lambda d: runtime.device_malloc(d, 16),
-        "get_device_properties": runtime.get_device_properties,
-        "get_device_memory_info": runtime.get_device_memory_info,
-        "get_device_compute_info": runtime.get_device_compute_info,
         "set_device": runtime.set_device,
         "Device": runtime.Device,
     }
     dev_optional = {
+        "get_device_properties": runtime.get_device_properties,
+        "get_device_memory_info": runtime.get_device_memory_info,
+        "get_device_compute_info": runtime.get_device_compute_info,
+        "set_per_process_memory_fraction": lambda d: runtime.set_per_process_memory_fraction(
+            0.5, d
+        ),
+        "get_per_process_memory_fraction": runtime.get_per_process_memory_fraction,
+        "malloc_managed": lambda d: runtime.malloc_managed(16, d),
         "empty": lambda d: runtime.empty(4, "float32", device=d),
         "zeros": lambda d: runtime.zeros(4, "float32", device=d),
         "to_device": lambda d: runtime.to_device(np.ones(4, np.float32), device=d),
@@ -1273,6 +1278,152 @@ def build_cases():  # noqa: C901 - a table
     # ------------------------------------------------------------ classes without constructors
     for cname in ("DeviceBuffer", "Graph", "DeviceProperties", "MemoryInfo", "ComputeInfo"):
         add(C(f"{cname}-constructor", lambda e, n=cname: getattr(runtime, n)(), TypeError))
+
+    # ------------------------------------------------------------ memory fraction, pinned and
+    # managed memory, 2-D copies
+    VE = ValueError
+    for vid, v in [("neg", -0.1), ("big", 1.5), ("nan", math.nan)]:
+        f = runtime.set_per_process_memory_fraction
+        add(
+            C(f"set_per_process_memory_fraction-{vid}", lambda e, v=v, f=f: f(v, 0), VE, "fraction")
+        )
+    for vid, v in [("int", 1), ("str", "0.5"), ("None", None), ("bool", True)]:
+        f = runtime.set_per_process_memory_fraction
+        add(
+            C(
+                f"set_per_process_memory_fraction-type-{vid}",
+                lambda e, v=v, f=f: f(v),
+                TypeError,
+                "fraction",
+            )
+        )
+    for name, f in {
+        "malloc_host": runtime.malloc_host,
+        "malloc_managed": runtime.malloc_managed,
+    }.items():
+        add(C(f"{name}-size-neg", lambda e, f=f: f(-1), VE, "nbytes"))
+        add(C(f"{name}-size-str", lambda e, f=f: f("16"), TypeError, "nbytes"))
+        add(C(f"{name}-size-2**64", lambda e, f=f: f(2**64), (VE, OOM), "nbytes"))
+    add(
+        C(
+            "malloc_host-mapped-str",
+            lambda e: runtime.malloc_host(16, mapped="y"),
+            TypeError,
+            "mapped",
+        )
+    )
+    add(C("pinned_empty-shape-neg", lambda e: runtime.pinned_empty((2, -1)), VE, "shape"))
+    add(C("pinned_empty-dtype-bad", lambda e: runtime.pinned_empty(4, "nope"), TypeError))
+    add(C("PinnedArray-constructor-bad", lambda e: runtime.PinnedArray("x"), TypeError))
+    add(C("PinnedMemory-constructor", lambda e: runtime.PinnedMemory(), TypeError))
+    add(C("free_host-int", lambda e: runtime.free_host(3), TypeError, "arr"))
+    add(C("free_host-pageable", lambda e: runtime.free_host(e.hnp), VE, "arr"))
+
+    def double_free(e):
+        a = runtime.malloc_host(16)
+        runtime.free_host(a)
+        runtime.free_host(a)
+
+    add(C("free_host-twice", double_free, IH, "free_host"))
+    for name in ("host_memory_stats", "host_empty_cache"):
+        add(C(f"{name}-extra-arg", lambda e, n=name: getattr(runtime, n)(1), TypeError))
+    managed = lambda: runtime.malloc_managed(16)  # noqa: E731
+    for vid, v in BAD_DEV_VALUE[1:]:  # -1 is the host there
+        add(
+            C(f"prefetch-device-{vid}", lambda e, v=v: runtime.prefetch(managed(), v), ID, "device")
+        )
+        add(
+            C(
+                f"mem_advise-device-{vid}",
+                lambda e, v=v: runtime.mem_advise(managed(), 1, v),
+                ID,
+                "device",
+            )
+        )
+    for vid, v in BAD_DEV_TYPE:
+        add(
+            C(
+                f"prefetch-device-type-{vid}",
+                lambda e, v=v: runtime.prefetch(managed(), v),
+                TypeError,
+                "device",
+            )
+        )
+    for vid, v in NOT_DEVBUF:
+        add(
+            C(
+                f"prefetch-buf-{vid}",
+                lambda e, v=v: runtime.prefetch(_host(e, v), 0),
+                TypeError,
+                "buf",
+            )
+        )
+        add(
+            C(
+                f"mem_advise-buf-{vid}",
+                lambda e, v=v: runtime.mem_advise(_host(e, v), 1, 0),
+                TypeError,
+                "buf",
+            )
+        )
+        add(
+            C(
+                f"mem_range_attributes-buf-{vid}",
+                lambda e, v=v: runtime.mem_range_attributes(_host(e, v)),
+                TypeError,
+                "buf",
+            )
+        )
+    add(C("prefetch-not-managed", lambda e: runtime.prefetch(e.dst, 0), VE, "managed"))
+    add(C("prefetch-freed", lambda e: runtime.prefetch(e.freed, 0), IH, "freed"))
+    add(C("prefetch-stream-int", lambda e: runtime.prefetch(managed(), 0, 3), TypeError, "stream"))
+    add(C("mem_advise-not-managed", lambda e: runtime.mem_advise(e.dst, 1, 0), VE, "managed"))
+    add(
+        C(
+            "mem_range_attributes-not-managed",
+            lambda e: runtime.mem_range_attributes(e.dst),
+            VE,
+            "managed",
+        )
+    )
+    for vid, v, exc in [
+        ("0", 0, VE),
+        ("7", 7, VE),
+        ("name", "nope", VE),
+        ("float", 1.5, TypeError),
+    ]:
+        add(
+            C(
+                f"mem_advise-advice-{vid}",
+                lambda e, v=v: runtime.mem_advise(managed(), v, 0),
+                exc,
+                "advice",
+            )
+        )
+    add(C("DeviceBuffer.host_view-not-managed", lambda e: e.dst.host_view(), VE, "managed"))
+    add(C("DeviceBuffer.host_view-freed", lambda e: e.freed.host_view(), IH, "freed"))
+    m2 = runtime.memcpy_2d
+    add(C("memcpy_2d-width-above-pitch", lambda e: m2(e.dst, 4, e.hnp, 8, 8, 2), VE, "width"))
+    add(C("memcpy_2d-dst-out-of-bounds", lambda e: m2(e.dst, 16, e.hnp, 16, 16, 5), VE, "dst"))
+    add(C("memcpy_2d-src-out-of-bounds", lambda e: m2(e.hnp, 16, e.src, 32, 16, 3), VE, "src"))
+    add(C("memcpy_2d-dpitch-neg", lambda e: m2(e.dst, -1, e.hnp, 8, 8, 2), VE, "dpitch"))
+    add(C("memcpy_2d-height-2**64", lambda e: m2(e.dst, 8, e.hnp, 8, 8, 2**64), VE, "height"))
+    add(C("memcpy_2d-overflow", lambda e: m2(e.dst, 2**63, e.hnp, 8, 8, 4), VE, "dst"))
+    add(C("memcpy_2d-read-only-dst", lambda e: m2(e.ro, 8, e.src, 8, 8, 2), VE, "dst"))
+    add(C("memcpy_2d-freed", lambda e: m2(e.dst, 8, e.freed, 8, 8, 2), IH, "freed"))
+    add(C("memcpy_2d-stream-int", lambda e: m2(e.dst, 8, e.src, 8, 8, 2, 3), TypeError, "stream"))
+    add(C("memcpy_2d-host-not-buffer", lambda e: m2(e.dst, 8, object(), 8, 8, 2), TypeError, "src"))
+    add(
+        C(
+            "memcpy_2d-region-no-origin",
+            lambda e: m2(e.m22, e.m23, dst_origin=(0, 0)),
+            TypeError,
+            "region",
+        )
+    )
+    add(C("memcpy_2d-region-1d", lambda e: m2(e.m22, e.f32, region=(1, 1)), VE, "2-D"))
+    add(C("memcpy_2d-region-bad", lambda e: m2(e.m22, e.m23, region=(3, 2)), VE, "dst|src"))
+    add(C("memcpy_2d-nargs", lambda e: m2(e.dst, 8, e.src), TypeError, "positional"))
 
     # ------------------------------------------------------------ profiling
     for vid, v in [("int", 1), ("float", 1.5), ("object", object()), ("list", ["x"])]:

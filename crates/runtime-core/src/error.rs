@@ -141,6 +141,30 @@ pub enum MemoryError {
         /// Bytes held in caches.
         cached: u64,
     },
+    /// An allocation that fits in the device but not under the process's memory fraction.
+    #[error("out of memory on device {device}: tried to allocate {requested} bytes; the per-process memory fraction {fraction:.3} allows {limit} of {total} bytes and {reserved} bytes are reserved")]
+    OverFraction {
+        /// Device index.
+        device: usize,
+        /// Bytes requested.
+        requested: u64,
+        /// Bytes reserved when it failed.
+        reserved: u64,
+        /// Bytes the fraction allows.
+        limit: u64,
+        /// Capacity of the device.
+        total: u64,
+        /// The fraction.
+        fraction: f64,
+    },
+    /// The OS refused to map pinned host memory.
+    #[error("cannot allocate {requested} bytes of pinned host memory: the OS refused to map a {block}-byte block")]
+    HostAlloc {
+        /// Bytes requested.
+        requested: u64,
+        /// Bytes of the block that was to serve it.
+        block: u64,
+    },
     /// A copy or view range outside an allocation.
     #[error("{arg}: range [{offset}, {offset} + {count}) is outside the {size}-byte {what}")]
     OutOfBounds {

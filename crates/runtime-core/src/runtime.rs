@@ -247,11 +247,15 @@ pub fn before_fork() {
     std::mem::forget(RUNTIME.write());
     crate::kernel::before_fork();
     crate::trace::before_fork();
+    crate::memory::pinned::before_fork();
+    crate::memory::managed::before_fork();
 }
 
 /// Call in the parent after `fork()` returned (or failed), to release what
 /// [`before_fork`] took.
 pub fn after_fork_in_parent() {
+    crate::memory::managed::after_fork();
+    crate::memory::pinned::after_fork();
     crate::trace::after_fork();
     crate::kernel::after_fork();
     // SAFETY: `before_fork` took the write lock on this thread and forgot the guard.
@@ -272,6 +276,8 @@ pub fn after_fork_in_parent() {
 pub fn after_fork_in_child() {
     crate::generation::after_fork_in_child();
     crate::sync::after_fork_in_child();
+    crate::memory::managed::after_fork();
+    crate::memory::pinned::after_fork();
     crate::trace::after_fork();
     crate::kernel::after_fork();
     // Whoever holds the slot's lock (this thread after `before_fork`, or a vanished one)

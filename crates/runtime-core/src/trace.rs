@@ -1,5 +1,6 @@
 //! Timeline tracing: while on, every command's enqueue, start and end (per stream and
-//! device), every event record, and every allocation and free are recorded with timestamps
+//! device), every event record, every allocation and free, and advice about managed memory
+//! are recorded with timestamps
 //! from the shared clock ([`crate::clock::now_ns`]).
 //!
 //! When tracing is off the hot paths pay one relaxed atomic load. The Python layer turns the
@@ -47,6 +48,11 @@ pub enum Phase {
         bytes: u64,
         /// Device total allocated afterwards.
         allocated: u64,
+    },
+    /// Advice about a managed allocation of `bytes` (`mem_advise`).
+    Advise {
+        /// Size of the allocation.
+        bytes: u64,
     },
     /// A free of `bytes`; `allocated` is the device total after it.
     Free {

@@ -655,3 +655,44 @@ fn allocation_in_queued_work_fails_at_once_instead_of_waiting_for_itself() {
     s.synchronize(Some(Duration::from_secs(30))).unwrap();
     assert_eq!(*result.lock().unwrap(), Some(true));
 }
+
+/// torch: test/test_cuda.py::TestCuda::test_set_per_process_memory_fraction: within the
+/// fraction allocations succeed; beyond it they fail with an out-of-memory error that names
+/// the fraction, and lifting it lets them through.
+#[test]
+fn memory_fraction_limits_reserved_bytes() {
+    let m = Arc::new(DeviceMemory::new(0, 64 * MIB, Arc::new(Options::default())).unwrap());
+    for bad in [-0.1, 1.5, f64::NAN, f64::INFINITY] {
+        let e = m.set_memory_fraction(bad).unwrap_err().to_string();
+        assert!(
+            e.starts_with("fraction: must be a number between 0 and 1"),
+            "{e}"
+        );
+    }
+    assert_eq!(m.memory_fraction(), 1.0);
+    m.set_memory_fraction(0.5).unwrap();
+    assert_eq!(m.limit(), 32 * MIB);
+    let a = m.allocate(20 * MIB).unwrap();
+    match m.allocate(16 * MIB) {
+        Err(Error::Memory(e @ MemoryError::OverFraction { .. })) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("fraction 0.500 allows 33554432 of 67108864 bytes"),
+                "{msg}"
+            );
+        }
+        other => panic!("expected OverFraction, got {other:?}"),
+    }
+    let small = m.allocate(1000).unwrap(); // a slab span still fits
+    m.set_memory_fraction(1.0).unwrap();
+    let b = m.allocate(16 * MIB).unwrap();
+    // Past the capacity itself: the ordinary out-of-memory error.
+    assert!(matches!(
+        m.allocate(40 * MIB),
+        Err(Error::Memory(MemoryError::OutOfMemory { .. }))
+    ));
+    drop((a, b, small));
+    m.set_memory_fraction(0.0).unwrap();
+    assert!(m.allocate(1).is_err());
+    assert_eq!(m.allocate(0).unwrap().size(), 0);
+}

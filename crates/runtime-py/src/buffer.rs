@@ -279,6 +279,22 @@ impl PyDeviceBuffer {
         crate::views::slice(py, self, key)
     }
 
+    /// Whether this is managed memory (from `malloc_managed`).
+    #[getter]
+    fn is_managed(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(runtime_core::memory::managed::is_managed(&self.buffer(py)?))
+    }
+
+    /// A numpy array over this managed buffer's bytes (no copy; like the arrays of numba's
+    /// `cuda.managed_array`): host writes are seen by later device work and device results
+    /// by the host once their stream was synchronised. Device memory that is not managed is
+    /// refused (read it with `copy_to_host`).
+    fn host_view<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let b = slf.get().buffer(slf.py())?;
+        runtime_core::memory::managed::check_managed(&b, "host_view").map_err(RtErr)?;
+        Self::__array__(slf, None, None)
+    }
+
     fn __dlpack_device__(&self) -> (i32, i32) {
         (dlpack::KDL_CPU, 0)
     }

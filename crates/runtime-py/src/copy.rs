@@ -110,6 +110,29 @@ fn host_source(py: Python<'_>, src: &Bound<'_, PyAny>) -> PyResult<HostBuf> {
     }
 }
 
+/// Whether host object `obj` is a view of device memory (`np.asarray(buf)`, a managed
+/// buffer's `host_view()`): its chain of `.base` / `memoryview.obj` reaches a `DeviceBuffer`.
+/// Such memory is device-accessible, so a queued copy reads it in stream order rather than
+/// staging it when queued.
+fn views_device(obj: &Bound<'_, PyAny>) -> bool {
+    let mut cur = obj.clone();
+    for _ in 0..16 {
+        if cur.cast::<crate::handles::PyDeviceBuffer>().is_ok() {
+            return true;
+        }
+        let next = if let Ok(mv) = cur.cast::<pyo3::types::PyMemoryView>() {
+            mv.getattr("obj").ok()
+        } else {
+            cur.getattr("base").ok()
+        };
+        match next {
+            Some(n) if !n.is_none() => cur = n,
+            _ => return false,
+        }
+    }
+    false
+}
+
 /// The one copy path. Arguments are read in a fixed order (offsets, device ends, stream, host
 /// end, count) so that the first bad one is the one reported. Without `count` the copy covers
 /// the host end from its offset (the source for device-to-device).
@@ -141,6 +164,7 @@ pub fn memcpy(
             None => Side::Host(HostBuf::get(dst, "dst", true)?),
         },
     };
+    let src_views_device = !src_dev && views_device(src);
     let src = End {
         arg: "src",
         offset: src_offset,
@@ -181,6 +205,13 @@ pub fn memcpy(
         )?;
     }
     let (op, device, peer) = match (dst.side, src.side) {
+        // Queued: pinned sources (and host views of device memory) are read when the copy
+        // runs, pageable ones staged now.
+        (Side::Device(db, doff, _), Side::Host(h)) if stream.is_some() && !src_views_device => (
+            copy::h2d_async(&db, doff + dst_offset, Arc::new(h), src_offset, count),
+            db.device(),
+            None,
+        ),
         (Side::Device(db, doff, _), Side::Host(h)) => (
             copy::h2d(&db, doff + dst_offset, Arc::new(h), src_offset, count),
             db.device(),
@@ -293,4 +324,105 @@ pub fn memset(
     fits("buf", "device buffer", blen, offset, count)?;
     let op = copy::memset(&b, boff + offset, count, v).map_err(RtErr)?;
     wait::submit_copy(py, op, stream, b.device(), None)
+}
+
+/// One end of a 2-D copy: a device buffer view or host memory.
+fn end_2d(py: Python<'_>, obj: &Bound<'_, PyAny>, arg: &str, writable: bool) -> PyResult<Side> {
+    if obj.cast::<crate::handles::PyDeviceBuffer>().is_ok() {
+        let (b, off, len) = device_side(py, obj, arg)?;
+        return Ok(Side::Device(b, off, len));
+    }
+    Ok(Side::Host(HostBuf::get(obj, arg, writable)?))
+}
+
+/// Copy `height` rows of `width` bytes from `src` (rows `spitch` bytes apart, from byte
+/// `src_offset`) to `dst` (rows `dpitch` apart, from `dst_offset`), as `cudaMemcpy2D` /
+/// `aclrtMemcpy2d`. Each end is a `DeviceBuffer` or host memory, in any direction. With
+/// `stream` the copy is queued on it; without, it runs on the current stream and is waited
+/// for.
+#[pyfunction]
+#[pyo3(
+    signature = (dst, dpitch, src, spitch, width, height, stream=None, *, dst_offset=None, src_offset=None),
+    text_signature = "(dst, dpitch, src, spitch, width, height, stream=None, *, dst_offset=0, src_offset=0)"
+)]
+#[allow(clippy::too_many_arguments)]
+pub fn memcpy_2d(
+    py: Python<'_>,
+    dst: &Bound<'_, PyAny>,
+    dpitch: &Bound<'_, PyAny>,
+    src: &Bound<'_, PyAny>,
+    spitch: &Bound<'_, PyAny>,
+    width: &Bound<'_, PyAny>,
+    height: &Bound<'_, PyAny>,
+    stream: Option<&Bound<'_, PyAny>>,
+    dst_offset: Option<&Bound<'_, PyAny>>,
+    src_offset: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let rel = copy::Rect {
+        dst_off: opt_nonneg(dst_offset, "dst_offset")?.unwrap_or(0),
+        dpitch: nonneg(dpitch, "dpitch")?,
+        src_off: opt_nonneg(src_offset, "src_offset")?.unwrap_or(0),
+        spitch: nonneg(spitch, "spitch")?,
+        width: nonneg(width, "width")?,
+        height: nonneg(height, "height")?,
+    };
+    let stream = stream_arg(stream)?;
+    let d = end_2d(py, dst, "dst", true)?;
+    let s = end_2d(py, src, "src", false)?;
+    rel.check(d.len(), d.noun(), s.len(), s.noun())
+        .map_err(RtErr)?;
+    // The rectangle's spans, for the overlap check of a host end over device memory.
+    let span = |pitch: u64| {
+        if rel.is_empty() {
+            0
+        } else {
+            (rel.height - 1) * pitch + rel.width
+        }
+    };
+    if matches!(
+        (&d, &s),
+        (Side::Host(_), Side::Device(..)) | (Side::Device(..), Side::Host(_))
+    ) {
+        let (da, sa) = (d.addr(rel.dst_off), s.addr(rel.src_off));
+        let (dn, sn) = (span(rel.dpitch) as usize, span(rel.spitch) as usize);
+        if dn > 0 && sn > 0 && da < sa.saturating_add(sn) && sa < da.saturating_add(dn) {
+            return Err(PyValueError::new_err(
+                "src and dst overlap (the host side is a view of the same device memory); copy device to device instead",
+            ));
+        }
+    }
+    let abs = |side: &Side, off: u64| match side {
+        Side::Device(_, base, _) => base + off,
+        Side::Host(_) => off,
+    };
+    let rect = copy::Rect {
+        dst_off: abs(&d, rel.dst_off),
+        src_off: abs(&s, rel.src_off),
+        ..rel
+    };
+    let queued = stream.is_some();
+    let (op, device, peer) = match (d, s) {
+        (Side::Device(db, ..), Side::Host(h)) => {
+            let op = if queued && !views_device(src) {
+                copy::h2d_2d_async(&db, Arc::new(h), rect)
+            } else {
+                copy::h2d_2d(&db, Arc::new(h), rect)
+            };
+            (op, db.device(), None)
+        }
+        (Side::Host(h), Side::Device(sb, ..)) => {
+            (copy::d2h_2d(Arc::new(h), &sb, rect), sb.device(), None)
+        }
+        (Side::Device(db, ..), Side::Device(sb, ..)) => {
+            (copy::d2d_2d(&db, &sb, rect), db.device(), Some(sb.device()))
+        }
+        (Side::Host(dh), Side::Host(sh)) => {
+            let dev = match &stream {
+                Some(s) => s.device_index(),
+                None => crate::convert::resolve(py, None, "device")?.index(),
+            };
+            (copy::h2h_2d(Arc::new(dh), Arc::new(sh), rect), dev, None)
+        }
+    };
+    wait::submit_copy(py, op.map_err(RtErr)?, stream, device, peer)
 }

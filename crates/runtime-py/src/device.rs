@@ -7,7 +7,7 @@ use pyo3::types::PyDict;
 use runtime_core::runtime as rt;
 
 use crate::context;
-use crate::convert::{device_arg, device_at, resolve_required, timeout_obj};
+use crate::convert::{device_arg, device_at, resolve, resolve_required, timeout_obj};
 use crate::errors::{RtErr, RtResult};
 use crate::handles::PyDevice;
 use crate::wait;
@@ -175,22 +175,34 @@ pub fn get_available_devices() -> RtResult<Vec<PyDevice>> {
         .collect())
 }
 
-/// Properties of device `device` (a Device or an int).
+/// Properties of device `device` (a Device or an int; the current device when None).
 #[pyfunction]
-pub fn get_device_properties(device: &Bound<'_, PyAny>) -> PyResult<DeviceProperties> {
-    get_device_properties_impl(device_arg(device, "device")?)
+#[pyo3(signature = (device=None))]
+pub fn get_device_properties(
+    py: Python<'_>,
+    device: Option<&Bound<'_, PyAny>>,
+) -> PyResult<DeviceProperties> {
+    get_device_properties_impl(resolve(py, device, "device")?.index() as i64)
 }
 
-/// Memory usage of device `device`.
+/// Memory usage of device `device` (the current device when None).
 #[pyfunction]
-pub fn get_device_memory_info(device: &Bound<'_, PyAny>) -> PyResult<MemoryInfo> {
-    memory_info_impl(device_arg(device, "device")?)
+#[pyo3(signature = (device=None))]
+pub fn get_device_memory_info(
+    py: Python<'_>,
+    device: Option<&Bound<'_, PyAny>>,
+) -> PyResult<MemoryInfo> {
+    memory_info_impl(resolve(py, device, "device")?.index() as i64)
 }
 
-/// Compute capability of device `device`.
+/// Compute capability of device `device` (the current device when None).
 #[pyfunction]
-pub fn get_device_compute_info(device: &Bound<'_, PyAny>) -> PyResult<ComputeInfo> {
-    let d = device_at(device_arg(device, "device")?)?;
+#[pyo3(signature = (device=None))]
+pub fn get_device_compute_info(
+    py: Python<'_>,
+    device: Option<&Bound<'_, PyAny>>,
+) -> PyResult<ComputeInfo> {
+    let d = resolve(py, device, "device")?;
     let c = d.compute_info();
     Ok(ComputeInfo {
         device: d.index(),

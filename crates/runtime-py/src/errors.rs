@@ -133,7 +133,11 @@ pub fn to_pyerr(py: Python<'_>, e: Error) -> PyErr {
         Error::Device(DeviceError::NotInitialized) => err_of(py, &c.not_initialized, msg),
         Error::Device(DeviceError::InvalidDevice { .. }) => err_of(py, &c.invalid_device, msg),
         Error::Device(DeviceError::InvalidHandle { .. }) => err_of(py, &c.invalid_handle, msg),
-        Error::Memory(MemoryError::OutOfMemory { .. }) => err_of(py, &c.out_of_memory, msg),
+        Error::Memory(
+            MemoryError::OutOfMemory { .. }
+            | MemoryError::OverFraction { .. }
+            | MemoryError::HostAlloc { .. },
+        ) => err_of(py, &c.out_of_memory, msg),
         Error::Memory(MemoryError::OutOfBounds { .. }) => PyValueError::new_err(msg),
         Error::Memory(MemoryError::Corrupt { .. })
         | Error::Device(DeviceError::ThreadSpawn { .. }) => err_of(py, &c.base, msg),

@@ -20,6 +20,40 @@ fn devices_of(dev: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<runtime_core::devi
     }
 }
 
+/// Limit the bytes this process may reserve on `device` (the current device when None) to
+/// `fraction` (0..=1) of its capacity, as `torch.cuda.set_per_process_memory_fraction`;
+/// allocations beyond it raise `OutOfMemoryError`.
+#[pyfunction]
+#[pyo3(signature = (fraction, device=None))]
+pub fn set_per_process_memory_fraction(
+    py: Python<'_>,
+    fraction: &Bound<'_, PyAny>,
+    device: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    // A float, as torch requires (an int such as 1 is refused there too).
+    if !fraction.is_instance_of::<pyo3::types::PyFloat>() {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "fraction must be a float, got {}",
+            crate::convert::type_name(fraction)
+        )));
+    }
+    let f: f64 = fraction.extract()?;
+    let d = resolve(py, device, "device")?;
+    d.memory().set_memory_fraction(f).map_err(RtErr)?;
+    Ok(())
+}
+
+/// The fraction of `device`'s capacity (the current device when None) this process may
+/// reserve (1.0 unless `set_per_process_memory_fraction` lowered it).
+#[pyfunction]
+#[pyo3(signature = (device=None))]
+pub fn get_per_process_memory_fraction(
+    py: Python<'_>,
+    device: Option<&Bound<'_, PyAny>>,
+) -> PyResult<f64> {
+    Ok(resolve(py, device, "device")?.memory().memory_fraction())
+}
+
 /// Release cached blocks of `device` (all devices when None).
 #[pyfunction]
 #[pyo3(signature = (device=None))]

@@ -34,6 +34,10 @@ pub fn trace_stop(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
                 d.set_item("bytes", bytes)?;
                 d.set_item("allocated", allocated)?;
             }
+            Phase::Advise { bytes } => {
+                d.set_item("phase", "advise")?;
+                d.set_item("bytes", bytes)?;
+            }
             Phase::Free { bytes, allocated } => {
                 d.set_item("phase", "free")?;
                 d.set_item("bytes", bytes)?;

@@ -70,7 +70,10 @@
 pub mod allocator;
 pub(crate) mod buddy;
 mod element;
+mod fraction;
 pub(crate) mod host;
+pub mod managed;
+pub mod pinned;
 pub mod pool;
 pub(crate) mod slab;
 
@@ -250,6 +253,9 @@ impl PoolState {
 pub struct DeviceMemory {
     device: usize,
     capacity: u64,
+    /// Bytes this process may reserve: the capacity, or less under a memory fraction
+    /// (`fraction` module).
+    limit: AtomicU64,
     /// The mapping slab spans are carved from.
     slab_arena: Arena,
     closed: AtomicBool,
@@ -305,6 +311,7 @@ impl DeviceMemory {
         Ok(DeviceMemory {
             device,
             capacity,
+            limit: AtomicU64::new(capacity),
             slab_arena,
             closed: AtomicBool::new(false),
             fault_countdown: AtomicU64::new(0),
@@ -428,6 +435,9 @@ impl DeviceMemory {
         }
         let mut st = self.state.lock();
         st.num_ooms += 1;
+        if let Some(e) = self.over_fraction_locked(&st, size) {
+            return Err(e.into());
+        }
         let stats = self.stats_locked(&st);
         Err(MemoryError::OutOfMemory {
             device: self.device,
@@ -543,13 +553,20 @@ impl DeviceMemory {
 
     /// Find a block for `size` (non-zero) bytes of block size `block`, or claim the capacity
     /// for a fresh one. `None` when neither a cache nor the unreserved capacity can serve it.
+    /// The bytes allocations may reserve: the smaller of the per-process fraction
+    /// (`fraction`) and the pool's limit (`pool`), never more than the capacity.
+    pub fn limit(&self) -> u64 {
+        self.fraction_limit().min(self.pool_limit())
+    }
+
     fn take_locked(&self, st: &mut PoolState, size: u64, block: u64) -> Option<Take> {
+        let limit = self.limit();
         if size <= SLAB_MAX {
             loop {
                 match st.slab.alloc(size) {
                     SlabAlloc::Ok(off) => return Some(Take::Slab(off)),
                     SlabAlloc::NeedSpan { class, span_size } => {
-                        if st.reserved().saturating_add(span_size) > self.limit() {
+                        if st.reserved().saturating_add(span_size) > limit {
                             return None;
                         }
                         let span = st.spans.alloc_block(span_size)?;
@@ -568,7 +585,7 @@ impl DeviceMemory {
             // Prefer fresh (untouched, free to zero) memory while the scrubber's backlog is
             // small; reuse a dirty block, zeroing it here, once the backlog passes
             // `DIRTY_BACKLOG` or the device is full, so a tight loop stays bounded.
-            let fresh_fits = st.reserved().saturating_add(block) <= self.limit();
+            let fresh_fits = st.reserved().saturating_add(block) <= limit;
             if st.dirty_bytes >= DIRTY_BACKLOG || !fresh_fits {
                 if let Some(i) = st.dirty.iter().rposition(|a| a.len() == block) {
                     let arena = st.dirty.swap_remove(i);
@@ -579,7 +596,7 @@ impl DeviceMemory {
                 }
             }
         }
-        if st.reserved().saturating_add(block) > self.limit() {
+        if st.reserved().saturating_add(block) > limit {
             return None;
         }
         st.large_allocated += block;

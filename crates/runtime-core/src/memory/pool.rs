@@ -62,7 +62,7 @@ pub(super) struct PoolExt {
 
 impl DeviceMemory {
     /// Bytes the allocator may reserve: the limit if one is set, else the capacity.
-    pub(super) fn limit(&self) -> u64 {
+    pub(super) fn pool_limit(&self) -> u64 {
         match self.pool.limit.load(Ordering::Relaxed) {
             0 => self.capacity,
             l => l.min(self.capacity),

@@ -17,7 +17,7 @@ from .base import (
     Row,
 )
 from .executor import graph_rows, launch_rows
-from .memory import alloc_rows, copy_rows
+from .memory import alloc_rows, async_copy_rows, copy_rows
 from .pipeline import pipeline_rows, scaling_rows
 from .pool import pool_rows
 from .streams import stream_event_rows, sync_idle_rows
@@ -38,6 +38,7 @@ def rows_for(cfg: Config) -> list[Row]:
         *stream_event_rows(cfg),
         *alloc_rows(cfg),
         *copy_rows(cfg),
+        *async_copy_rows(cfg),
         *sync_idle_rows(cfg),
         *launch_rows(cfg),
         *graph_rows(cfg),

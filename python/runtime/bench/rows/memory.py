@@ -8,7 +8,7 @@ import numpy as np
 
 import runtime as rt
 
-from ..config import ASCEND910_US, Config, MiB
+from ..config import ASCEND910_US, Config, MiB, NotApplicable
 from ..timing import timed_calls, timed_create, timed_destroy
 from .base import Row, _na
 
@@ -247,3 +247,74 @@ def _copy_impls(direction, size, k):
         "torch": torch_impl,
         "stdlib": py_impl,
     }
+
+
+def async_copy_rows(cfg: Config) -> list[Row]:
+    """Stream-ordered H2D of ``cfg.big`` bytes from pinned and from pageable host memory: the
+    call plus the wait for the copy. From pinned memory the queued command reads the source
+    when it runs (one copy); from pageable memory the call stages the bytes first (CUDA's
+    rule: it returns once the source may be reused), so it copies twice."""
+    size = cfg.big
+    label = f"{size // MiB} MiB"
+    rows: list[Row] = []
+    for pinned in (True, False):
+        kind = "pinned" if pinned else "pageable"
+
+        def rt_impl(ctx, pinned=pinned):
+            s = _rt_stream(ctx)
+            if pinned:
+                src = rt.pinned_empty(size, np.uint8)
+                src.fill(1)
+            else:
+                src = np.ones(size, np.uint8)
+            d = rt.device_malloc(0, size)
+            ctx.defer(lambda: rt.device_free(d))
+            rt.memset(d, 3)
+
+            def call():
+                rt.memcpy_host_to_device(d, src, s)
+                s.synchronize()
+
+            return timed_calls(call, 1)
+
+        def torch_impl(ctx, pinned=pinned):
+            t = ctx.peers.torch
+            src = t.ones(size, dtype=t.uint8)
+            if pinned:
+                try:  # pinning needs a CUDA device: torch refuses on a host without one
+                    src = src.pin_memory()
+                except RuntimeError as e:
+                    raise NotApplicable(f"Tensor.pin_memory(): {str(e).split('.')[0]}") from e
+            dst = t.full((size,), 3, dtype=t.uint8)
+
+            def call():
+                dst.copy_(src, non_blocking=True)
+
+            return timed_calls(call, 1)
+
+        rows.append(
+            Row(
+                f"copy_async_h2d_{kind}_{size // MiB}m",
+                f"memcpy H2D {label} queued, {kind} source",
+                {
+                    "runtime": rt_impl,
+                    "numpy": _na("numpy has no streams or queued copies"),
+                    "pyopencl": _na("not measured in this row"),
+                    "torch": torch_impl,
+                    "stdlib": _na("no queued copies"),
+                },
+                nbytes=size,
+                reps=cfg.big_reps,
+                note=(
+                    "runtime: memcpy_host_to_device(d, src, stream) + stream.synchronize(), src from "
+                    "pinned_empty | np.ones | torch: dst.copy_(src[.pin_memory()], non_blocking=True)"
+                ),
+            )
+        )
+    return rows
+
+
+def _rt_stream(ctx):
+    s = rt.Stream()
+    ctx.defer(s.destroy)
+    return s

@@ -1,0 +1,93 @@
+"""Pinned (page-locked) host memory as numpy arrays: :func:`malloc_host`, :func:`pinned_empty`.
+
+The memory comes from the core's caching pinned allocator (``runtime._runtime.PinnedMemory``,
+one block each); the array keeps its block alive, and the block returns to the cache once no
+array over it and no queued copy is left. Copies queued on a stream from pinned memory read it
+when the stream runs them (truly asynchronous); copies from ordinary (pageable) numpy arrays
+are staged when queued, so those arrays may be reused as soon as the call returns.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import warnings
+from typing import Any
+
+import numpy as np
+
+from ._runtime import PinnedMemory, _malloc_host
+
+
+class PinnedArray(np.ndarray):
+    """A numpy array over pinned host memory (returned by :func:`malloc_host` and
+    :func:`pinned_empty`); slices and views of it are ``PinnedArray`` too."""
+
+    @property
+    def ptr(self) -> int:
+        """Address of element 0 (``cupy``'s ``PinnedMemoryPointer.ptr``)."""
+        return int(self.__array_interface__["data"][0])
+
+    @property
+    def is_pinned(self) -> bool:
+        """Whether the OS locked the pages (``torch.Tensor.is_pinned``); False when ``mlock``
+        was refused and the memory is pageable."""
+        mem = _block(self)
+        return mem is not None and mem.locked
+
+
+def _block(arr: np.ndarray) -> PinnedMemory | None:
+    """The pinned block under ``arr`` (through its chain of bases), if any."""
+    base: Any = arr
+    while base is not None:
+        if isinstance(base, PinnedMemory):
+            return base
+        if isinstance(base, memoryview):
+            base = base.obj
+        else:
+            base = getattr(base, "base", None)
+    return None
+
+
+def _allocate(nbytes: int, what: str) -> PinnedMemory:
+    mem = _malloc_host(nbytes)
+    if nbytes and not mem.locked:
+        soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        limit = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft} bytes"
+        warnings.warn(
+            f"{what}: the OS refused to lock {nbytes} bytes in RAM (RLIMIT_MEMLOCK is {limit}); "
+            "the memory is pageable, though copies still treat it as pinned. Raise the limit "
+            "with `ulimit -l` for page-locked memory.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return mem
+
+
+def malloc_host(nbytes: int, mapped: bool = False) -> PinnedArray:
+    """``nbytes`` of pinned host memory as a 1-D ``uint8`` :class:`PinnedArray`
+    (``cudaMallocHost`` / ``aclrtMallocHost``; ``cupy.cuda.alloc_pinned_memory``).
+
+    ``mapped=True`` (numba's ``cuda.pinned_array``/``mapped_array`` flag) is accepted: on
+    virtual devices host memory is always addressable by device work. Fresh memory is zero;
+    memory reused from the pinned cache keeps its old bytes. Warns ``RuntimeWarning`` when
+    the OS refuses to lock the pages."""
+    if not isinstance(mapped, bool):
+        raise TypeError(f"mapped must be a bool, got {type(mapped).__name__}")
+    mem = _allocate(nbytes, "malloc_host")
+    return np.frombuffer(mem, dtype=np.uint8).view(PinnedArray)
+
+
+def pinned_empty(shape: int | tuple[int, ...], dtype: Any = "float32") -> PinnedArray:
+    """A :class:`PinnedArray` of ``shape`` and ``dtype`` over pinned host memory
+    (``torch.empty(..., pin_memory=True)``; ``cupyx.empty_pinned``). Not zeroed when the
+    memory is reused from the pinned cache."""
+    dt = np.dtype(dtype)
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+    for n in dims:
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"shape: dimensions must be non-negative ints, got {shape!r}")
+    count = math.prod(int(n) for n in dims)
+    mem = _allocate(count * dt.itemsize, "pinned_empty")
+    arr = np.frombuffer(mem, dtype=dt, count=count).reshape(dims)
+    return arr.view(PinnedArray)

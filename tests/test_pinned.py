@@ -1,0 +1,307 @@
+"""Pinned host memory: malloc_host, pinned_empty, free_host, host_memory_stats, and the
+stream-ordered copies that know it (pinned sources are read when the copy runs; pageable
+sources are staged when it is queued)."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import runtime
+
+WAIT = 10.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def rt():
+    runtime.shutdown()
+    runtime.init(device_count=2, memory="256MiB")
+    yield
+    runtime.shutdown()
+
+
+@pytest.fixture
+def stream():
+    s = runtime.Stream(0)
+    yield s
+    s.synchronize(timeout=WAIT)
+    s.destroy()
+
+
+def gate(stream):
+    """Block `stream` until the returned function is called (no timing involved)."""
+    ev = threading.Event()
+    stream.launch_host_func(lambda: ev.wait(WAIT))
+    return ev.set
+
+
+def test_malloc_host_is_a_writable_uint8_array_with_ptr():
+    a = runtime.malloc_host(4096)
+    assert isinstance(a, runtime.PinnedArray) and isinstance(a, np.ndarray)
+    assert a.dtype == np.uint8 and a.shape == (4096,) and a.nbytes == 4096
+    assert a.ptr == a.ctypes.data and a.ptr % 4096 == 0
+    a[:] = 7
+    assert int(a.sum()) == 7 * 4096
+
+
+def test_pinned_empty_shape_and_dtype():
+    a = runtime.pinned_empty((3, 5), np.float64)
+    assert a.shape == (3, 5) and a.dtype == np.float64
+    assert a.flags["C_CONTIGUOUS"] and a.flags["WRITEABLE"]
+    a[...] = np.arange(15.0).reshape(3, 5)
+    assert a[2, 4] == 14.0
+    assert runtime.pinned_empty(7).dtype == np.float32
+
+
+@pytest.mark.parametrize("bad", [-1, 2**70])
+def test_malloc_host_bad_size(bad):
+    with pytest.raises((ValueError, OverflowError, runtime.OutOfMemoryError)):
+        runtime.malloc_host(bad)
+
+
+def test_malloc_host_zero_bytes():
+    a = runtime.malloc_host(0)
+    assert a.nbytes == 0
+
+
+def test_pinned_empty_bad_shape():
+    with pytest.raises(ValueError, match="shape"):
+        runtime.pinned_empty((2, -1))
+
+
+def test_malloc_host_mapped_flag():
+    # numba: test_cuda_memory.py::TestCudaMemory::test_host_alloc (mapped=True)
+    assert runtime.malloc_host(1024, mapped=True).nbytes == 1024
+    with pytest.raises(TypeError, match="mapped"):
+        runtime.malloc_host(16, mapped="yes")
+
+
+def test_distinct_live_blocks_do_not_overlap():
+    # cupy: tests/cupy_tests/cuda_tests/test_pinned_memory.py::TestSingleDeviceMemoryPool::test_alloc
+    a, b = runtime.malloc_host(4096), runtime.malloc_host(4096)
+    assert a.ptr != b.ptr
+    assert a.ptr + 4096 <= b.ptr or b.ptr + 4096 <= a.ptr
+
+
+def test_freed_block_is_reused_from_the_cache():
+    # torch: test/test_cuda.py::TestCuda::test_caching_pinned_memory (first half)
+    t = runtime.malloc_host(4)
+    ptr = t.ptr
+    del t
+    gc.collect()
+    assert runtime.malloc_host(4).ptr == ptr
+
+
+def test_block_in_use_by_a_queued_copy_is_not_reused(stream):
+    # torch: test/test_cuda.py::TestCuda::test_caching_pinned_memory (second half): the copy
+    # is held back by a gate instead of torch.cuda._sleep.
+    t = runtime.pinned_empty(1, np.float32)
+    t[0] = 1.0
+    ptr = t.ptr
+    dev = runtime.zeros(1, np.float32)
+    release = gate(stream)
+    runtime.memcpy_host_to_device(dev, t, stream)
+    del t
+    gc.collect()
+    t2 = runtime.pinned_empty(1, np.float32)
+    assert t2.ptr != ptr, "pinned block reused while a queued copy reads it"
+    release()
+    stream.synchronize(timeout=WAIT)
+    assert dev.copy_to_host().tolist() == [1.0]
+
+
+def test_pinned_source_is_read_when_the_copy_runs(stream):
+    src = runtime.pinned_empty(256, np.int32)
+    src[:] = 1
+    dev = runtime.zeros(256, np.int32)
+    release = gate(stream)
+    runtime.memcpy_host_to_device(dev, src, stream)
+    src[:] = 2  # before the stream reaches the copy: a truly asynchronous copy sees it
+    release()
+    stream.synchronize(timeout=WAIT)
+    assert (dev.copy_to_host() == 2).all()
+
+
+def test_pageable_source_is_staged_when_queued(stream):
+    src = np.ones(256, np.int32)
+    dev = runtime.zeros(256, np.int32)
+    release = gate(stream)
+    runtime.memcpy_host_to_device(dev, src, stream)
+    src[:] = 2  # the call returned: the source may be reused (CUDA's rule for pageable memory)
+    release()
+    stream.synchronize(timeout=WAIT)
+    assert (dev.copy_to_host() == 1).all()
+
+
+def test_pinned_slice_source_and_offsets(stream):
+    src = runtime.pinned_empty(64, np.uint8)
+    src[:] = np.arange(64, dtype=np.uint8)
+    dev = runtime.zeros(16, np.uint8)
+    runtime.memcpy_host_to_device(dev, src[8:24], stream)
+    stream.synchronize(timeout=WAIT)
+    assert dev.copy_to_host().tolist() == list(range(8, 24))
+
+
+def test_device_to_pinned_copy(stream):
+    dev = runtime.to_device(np.arange(32, dtype=np.float32))
+    dst = runtime.pinned_empty(32, np.float32)
+    runtime.memcpy_device_to_host(dst, dev, stream)
+    stream.synchronize(timeout=WAIT)
+    assert dst.tolist() == list(range(32))
+
+
+def test_free_host_refuses_later_queued_copies_and_double_free(stream):
+    a = runtime.malloc_host(64)
+    dev = runtime.zeros(64, np.uint8)
+    runtime.free_host(a)
+    with pytest.raises(runtime.InvalidHandleError, match="free_host"):
+        runtime.memcpy_host_to_device(dev, a, stream)
+    with pytest.raises(runtime.InvalidHandleError):
+        runtime.free_host(a)
+
+
+def test_free_host_while_a_copy_is_in_flight_is_safe(stream):
+    a = runtime.pinned_empty(1024, np.uint8)
+    a[:] = 5
+    dev = runtime.zeros(1024, np.uint8)
+    release = gate(stream)
+    runtime.memcpy_host_to_device(dev, a, stream)
+    runtime.free_host(a)
+    del a
+    gc.collect()
+    release()
+    stream.synchronize(timeout=WAIT)
+    assert (dev.copy_to_host() == 5).all()
+
+
+@pytest.mark.parametrize("bad", [np.zeros(8, np.uint8), bytearray(8)])
+def test_free_host_refuses_memory_that_is_not_pinned(bad):
+    with pytest.raises(ValueError, match="not the start of pinned host memory"):
+        runtime.free_host(bad)
+
+
+def test_free_host_refuses_an_interior_slice():
+    a = runtime.malloc_host(64)
+    with pytest.raises(ValueError, match="not the start"):
+        runtime.free_host(a[8:])
+
+
+def test_free_host_wrong_type():
+    with pytest.raises(TypeError):
+        runtime.free_host(3)
+
+
+def test_host_memory_stats_count_live_blocks_and_the_cache():
+    # torch: test/test_cuda.py::TestCuda::test_host_memory_stats (counters follow allocations)
+    gc.collect()
+    runtime.host_empty_cache()
+    before = runtime.host_memory_stats()
+    a = runtime.malloc_host(3000)  # a 4 KiB block
+    s = runtime.host_memory_stats()
+    assert s["allocations.current"] == before["allocations.current"] + 1
+    assert s["allocated_bytes.current"] == before["allocated_bytes.current"] + 4096
+    assert s["allocations.allocated"] == before["allocations.allocated"] + 1
+    del a
+    gc.collect()
+    s = runtime.host_memory_stats()
+    assert s["allocations.current"] == before["allocations.current"]
+    assert s["allocations.freed"] == before["allocations.freed"] + 1
+    assert s["reserved_bytes.current"] >= before["reserved_bytes.current"] + 4096  # cached
+    runtime.host_empty_cache()
+    s = runtime.host_memory_stats()
+    assert s["reserved_bytes.current"] == s["allocated_bytes.current"]
+
+
+def test_is_pinned_reports_the_lock():
+    a = runtime.malloc_host(4096)
+    assert isinstance(a.is_pinned, bool)
+    assert not runtime.PinnedArray.__new__(runtime.PinnedArray, (1,)).is_pinned
+
+
+def test_mlock_refused_warns_and_still_works(tmp_path):
+    # With RLIMIT_MEMLOCK at 0 the OS refuses to lock: the memory is handed out as pageable,
+    # with a RuntimeWarning. A process with CAP_IPC_LOCK ignores the limit (then: skipped).
+    code = textwrap.dedent(
+        """
+        import resource, warnings
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]))
+        import numpy as np, runtime
+        runtime.init(device_count=1, memory="64MiB")
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            a = runtime.malloc_host(1 << 20)
+        a[:] = 3
+        d = runtime.to_device(np.zeros(1 << 20, np.uint8))
+        s = runtime.Stream()
+        runtime.memcpy_host_to_device(d, a, s)
+        s.synchronize()
+        assert (d.copy_to_host() == 3).all()
+        print("LOCKED" if a.is_pinned else "UNLOCKED", [str(x.category.__name__) for x in w])
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    if out.stdout.startswith("LOCKED"):
+        pytest.skip("this process may lock memory beyond RLIMIT_MEMLOCK (CAP_IPC_LOCK)")
+    assert out.stdout.startswith("UNLOCKED") and "RuntimeWarning" in out.stdout
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork()")
+def test_pinned_memory_works_in_a_forked_child():
+    import os
+
+    a = runtime.malloc_host(4096)
+    a[:] = 4
+    pid = os.fork()
+    if pid == 0:  # the child: inherited arrays stay readable, new blocks can be allocated
+        code = 1
+        try:
+            runtime.init(device_count=1, memory="64MiB")
+            b = runtime.malloc_host(4096)
+            b[:] = a
+            d = runtime.to_device(np.zeros(4096, np.uint8))
+            runtime.memcpy_host_to_device(d, b)
+            code = 0 if (d.copy_to_host() == 4).all() else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+# cupy: tests/cupy_tests/cuda_tests/test_pinned_memory.py::TestSingleDeviceMemoryPool::test_free
+def test_pool_free_reuses_the_block():
+    p1 = runtime.malloc_host(1000)
+    ptr1 = p1.ptr
+    del p1
+    assert runtime.malloc_host(1000).ptr == ptr1
+
+
+# cupy: ...::TestSingleDeviceMemoryPool::test_free_different_size. CuPy's pool rounds to 512
+# bytes, so 1000 and 2000 bytes differ there; here blocks are whole pages rounded to a power of
+# two, so the sizes must differ in block size (4 KiB and 8 KiB).
+def test_pool_free_different_block_size_is_not_reused():
+    p1 = runtime.malloc_host(4000)
+    ptr1 = p1.ptr
+    del p1
+    p2 = runtime.malloc_host(8000)
+    assert p2.ptr != ptr1
+
+
+# cupy: ...::TestSingleDeviceMemoryPool::test_free_all_blocks. CuPy asserts a new pointer;
+# a fresh mapping may land at the address just unmapped, so what is checked is that the
+# block was not served from the cache.
+def test_pool_empty_cache_maps_afresh():
+    p1 = runtime.malloc_host(1000)
+    del p1
+    runtime.host_empty_cache()
+    before = runtime.host_memory_stats()
+    runtime.malloc_host(1000)
+    after = runtime.host_memory_stats()
+    assert after["num_host_alloc"] == before["num_host_alloc"] + 1
+    assert after["cache_hits"] == before["cache_hits"]
