@@ -148,9 +148,13 @@ def test_threaded_nanny_events():
     threads = [threading.Thread(target=create_arrays_thread) for _ in range(2)]
     for t in threads:
         t.start()
+    # 400 allocate/copy/synchronize rounds per thread: on a loaded 2-core machine they can
+    # take longer than one WAIT, so wait generously, then say so if they are still running.
     for t in threads:
-        t.join(WAIT)
+        t.join(12 * WAIT)
+    assert not any(t.is_alive() for t in threads), "the threads did not finish"
     assert errors == []
+    gc.collect()
     assert runtime.memory_stats(0)["allocated"] == 0
 
 
