@@ -576,19 +576,17 @@ def free(dev_ptr: int) -> int:
 
 @api("acl.rt.malloc_host", 1)
 def malloc_host(size: int) -> tuple[int, int]:
-    """``(host_ptr, ret)``: ``size`` bytes of host memory owned by runtime.acl, 64-byte aligned."""
+    """``(host_ptr, ret)``: ``size`` bytes of page-locked host memory (``runtime.malloc_host``),
+    as ``aclrtMallocHost`` gives: stream-ordered copies read it when they run, not when queued."""
     need_int("acl.rt.malloc_host", size=size)
     S.check_init("acl.rt.malloc_host")
     _check_size("acl.rt.malloc_host", size)
     try:
-        raw = np.empty(size + 64, np.uint8)
+        arr = runtime.malloc_host(size)
     except MemoryError as e:
         raise AclError(C.ACL_ERROR_BAD_ALLOC, f"acl.rt.malloc_host: {size} bytes: {e}") from e
-    addr = raw.ctypes.data
-    off = (-addr) % 64
-    view = raw[off : off + size]
-    S.mem.add(S.HostAlloc(addr + off, size, "malloc_host", view, raw))
-    return addr + off, C.ACL_SUCCESS
+    S.mem.add(S.HostAlloc(arr.ptr, size, "malloc_host", arr, arr))
+    return arr.ptr, C.ACL_SUCCESS
 
 
 @api("acl.rt.free_host")
@@ -608,6 +606,7 @@ def free_host(host_ptr: int) -> int:
             why = "is not a live acl.rt.malloc_host block (freed already, or never allocated)"
         raise AclError(C.ACL_ERROR_INVALID_PARAM, f"acl.rt.free_host: host_ptr {host_ptr:#x} {why}")
     S.mem.remove(host_ptr)
+    runtime.free_host(rec.arr)  # copies already queued from it keep it alive until they ran
     return C.ACL_SUCCESS
 
 
