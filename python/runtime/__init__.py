@@ -36,6 +36,7 @@ from ._runtime import (
     WaitTimeoutError,
     current_stream,
     default_stream,
+    defer_cleanup,
     device_free,
     device_malloc,
     empty,
@@ -48,6 +49,7 @@ from ._runtime import (
     get_device_properties,
     get_option,
     init,
+    is_current_stream_capturing,
     is_initialized,
     memcpy_d2d,
     memcpy_device_to_host,
@@ -58,6 +60,7 @@ from ._runtime import (
     reset_peak_memory_stats,
     set_device,
     set_option,
+    set_stream,
     shutdown,
     stream_priority_range,
     stream_synchronize,
@@ -117,6 +120,12 @@ def get_device_name(device=None) -> str:
     return get_device_properties(get_device() if device is None else device).name
 
 
+def UserEvent() -> Event:  # noqa: N802 - the OpenCL class name, kept for ported code
+    """A user event (OpenCL's ``UserEvent``): pending until ``set()`` / ``set_status()``;
+    streams can wait on it. Same as :meth:`Event.user`."""
+    return Event.user()
+
+
 def memcpy_host_to_device_async(dst, src, stream, **kw) -> None:
     """Stream-ordered host-to-device copy: queued on ``stream``; ``src`` is kept alive until it ran."""
     memcpy_host_to_device(dst, src, stream, **kw)
@@ -158,10 +167,12 @@ __all__ = [
     "NotReadyError",
     "OutOfMemoryError",
     "Stream",
+    "UserEvent",
     "WaitTimeoutError",
     "__version__",
     "current_stream",
     "default_stream",
+    "defer_cleanup",
     "device_free",
     "device_malloc",
     "empty",
@@ -175,6 +186,7 @@ __all__ = [
     "get_device_properties",
     "get_option",
     "init",
+    "is_current_stream_capturing",
     "is_initialized",
     "kernels",
     "memcpy_d2d",
@@ -197,6 +209,7 @@ __all__ = [
     "reset_peak_memory_stats",
     "set_device",
     "set_option",
+    "set_stream",
     "shutdown",
     "stream_priority_range",
     "stream_synchronize",

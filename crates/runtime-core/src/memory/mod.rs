@@ -61,6 +61,7 @@
 //! * The reclaimer is never called with the allocator's state lock held.
 
 pub(crate) mod buddy;
+pub mod defer;
 mod element;
 pub(crate) mod host;
 pub(crate) mod slab;
