@@ -129,10 +129,12 @@ impl PyDeviceBuffer {
         Ok(self.derive(b, abs, dt, shape))
     }
 
-    /// Copy to host memory and return it (blocking, ordered on `stream`, the current stream
-    /// when None): into `out` when given (a writable, C-contiguous numpy array of this view's
-    /// dtype and element count, as numba's `copy_to_host(ary)` and CuPy's `get(out=)`),
-    /// else into a new array of this view's dtype and shape.
+    /// Copy to host memory and return it: into `out` when given (a writable, C-contiguous
+    /// numpy array of this view's dtype and element count, as numba's `copy_to_host(ary)`
+    /// and CuPy's `get(out=)`), else into a new array of this view's dtype and shape.
+    /// Without `stream` the copy is blocking (ordered on the current stream); with one it is
+    /// queued there and the array is written when the stream reaches it (numba): synchronise
+    /// the stream before reading it.
     #[pyo3(signature = (out=None, stream=None))]
     fn copy_to_host<'py>(
         slf: &Bound<'py, Self>,

@@ -67,9 +67,11 @@ impl PyEvent {
             match code {
                 0 => None,
                 c if c < 0 => Some(format!("the user event was set to error status {c}")),
-                c => return Err(PyValueError::new_err(format!(
+                c => {
+                    return Err(PyValueError::new_err(format!(
                     "status: {c} is not a final status; use 0 (complete) or a negative error code"
-                ))),
+                )))
+                }
             }
         } else if let Ok(text) = status.extract::<String>() {
             (text != "complete").then_some(text)
