@@ -18,7 +18,7 @@
 //! its next synchronisation (the work behind the wait is skipped until then, as behind a
 //! failing kernel), and `synchronize` on the event raises it. A user event is never
 //! recorded on a stream. Nothing waits for ever on one: `shutdown` fails every user event
-//! still unset ([`fail_pending_user_events`]), which releases the streams waiting on it.
+//! still unset (`fail_pending_user_events`), which releases the streams waiting on it.
 //!
 //! Completion callbacks ([`Event::on_complete`]) run on the thread that completes the
 //! record (an engine worker, a recording caller, or the caller of `set`); the asyncio face
