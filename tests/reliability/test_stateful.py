@@ -941,12 +941,14 @@ class Machine(RuleBasedStateMachine):
     def user_event_gate(self, stream, fail):
         """A stream waits on a user event: held until the host sets it; a failed one poisons
         the stream like a failed kernel."""
-        s = self.stream_for(stream)
+        # Only user streams fail: the model keeps the default streams clean (failing_kernel).
+        fail = fail and self.async_mode and bool(self.streams)
+        s = self.streams[stream % len(self.streams)] if fail else self.stream_for(stream)
         ev = runtime.UserEvent()
         s.obj.wait_event(ev)
         held = s.obj.record_event(enable_timing=False)
         assert not held.query()  # nothing passes an unset user event
-        if fail and self.async_mode:
+        if fail:
             ev.set_status("injected by the state machine")
             s.poisoned = True
         else:
