@@ -250,14 +250,22 @@ pub(crate) fn fail_pending_user_events(why: &str) {
 }
 
 /// A completion callback parked on an event ([`Event::on_complete`]).
-struct Callback(parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>);
+struct Callback {
+    f: parking_lot::Mutex<Option<Box<dyn FnOnce(Option<String>) + Send>>>,
+    /// Weak: the event's gate holds this callback while it waits.
+    event: std::sync::Weak<EventInner>,
+}
 
 impl Wake for Callback {
     fn wake(self: Arc<Self>) {
         // Taken out under the lock, run after it.
-        let f = self.0.lock().take();
+        let f = self.f.lock().take();
         if let Some(f) = f {
-            f();
+            let failure = self
+                .event
+                .upgrade()
+                .and_then(|e| e.failure().map(str::to_string));
+            f(failure);
         }
     }
 }
@@ -423,11 +431,16 @@ impl Event {
 
     /// Call `f` once the latest record (at the time of this call) has completed: at once,
     /// on the calling thread, when it already has (or the event was never recorded);
-    /// otherwise on the thread that completes it. `f` must not block.
-    pub fn on_complete(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
+    /// otherwise on the thread that completes it. `f` gets the failure of a failed user
+    /// event ([`Event::failure`]) and must not block. The event does not keep itself alive
+    /// through `f`'s registration.
+    pub fn on_complete(&self, f: Box<dyn FnOnce(Option<String>) + Send>) -> Result<()> {
         self.check()?;
         let target = self.0.recorded();
-        let cb = Arc::new(Callback(parking_lot::Mutex::new(Some(f))));
+        let cb = Arc::new(Callback {
+            f: parking_lot::Mutex::new(Some(f)),
+            event: Arc::downgrade(&self.0),
+        });
         let waiter: Arc<dyn Wake> = cb.clone();
         if target == 0 || self.0.gate.park_unless_complete(target, waiter, || ()) {
             cb.wake();

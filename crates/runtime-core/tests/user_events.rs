@@ -44,7 +44,8 @@ fn user_events() {
     s.launch(log_op(&log, "after")).unwrap();
     let called = Arc::new(AtomicUsize::new(0));
     let c = called.clone();
-    ev.on_complete(Box::new(move || {
+    ev.on_complete(Box::new(move |failure| {
+        assert_eq!(failure, None);
         c.fetch_add(1, Ordering::SeqCst);
     }))
     .unwrap();
@@ -71,7 +72,7 @@ fn user_events() {
     let (tx, rx) = mpsc::channel();
     let here = std::thread::current().id();
     Event::new()
-        .on_complete(Box::new(move || {
+        .on_complete(Box::new(move |_| {
             tx.send(std::thread::current().id()).unwrap()
         }))
         .unwrap();
@@ -87,7 +88,12 @@ fn user_events() {
     let log2 = Arc::new(Mutex::new(Vec::new()));
     s.wait_event(&failed).unwrap();
     s.launch(log_op(&log2, "skipped")).unwrap();
+    let (ftx, frx) = mpsc::channel();
+    failed
+        .on_complete(Box::new(move |failure| ftx.send(failure).unwrap()))
+        .unwrap();
     failed.set_failed("sensor unplugged").unwrap();
+    assert_eq!(frx.try_recv().unwrap().as_deref(), Some("sensor unplugged"));
     match s.synchronize(Some(WAIT)) {
         Err(Error::Stream(StreamError::Kernel(k))) => {
             assert_eq!(k.kernel, format!("wait(UserEvent#{})", failed.id()));

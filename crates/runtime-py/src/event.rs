@@ -114,19 +114,15 @@ impl PyEvent {
     /// `KernelError` of a failed user event), on the thread that completes it (at once when
     /// it already has). For the asyncio face (`await event`); `fn` must not block.
     fn _on_complete(&self, func: Py<PyAny>) -> RtResult<()> {
-        let e = self.raw().clone();
-        Ok(self.raw().on_complete(Box::new(move || {
+        let id = self.raw().id();
+        Ok(self.raw().on_complete(Box::new(move |failure| {
             Python::attach(|py| {
-                let err = e
-                    .failure()
+                let err = failure
                     .map(|why| {
                         crate::errors::to_pyerr(
                             py,
-                            runtime_core::error::KernelFailure::new(
-                                format!("UserEvent#{}", e.id()),
-                                why,
-                            )
-                            .into(),
+                            runtime_core::error::KernelFailure::new(format!("UserEvent#{id}"), why)
+                                .into(),
                         )
                         .into_value(py)
                         .into_any()
