@@ -249,9 +249,12 @@ pub(crate) fn fail_pending_user_events(why: &str) {
     }
 }
 
+/// What [`Event::on_complete`] calls: with the failure of a failed user event.
+pub type CompletionFn = Box<dyn FnOnce(Option<String>) + Send>;
+
 /// A completion callback parked on an event ([`Event::on_complete`]).
 struct Callback {
-    f: parking_lot::Mutex<Option<Box<dyn FnOnce(Option<String>) + Send>>>,
+    f: parking_lot::Mutex<Option<CompletionFn>>,
     /// Weak: the event's gate holds this callback while it waits.
     event: std::sync::Weak<EventInner>,
 }
@@ -434,7 +437,7 @@ impl Event {
     /// otherwise on the thread that completes it. `f` gets the failure of a failed user
     /// event ([`Event::failure`]) and must not block. The event does not keep itself alive
     /// through `f`'s registration.
-    pub fn on_complete(&self, f: Box<dyn FnOnce(Option<String>) + Send>) -> Result<()> {
+    pub fn on_complete(&self, f: CompletionFn) -> Result<()> {
         self.check()?;
         let target = self.0.recorded();
         let cb = Arc::new(Callback {
