@@ -5,7 +5,11 @@
 //!
 //! Scopes nest and count process-wide, as numba's count per context. Only what a caller
 //! hands to [`release`] is deferred (the Python bindings do so for every `DeviceBuffer`
-//! handle they drop or `device_free`); a `Buffer` dropped elsewhere frees as usual.
+//! handle they drop or `device_free`); a `Buffer` dropped elsewhere frees as usual. A
+//! release on another thread at the very moment the first scope opens may still free at
+//! once: it happened before the scope, as far as anyone can tell.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -14,6 +18,10 @@ use super::Buffer;
 /// Open scopes, and the buffers held until the last one closes.
 static STATE: Mutex<(usize, Vec<Buffer>)> = Mutex::new((0, Vec::new()));
 
+/// A copy of the open scope count (written under the lock), so that [`release`] outside any
+/// scope, the common case on every handle drop, takes no lock.
+static OPEN: AtomicUsize = AtomicUsize::new(0);
+
 /// An open defer scope; closing it (drop) frees what was held if it was the outermost.
 #[derive(Debug)]
 #[must_use = "the scope closes when the guard is dropped"]
@@ -21,7 +29,9 @@ pub struct DeferGuard(());
 
 /// Open a defer scope.
 pub fn enter() -> DeferGuard {
-    STATE.lock().0 += 1;
+    let mut st = STATE.lock();
+    st.0 += 1;
+    OPEN.store(st.0, Ordering::Release);
     DeferGuard(())
 }
 
@@ -30,6 +40,7 @@ impl Drop for DeferGuard {
         let held = {
             let mut st = STATE.lock();
             st.0 -= 1;
+            OPEN.store(st.0, Ordering::Release);
             if st.0 == 0 {
                 std::mem::take(&mut st.1)
             } else {
@@ -44,6 +55,10 @@ impl Drop for DeferGuard {
 /// Let go of `buffer`: held until the outermost open scope closes, or dropped now when none
 /// is open.
 pub fn release(buffer: Buffer) {
+    if OPEN.load(Ordering::Acquire) == 0 {
+        drop(buffer);
+        return;
+    }
     let mut st = STATE.lock();
     if st.0 > 0 {
         st.1.push(buffer);
