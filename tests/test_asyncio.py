@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import runtime
+from runtime import _aio
 
 WAIT = 10.0  # seconds: generous upper bound on any wait that could otherwise hang
 
@@ -165,11 +166,11 @@ def test_event_completing_after_its_loop_closed_is_harmless(unraisable):
     loop = asyncio.new_event_loop()
 
     async def start():
-        return asyncio.ensure_future(_await(ev))
+        return _aio.event_future(ev)  # what `await ev` awaits
 
-    task = loop.run_until_complete(start())
+    fut = loop.run_until_complete(start())
     loop.run_until_complete(asyncio.sleep(0))
-    assert not task.done()
+    assert not fut.done()
     loop.close()
     ev.set()  # the callback finds the loop closed and lets go
     assert unraisable == []

@@ -95,17 +95,21 @@ def test_legacy_blocking_stream_waits_for_default_stream(legacy):
 def test_legacy_non_blocking_stream_runs_beside_default(legacy):
     d, nb = runtime.default_stream(), runtime.Stream(non_blocking=True)
     gate, ran = threading.Event(), threading.Event()
-    gate_on(d, gate)
-    nb.launch_host_func(ran.set)
-    assert ran.wait(WAIT)  # not held by the default stream
-    assert nb.query()
-    # ... and the default stream does not wait for it either.
     gate2 = threading.Event()
-    gate_on(nb, gate2)
-    gate.set()
-    d.synchronize(WAIT)
-    assert not nb.query()
-    gate2.set()
+    gate_on(d, gate)
+    try:
+        nb.launch_host_func(ran.set)
+        assert ran.wait(WAIT)  # not held by the default stream
+        nb.synchronize(WAIT)  # completes while the default stream is still held
+        assert not d.query()
+        # ... and the default stream does not wait for it either.
+        gate_on(nb, gate2)
+        gate.set()
+        d.synchronize(WAIT)
+        assert not nb.query()
+    finally:
+        gate.set()
+        gate2.set()
     nb.synchronize(WAIT)
 
 
