@@ -143,7 +143,9 @@ def test_options_defaults_roundtrip_and_errors():
         "enableAsync",
         "enableMemoryReuse",
         "enablePipelining",
+        "legacyDefaultStream",
     ]
+    assert runtime.get_option("legacyDefaultStream") is False
     with pytest.raises(ValueError, match="enableMemoryReuse.*enablePipelining.*enableAsync"):
         runtime.set_option("enableTurbo", True)
     with pytest.raises(ValueError, match="valid options"):

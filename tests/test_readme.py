@@ -26,5 +26,5 @@ def test_readme_block_runs(code, capsys, tmp_path, monkeypatch):
     finally:
         runtime.shutdown()
         for name in runtime.option_names():
-            runtime.set_option(name, True)
+            runtime.set_option(name, name != "legacyDefaultStream")  # the defaults
     assert capsys.readouterr().out  # every block prints something

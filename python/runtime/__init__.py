@@ -42,12 +42,13 @@ from ._runtime import (
     WaitTimeoutError,
     current_stream,
     default_stream,
+    defer_cleanup,
     device_free,
     device_malloc,
     empty,
     empty_cache,
-    get_allocator,
     free_host,
+    get_allocator,
     get_available_devices,
     get_default_memory_pool,
     get_device,
@@ -60,6 +61,7 @@ from ._runtime import (
     host_empty_cache,
     host_memory_stats,
     init,
+    is_current_stream_capturing,
     is_initialized,
     malloc_managed,
     mem_advise,
@@ -76,6 +78,7 @@ from ._runtime import (
     set_device,
     set_option,
     set_per_process_memory_fraction,
+    set_stream,
     shutdown,
     stream_priority_range,
     stream_synchronize,
@@ -135,6 +138,12 @@ def get_device_name(device=None) -> str:
     return get_device_properties(get_device() if device is None else device).name
 
 
+def UserEvent() -> Event:  # noqa: N802 - the OpenCL class name, kept for ported code
+    """A user event (OpenCL's ``UserEvent``): pending until ``set()`` / ``set_status()``;
+    streams can wait on it. Same as :meth:`Event.user`."""
+    return Event.user()
+
+
 def memcpy_host_to_device_async(dst, src, stream, **kw) -> None:
     """Stream-ordered host-to-device copy queued on ``stream``: pinned ``src`` (``malloc_host``,
     ``pinned_empty``) is read when the copy runs; other host memory is staged at once."""
@@ -188,11 +197,13 @@ __all__ = [
     "NotReadyError",
     "OutOfMemoryError",
     "Stream",
+    "UserEvent",
     "WaitTimeoutError",
     "__version__",
     "acl",
     "current_stream",
     "default_stream",
+    "defer_cleanup",
     "device_free",
     "device_malloc",
     "empty",
@@ -206,6 +217,7 @@ __all__ = [
     "get_device_properties",
     "get_option",
     "init",
+    "is_current_stream_capturing",
     "is_initialized",
     "kernels",
     "memcpy_d2d",
@@ -228,6 +240,7 @@ __all__ = [
     "reset_peak_memory_stats",
     "set_device",
     "set_option",
+    "set_stream",
     "shutdown",
     "stream_priority_range",
     "stream_synchronize",

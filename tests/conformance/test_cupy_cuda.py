@@ -112,7 +112,6 @@ def test_stream_with_statement():
 
 
 # cupy: tests/cupy_tests/cuda_tests/test_stream.py::TestStream::test_use
-@pytest.mark.xfail(strict=True, reason="missing API: Stream.use (issue 13)")
 def test_stream_use():
     s1 = runtime.Stream().use()
     assert runtime.current_stream() == s1
@@ -121,7 +120,6 @@ def test_stream_use():
 
 
 # cupy: tests/cupy_tests/cuda_tests/test_stream.py::TestStream::test_mix_use_context
-@pytest.mark.xfail(strict=True, reason="missing API: Stream.use (issue 13)")
 def test_stream_mix_use_context():
     s1, s2, s3 = runtime.Stream(), runtime.Stream(), runtime.Stream()
     with s1:
@@ -191,7 +189,6 @@ def test_stream_shared_between_threads():
 
 
 # cupy: tests/cupy_tests/cuda_tests/test_stream.py::TestStream::test_create_with_flags
-@pytest.mark.xfail(strict=True, reason="missing API: Stream(non_blocking=...) (issue 13)")
 def test_stream_create_with_flags():
     s1 = runtime.Stream()
     s2 = runtime.Stream(non_blocking=True)
@@ -211,7 +208,6 @@ def test_stream_create_with_priority():
 
 
 # cupy: tests/cupy_tests/cuda_tests/test_stream.py::TestCUDAStreamProtocol::test_cuda_stream_method
-@pytest.mark.xfail(strict=True, reason="missing API: Stream.__cuda_stream__ (issue 13)")
 def test_stream_protocol_method():
     s = runtime.Stream()
     version, handle = s.__cuda_stream__()
@@ -427,28 +423,24 @@ def test_device_equality():
 
 
 # cupy: tests/cupy_tests/cuda_tests/test_device.py::TestDeviceComparison::test_lt_device
-@pytest.mark.xfail(strict=True, reason="missing API: Device ordering (__lt__) (issue 13)")
 def test_device_lt():
     assert runtime.Device(0) < runtime.Device(1)
     assert not (runtime.Device(0) < runtime.Device(0))
 
 
 # cupy: tests/cupy_tests/cuda_tests/test_device.py::TestDeviceComparison::test_le_device
-@pytest.mark.xfail(strict=True, reason="missing API: Device ordering (__le__) (issue 13)")
 def test_device_le():
     assert runtime.Device(0) <= runtime.Device(1)
     assert runtime.Device(0) <= runtime.Device(0)
 
 
 # cupy: tests/cupy_tests/cuda_tests/test_device.py::TestDeviceComparison::test_gt_device
-@pytest.mark.xfail(strict=True, reason="missing API: Device ordering (__gt__) (issue 13)")
 def test_device_gt():
     assert runtime.Device(1) > runtime.Device(0)
     assert not (runtime.Device(0) > runtime.Device(0))
 
 
 # cupy: tests/cupy_tests/cuda_tests/test_device.py::TestDeviceComparison::test_ge_device
-@pytest.mark.xfail(strict=True, reason="missing API: Device ordering (__ge__) (issue 13)")
 def test_device_ge():
     assert runtime.Device(1) >= runtime.Device(0)
     assert runtime.Device(0) >= runtime.Device(0)

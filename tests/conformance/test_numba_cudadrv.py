@@ -387,7 +387,6 @@ def test_deferred_free_while_queued():
 
 
 # numba: numba/cuda/tests/cudadrv/test_deallocations.py::TestDeferCleanupAvail::test_context_manager
-@pytest.mark.xfail(strict=True, reason="missing API: defer_cleanup (issue 13)")
 def test_defer_cleanup_available():
     with runtime.defer_cleanup():
         pass
@@ -405,7 +404,6 @@ def test_add_callback():
 
 
 # numba: numba/cuda/tests/cudadrv/test_streams.py::TestCudaStream::test_async_done
-@pytest.mark.xfail(strict=True, reason="missing API: Stream.async_done (asyncio) (issue 13)")
 def test_async_done():
     async def main():
         s = runtime.Stream()

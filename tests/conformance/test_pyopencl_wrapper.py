@@ -60,7 +60,6 @@ def test_wait_for_events():
 
 
 # pyopencl: test/test_wrapper.py::test_user_event
-@pytest.mark.xfail(strict=True, reason="missing API: user events (Event.set_status) (issue 13)")
 def test_user_event():
     evt = runtime.UserEvent()
     status = {}

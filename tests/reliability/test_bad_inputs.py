@@ -1184,6 +1184,79 @@ def build_cases():  # noqa: C901 - a table
         )
     add(C("wait_event-destroyed-event", lambda e: e.s.wait_event(e.dead_event), IH, "destroyed"))
     add(C("record_event-str", lambda e: e.s.record_event("x"), TypeError, "enable_timing"))
+
+    # Streams and events as torch/CuPy/Numba/PyOpenCL users write them.
+    def set_twice(e):
+        ev = runtime.UserEvent()
+        ev.set()
+        ev.set()
+
+    def set_status_bad(value):
+        return lambda e: runtime.Event.user().set_status(value)
+
+    def use_destroyed(e):
+        s = runtime.Stream(0)
+        s.destroy()
+        s.use()
+
+    add(C("UserEvent-set-twice", set_twice, IO, "already set"))
+    add(C("Event.set-not-user", lambda e: runtime.Event().set(), IO, "not a user event"))
+    add(
+        C(
+            "Event.user-record",
+            lambda e: e.s.record_event(runtime.Event.user()),
+            IO,
+            "cannot be recorded",
+        )
+    )
+    add(C("Event.set_status-positive", set_status_bad(3), ValueError, "status"))
+    add(C("Event.set_status-bool", set_status_bad(True), TypeError, "status"))
+    add(C("Event.set_status-list", set_status_bad([]), TypeError, "status"))
+    add(
+        C(
+            "Stream-non_blocking-int",
+            lambda e: runtime.Stream(0, non_blocking=1),
+            TypeError,
+            "non_blocking",
+        )
+    )
+    add(C("Stream.use-destroyed", use_destroyed, IH, "destroyed"))
+    add(C("set_stream-int", lambda e: runtime.set_stream(3), TypeError, "stream"))
+    add(
+        C(
+            "Stream.add_callback-not-callable",
+            lambda e: e.s.add_callback(3, None),
+            TypeError,
+            "callback",
+        )
+    )
+    add(C("Stream.async_done-arg", lambda e: e.s.async_done(1), TypeError, None))
+    add(C("Stream.auto_synchronize-arg", lambda e: e.s.auto_synchronize(1), TypeError, None))
+    add(C("defer_cleanup-arg", lambda e: runtime.defer_cleanup(1), TypeError, None))
+    add(
+        C(
+            "is_current_stream_capturing-arg",
+            lambda e: runtime.is_current_stream_capturing(0),
+            TypeError,
+            None,
+        )
+    )
+    add(
+        C(
+            "copy_to_host-out-dtype",
+            lambda e: e.f32.copy_to_host(np.zeros(16, np.float64)),
+            TypeError,
+            "out",
+        )
+    )
+    add(
+        C(
+            "copy_to_host-out-size",
+            lambda e: e.f32.copy_to_host(np.zeros(3, np.float32)),
+            ValueError,
+            "out",
+        )
+    )
     add(C("end_capture-not-capturing", lambda e: e.s.end_capture(), IO, "capturing"))
 
     def double_begin(e):
@@ -1729,7 +1802,7 @@ def test_bad_input(cid, fn, expect, match):
         RAN["cases"] += 1
     finally:
         for o in runtime.option_names():
-            runtime.set_option(o, True)
+            runtime.set_option(o, o != "legacyDefaultStream")  # the defaults
         if not runtime.is_initialized():
             runtime.init(device_count=DEVICES, memory=MEMORY)
         e.close()

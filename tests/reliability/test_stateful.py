@@ -86,6 +86,7 @@ COUNTS = {
     "callback_calls_refused": 0,
     "forks": 0,
     "fork_child_hangs": 0,
+    "user_events": 0,
 }
 
 
@@ -936,6 +937,26 @@ class Machine(RuleBasedStateMachine):
     def wait_event(self, i, stream):
         self.stream_for(stream).obj.wait_event(self.events[i % len(self.events)])
 
+    @rule(stream=pick, fail=st.booleans())
+    def user_event_gate(self, stream, fail):
+        """A stream waits on a user event: held until the host sets it; a failed one poisons
+        the stream like a failed kernel."""
+        # Only user streams fail: the model keeps the default streams clean (failing_kernel).
+        fail = fail and self.async_mode and bool(self.streams)
+        s = self.streams[stream % len(self.streams)] if fail else self.stream_for(stream)
+        ev = runtime.UserEvent()
+        s.obj.wait_event(ev)
+        held = s.obj.record_event(enable_timing=False)
+        assert not held.query()  # nothing passes an unset user event
+        if fail:
+            ev.set_status("injected by the state machine")
+            s.poisoned = True
+        else:
+            ev.set()
+            held.synchronize(timeout=30)
+        assert held.query() or s.poisoned
+        COUNTS["user_events"] += 1
+
     @precondition(lambda self: self.events)
     @rule(i=pick)
     def event_synchronize(self, i):
@@ -1632,7 +1653,7 @@ def test_zz_report_counts():
         f"{COUNTS['callbacks']} callbacks calling the runtime ({COUNTS['callback_calls_allowed']} "
         f"allowed calls checked, {COUNTS['callback_calls_refused']} refused as predicted); "
         f"{COUNTS['forks']} forks checked ({COUNTS['fork_child_hangs']} children hung: "
-        "the known bug)"
+        f"the known bug); {COUNTS['user_events']} user-event gates"
     )
     if COUNTS["examples"] == 0:
         pytest.skip("the state machine did not run in this session")

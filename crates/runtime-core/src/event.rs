@@ -10,6 +10,19 @@
 //! are queued. `elapsed_time` needs both events recorded with timing enabled and completed:
 //! it raises `NotReady` when either is still pending (call `synchronize` first) instead of
 //! blocking.
+//!
+//! User events (OpenCL's `clCreateUserEvent`): [`Event::user`] makes an event whose one
+//! record is pending from the start and is completed by the host with [`Event::set`] (or
+//! failed with [`Event::set_failed`]). Streams wait on it with `wait_event` like on any
+//! event; a stream that waits on a failed user event reports the failure as a kernel error at
+//! its next synchronisation (the work behind the wait is skipped until then, as behind a
+//! failing kernel), and `synchronize` on the event raises it. A user event is never
+//! recorded on a stream. Nothing waits for ever on one: `shutdown` fails every user event
+//! still unset (`fail_pending_user_events`), which releases the streams waiting on it.
+//!
+//! Completion callbacks ([`Event::on_complete`]) run on the thread that completes the
+//! record (an engine worker, a recording caller, or the caller of `set`); the asyncio face
+//! of the Python package resolves its futures through them, without polling.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::AtomicBool;
@@ -21,6 +34,11 @@ use crate::error::{DeviceError, Result, StreamError};
 use crate::sync::{AtomicU64, Condvar, Mutex, Ordering};
 
 static NEXT_EVENT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// Every user event made and not yet dropped (weakly), so that `shutdown` can fail the ones
+/// still unset instead of leaving streams blocked on them.
+static USER_EVENTS: parking_lot::Mutex<Vec<std::sync::Weak<EventInner>>> =
+    parking_lot::Mutex::new(Vec::new());
 
 /// What parks on an event until one of its records completes: a stream blocked on a wait.
 /// Events sit below streams, so they only know this much about them.
@@ -156,6 +174,14 @@ pub(crate) struct EventInner {
     /// The runtime generation the event belongs to; 0 until first used under one when it
     /// was made with no runtime live.
     generation: std::sync::atomic::AtomicU64,
+    /// A user event: completed by the host (`set`), never recorded on a stream.
+    user: bool,
+    /// Whether `set` or `set_failed` was called (user events).
+    set: AtomicBool,
+    /// Why the user event failed (`set_failed`); written once, before its completion.
+    failure: std::sync::OnceLock<String>,
+    /// 1 + the index of the device of the stream it was last recorded on (0: never).
+    device: AtomicU64,
 }
 
 impl EventInner {
@@ -166,6 +192,16 @@ impl EventInner {
 
     pub(crate) fn next_record(&self) -> u64 {
         self.recorded.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Remember the device of the stream recording it (`Event::device`).
+    pub(crate) fn note_device(&self, device: usize) {
+        self.device.store(device as u64 + 1, Ordering::Relaxed);
+    }
+
+    /// The failure of a user event completed with `set_failed`.
+    pub(crate) fn failure(&self) -> Option<&str> {
+        self.failure.get().map(String::as_str)
     }
 
     /// Complete record `id` now (stream order reached it).
@@ -184,6 +220,56 @@ impl EventInner {
         on_block: impl FnOnce(),
     ) -> bool {
         self.gate.park_unless_complete(id, waiter, on_block)
+    }
+}
+
+/// Complete user event `e` (its only record), with `failure` if it failed.
+fn complete_user(e: &EventInner, failure: Option<String>) {
+    if let Some(f) = failure {
+        let _ = e.failure.set(f);
+    }
+    e.complete(1);
+}
+
+/// Fail every user event of the live runtime (or of none yet) that is still unset, with
+/// `why`: the streams waiting on them are released (their waits report the failure). Called
+/// by `shutdown` before it drains the streams, so that none waits for ever.
+pub(crate) fn fail_pending_user_events(why: &str) {
+    let live = crate::generation::live();
+    let pending: Vec<Arc<EventInner>> = {
+        let mut all = USER_EVENTS.lock();
+        all.retain(|w| w.strong_count() > 0);
+        all.iter().filter_map(std::sync::Weak::upgrade).collect()
+    };
+    for e in &pending {
+        let g = e.generation.load(std::sync::atomic::Ordering::Acquire);
+        if (g == live || g == 0) && !e.set.swap(true, Ordering::AcqRel) {
+            complete_user(e, Some(why.to_string()));
+        }
+    }
+}
+
+/// What [`Event::on_complete`] calls: with the failure of a failed user event.
+pub type CompletionFn = Box<dyn FnOnce(Option<String>) + Send>;
+
+/// A completion callback parked on an event ([`Event::on_complete`]).
+struct Callback {
+    f: parking_lot::Mutex<Option<CompletionFn>>,
+    /// Weak: the event's gate holds this callback while it waits.
+    event: std::sync::Weak<EventInner>,
+}
+
+impl Wake for Callback {
+    fn wake(self: Arc<Self>) {
+        // Taken out under the lock, run after it.
+        let f = self.f.lock().take();
+        if let Some(f) = f {
+            let failure = self
+                .event
+                .upgrade()
+                .and_then(|e| e.failure().map(str::to_string));
+            f(failure);
+        }
     }
 }
 
@@ -256,7 +342,113 @@ impl Event {
             gate: Gate::new(),
             destroyed: AtomicBool::new(false),
             generation: std::sync::atomic::AtomicU64::new(crate::generation::live()),
+            user: false,
+            set: AtomicBool::new(false),
+            failure: std::sync::OnceLock::new(),
+            device: AtomicU64::new(0),
         }))
+    }
+
+    /// A user event (OpenCL's `clCreateUserEvent`): pending until the host calls
+    /// [`Event::set`] or [`Event::set_failed`]. Streams can wait on it (`wait_event`); it
+    /// cannot be recorded. Its timestamp is the time of `set`.
+    pub fn user() -> Event {
+        let e = Event(Arc::new(EventInner {
+            id: NEXT_EVENT_ID.fetch_add(1, Ordering::Relaxed),
+            timing: true,
+            blocking: false,
+            // Its one record is handed out now and completed by `set`.
+            recorded: AtomicU64::new(1),
+            gate: Gate::new(),
+            destroyed: AtomicBool::new(false),
+            generation: std::sync::atomic::AtomicU64::new(crate::generation::live()),
+            user: true,
+            set: AtomicBool::new(false),
+            failure: std::sync::OnceLock::new(),
+            device: AtomicU64::new(0),
+        }));
+        let mut all = USER_EVENTS.lock();
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&e.0));
+        drop(all);
+        e
+    }
+
+    /// Whether this is a user event ([`Event::user`]).
+    pub fn is_user(&self) -> bool {
+        self.0.user
+    }
+
+    /// Complete a user event: the streams and callers waiting on it continue.
+    ///
+    /// # Errors
+    /// `Invalid` for an event that is not a user event (record it on a stream instead) or
+    /// one already set; `InvalidHandle`.
+    pub fn set(&self) -> Result<()> {
+        self.finish(None)
+    }
+
+    /// Complete a user event as failed with `message`: streams waiting on it report a kernel
+    /// error (`wait(UserEvent#id)`) at their next synchronisation and skip the work queued
+    /// behind the wait until then; `synchronize` on the event raises it.
+    ///
+    /// # Errors
+    /// As for [`Event::set`].
+    pub fn set_failed(&self, message: &str) -> Result<()> {
+        self.finish(Some(message.to_string()))
+    }
+
+    fn finish(&self, failure: Option<String>) -> Result<()> {
+        self.check()?;
+        if !self.0.user {
+            return Err(StreamError::Invalid(format!(
+                "Event#{} is not a user event: record it on a stream instead of setting it",
+                self.0.id
+            ))
+            .into());
+        }
+        if self.0.set.swap(true, Ordering::AcqRel) {
+            return Err(StreamError::Invalid(format!(
+                "user Event#{} was already set; a user event completes once",
+                self.0.id
+            ))
+            .into());
+        }
+        complete_user(&self.0, failure);
+        Ok(())
+    }
+
+    /// Why a user event failed ([`Event::set_failed`], or shutdown while it was unset).
+    pub fn failure(&self) -> Option<String> {
+        self.0.failure().map(str::to_string)
+    }
+
+    /// The device of the stream this event was last recorded on (`None`: never recorded,
+    /// or a user event).
+    pub fn device(&self) -> Option<usize> {
+        match self.0.device.load(Ordering::Relaxed) {
+            0 => None,
+            d => Some(d as usize - 1),
+        }
+    }
+
+    /// Call `f` once the latest record (at the time of this call) has completed: at once,
+    /// on the calling thread, when it already has (or the event was never recorded);
+    /// otherwise on the thread that completes it. `f` gets the failure of a failed user
+    /// event ([`Event::failure`]) and must not block. The event does not keep itself alive
+    /// through `f`'s registration.
+    pub fn on_complete(&self, f: CompletionFn) -> Result<()> {
+        self.check()?;
+        let target = self.0.recorded();
+        let cb = Arc::new(Callback {
+            f: parking_lot::Mutex::new(Some(f)),
+            event: Arc::downgrade(&self.0),
+        });
+        let waiter: Arc<dyn Wake> = cb.clone();
+        if target == 0 || self.0.gate.park_unless_complete(target, waiter, || ()) {
+            cb.wake();
+        }
+        Ok(())
     }
 
     /// The runtime generation the event belongs to (0: not yet used under one).
@@ -346,6 +538,20 @@ impl Event {
     /// # Errors
     /// As for [`Event::synchronize`], without `Timeout`.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<bool> {
+        let done = self.wait_inner(timeout)?;
+        if done {
+            if let Some(why) = self.0.failure() {
+                return Err(crate::error::KernelFailure::new(
+                    format!("UserEvent#{}", self.0.id),
+                    why.to_string(),
+                )
+                .into());
+            }
+        }
+        Ok(done)
+    }
+
+    fn wait_inner(&self, timeout: Option<Duration>) -> Result<bool> {
         self.check()?;
         let target = self.0.recorded();
         if self.0.gate.latest() >= target {

@@ -140,6 +140,7 @@ pub fn init_within(
             fpeak: p.fpeak,
             memory_bandwidth: p.memory_bandwidth,
             profile: p.name.to_string(),
+            uuid: crate::device::device_uuid(p.name, index),
         };
         let exec = Executor::new(index, generation, compute_engines, opts.clone());
         devices.push(Device::new(index, props, Arc::new(memory), exec));
@@ -209,6 +210,10 @@ pub fn shutdown_within(timeout: Option<std::time::Duration>) -> Result<bool> {
     for d in &rt.devices {
         d.executor().close();
     }
+    // A stream waiting on a user event nobody sets would keep the drain from finishing.
+    crate::event::fail_pending_user_events(
+        "the runtime was shut down before the user event was set",
+    );
     for d in &rt.devices {
         // Queued work finishes first; errors it raised are dropped with the runtime.
         if !d.executor().drain_until(deadline) {

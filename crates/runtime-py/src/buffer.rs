@@ -145,22 +145,37 @@ impl PyDeviceBuffer {
         Ok(self.derive(b, abs, dt, shape))
     }
 
-    /// Copy to a new numpy array of this view's dtype and shape (blocking, ordered on the
-    /// current stream).
-    fn copy_to_host<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+    /// Copy to host memory and return it: into `out` when given (a writable, C-contiguous
+    /// numpy array of this view's dtype and element count, as numba's `copy_to_host(ary)`
+    /// and CuPy's `get(out=)`), else into a new array of this view's dtype and shape.
+    /// Without `stream` the copy is blocking (ordered on the current stream); with one it is
+    /// queued there and the array is written when the stream reaches it (numba): synchronise
+    /// the stream before reading it.
+    #[pyo3(signature = (out=None, stream=None))]
+    fn copy_to_host<'py>(
+        slf: &Bound<'py, Self>,
+        out: Option<&Bound<'py, PyAny>>,
+        stream: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let me = slf.get();
         let np = numpy(py)?;
-        let out = np.getattr("empty")?.call1((
-            PyTuple::new(py, me.shape.iter())?,
-            numpy_dtype(py, me.dtype),
-        ))?;
+        let want = numpy_dtype(py, me.dtype);
+        let out = match out.filter(|o| !o.is_none()) {
+            Some(o) => {
+                check_out(o, &want, me.shape.iter().product::<isize>())?;
+                o.clone()
+            }
+            None => np
+                .getattr("empty")?
+                .call1((PyTuple::new(py, me.shape.iter())?, &want))?,
+        };
         copy::memcpy(
             py,
             Direction::DeviceToHost,
             &out,
             slf.as_any(),
-            None,
+            stream,
             None,
             None,
             None,
@@ -169,8 +184,13 @@ impl PyDeviceBuffer {
     }
 
     /// Alias of `copy_to_host`.
-    fn to_host<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        Self::copy_to_host(slf)
+    #[pyo3(signature = (out=None, stream=None))]
+    fn to_host<'py>(
+        slf: &Bound<'py, Self>,
+        out: Option<&Bound<'py, PyAny>>,
+        stream: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        Self::copy_to_host(slf, out, stream)
     }
 
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
@@ -330,4 +350,38 @@ impl PyDeviceBuffer {
         // SAFETY: `view` was filled by `__getbuffer__` (`host::export_view`).
         unsafe { host::release_view(view) }
     }
+}
+
+/// `copy_to_host(out=)`: `out` must be a writable, C-contiguous numpy array of dtype `want`
+/// holding `size` elements.
+fn check_out(out: &Bound<'_, PyAny>, want: &Bound<'_, PyArrayDescr>, size: isize) -> PyResult<()> {
+    let py = out.py();
+    if !out.is_instance(&numpy(py)?.getattr("ndarray")?)? {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "out must be a numpy.ndarray, got {}",
+            crate::convert::type_name(out)
+        )));
+    }
+    let dtype = out.getattr("dtype")?;
+    if !dtype.eq(want)? {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "out: dtype {} does not match the buffer's dtype {}",
+            dtype.str()?,
+            want.str()?
+        )));
+    }
+    let n: isize = out.getattr("size")?.extract()?;
+    if n != size {
+        return Err(PyValueError::new_err(format!(
+            "out: has {n} elements, the buffer has {size}"
+        )));
+    }
+    let flags = out.getattr("flags")?;
+    if !flags.getattr("c_contiguous")?.extract::<bool>()? {
+        return Err(PyValueError::new_err("out: must be C-contiguous"));
+    }
+    if !flags.getattr("writeable")?.extract::<bool>()? {
+        return Err(PyValueError::new_err("out: must be writable"));
+    }
+    Ok(())
 }

@@ -12,7 +12,14 @@
 //! Readers take the frame first and fall back to the thread's state in the core
 //! (`runtime.set_device`, default device 0, default streams): inside a `with`, the `with`
 //! wins. `set_device` inside a `with` changes the device for the rest of that `with` only
-//! (see [`set_device`]). A frame made under a runtime that has since been shut down reads as absent, as the
+//! (see [`set_device`]).
+//!
+//! `stream.use()` / `set_stream(stream)` (CuPy, torch) outside any `with` set the thread's
+//! current stream and device in the core. Inside a `with` they replace the innermost `with`'s
+//! frame, remembering it as the replacement's `parent`: a nested `with` entered afterwards
+//! restores that parent on exit (what the enclosing `with` made current), and the enclosing
+//! `with`'s own exit restores what was current before it, as CuPy's `test_mix_use_context`
+//! requires. A frame made under a runtime that has since been shut down reads as absent, as the
 //! core's thread state does after a reset.
 
 use std::sync::{Arc, OnceLock};
@@ -56,6 +63,8 @@ pub struct Frame {
     streams: Arc<[(usize, Stream)]>,
     /// The token of the `ContextVar.set` that installed this frame.
     token: OnceLock<Py<PyAny>>,
+    /// For a frame made by `use()` inside a `with`: the frame that `with` installed.
+    parent: Option<Py<Frame>>,
 }
 
 /// The calling context's frame, if it was made under the installed runtime.
@@ -98,7 +107,13 @@ pub fn stream(py: Python<'_>, device: &Device) -> PyResult<Stream> {
 /// this context until the matching [`exit`].
 pub fn enter(py: Python<'_>, device: &Device, stream: Option<&Stream>) -> PyResult<()> {
     let generation = rt::live_generation();
-    let prev = frame(py)?;
+    let mut prev = frame(py)?;
+    if let Some(parent) = prev.as_ref().and_then(|f| f.get().parent.as_ref()) {
+        // A `use()` replaced the enclosing `with`'s frame: this `with` returns to that one.
+        let parent = parent.bind(py).clone();
+        var(py)?.call_method1(intern!(py, "set"), (&parent,))?;
+        prev = Some(parent);
+    }
     let inherited = prev.as_ref().map(|f| f.get().streams.clone());
     let streams: Arc<[(usize, Stream)]> = match (stream, inherited) {
         (None, Some(s)) => s,
@@ -118,6 +133,7 @@ pub fn enter(py: Python<'_>, device: &Device, stream: Option<&Stream>) -> PyResu
             device: device.index(),
             streams,
             token: OnceLock::new(),
+            parent: None,
         },
     )?;
     USED.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -145,10 +161,47 @@ pub fn set_device(py: Python<'_>, device: &Device) -> PyResult<bool> {
         streams: cur.streams.clone(),
         // The replacement answers to the same `with`: its exit resets the entry's token.
         token,
+        parent: cur.parent.as_ref().map(|p| p.clone_ref(py)),
     };
     USED.store(true, std::sync::atomic::Ordering::Relaxed);
     var(py)?.call_method1(intern!(py, "set"), (f,))?;
     Ok(true)
+}
+
+/// `stream.use()` / `set_stream(stream)`: make `stream` (of `device`) current, and `device`
+/// the current device. Outside any `with` this sets the thread's state in the core; inside
+/// one it replaces the innermost `with`'s frame (see the module documentation).
+pub fn use_stream(py: Python<'_>, device: &Device, stream: &Stream) -> PyResult<()> {
+    let Some(cur) = frame(py)? else {
+        runtime_core::device::set_current_stream(device, Some(stream.clone()));
+        rt::set_device(device.index() as i64).map_err(RtErr)?;
+        return Ok(());
+    };
+    let parent = match &cur.get().parent {
+        Some(p) => p.clone_ref(py),
+        None => cur.clone().unbind(),
+    };
+    let cur = cur.get();
+    let token = OnceLock::new();
+    if let Some(t) = cur.token.get() {
+        let _ = token.set(t.clone_ref(py));
+    }
+    let streams: Arc<[(usize, Stream)]> = cur
+        .streams
+        .iter()
+        .filter(|(i, _)| *i != device.index())
+        .cloned()
+        .chain([(device.index(), stream.clone())])
+        .collect();
+    let f = Frame {
+        generation: cur.generation,
+        device: device.index(),
+        streams,
+        token,
+        parent: Some(parent),
+    };
+    var(py)?.call_method1(intern!(py, "set"), (f,))?;
+    Ok(())
 }
 
 /// Leave a `with`: restore what the context held before the matching [`enter`].

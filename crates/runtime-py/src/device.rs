@@ -51,6 +51,8 @@ record!(
     DeviceProperties, "DeviceProperties" {
         index: usize, name: String, total_memory: u64, clock_rate: u64, cores: u32,
         fpeak: f64, memory_bandwidth: f64, profile: String,
+        /// Stable per profile and index: `uuid.uuid5(uuid.NAMESPACE_URL, f"runtime://{profile}/{index}")`.
+        uuid: String,
     }
 );
 
@@ -143,6 +145,7 @@ fn get_device_properties_impl(i: i64) -> PyResult<DeviceProperties> {
         fpeak: p.fpeak,
         memory_bandwidth: p.memory_bandwidth,
         profile: p.profile.clone(),
+        uuid: p.uuid.clone(),
     })
 }
 

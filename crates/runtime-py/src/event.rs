@@ -1,7 +1,7 @@
 //! The `Event` class: record, query, wait, synchronise, timing. The handle data and its
 //! runtime check (`PyEvent::live`) are in `handles`.
 
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
 use runtime_core::event::{Event, EventOptions};
@@ -9,7 +9,7 @@ use runtime_core::runtime as rt;
 
 use crate::convert::{event_arg, stream_or_current, timeout_arg, timeout_obj, type_name};
 use crate::errors::{RtErr, RtResult};
-use crate::handles::PyEvent;
+use crate::handles::{PyDevice, PyEvent};
 use crate::wait;
 
 #[pymethods]
@@ -40,6 +40,110 @@ impl PyEvent {
         })))
     }
 
+    /// A user event (OpenCL's `UserEvent`): pending until `set()` (or `set_status`) is
+    /// called; streams can wait on it (`stream.wait_event`). It cannot be recorded.
+    /// `shutdown` fails one still unset, releasing the streams waiting on it.
+    #[staticmethod]
+    fn user() -> RtResult<PyEvent> {
+        rt::get()?;
+        Ok(PyEvent::made_now(Event::user()))
+    }
+
+    /// Complete a user event: the streams and callers waiting on it continue.
+    fn set(&self) -> RtResult<()> {
+        Ok(self.raw().set()?)
+    }
+
+    /// Complete a user event with an OpenCL-style status: `"complete"` or 0 completes it;
+    /// a negative int, any other string or an exception fails it (the waiting streams report
+    /// a `KernelError` at their next synchronisation, `synchronize` on the event raises it).
+    fn set_status(&self, status: &Bound<'_, PyAny>) -> PyResult<()> {
+        let e = self.raw();
+        let failure = if status.is_instance_of::<PyBool>() {
+            return Err(PyTypeError::new_err(
+                "status must be \"complete\", 0, a negative int, a message or an exception, got bool",
+            ));
+        } else if let Ok(code) = status.extract::<i64>() {
+            match code {
+                0 => None,
+                c if c < 0 => Some(format!("the user event was set to error status {c}")),
+                c => {
+                    return Err(PyValueError::new_err(format!(
+                    "status: {c} is not a final status; use 0 (complete) or a negative error code"
+                )))
+                }
+            }
+        } else if let Ok(text) = status.extract::<String>() {
+            (text != "complete").then_some(text)
+        } else if status.is_instance_of::<pyo3::exceptions::PyBaseException>() {
+            Some(format!("{}: {}", type_name(status), status.str()?))
+        } else {
+            return Err(PyTypeError::new_err(format!(
+                "status must be \"complete\", 0, a negative int, a message or an exception, got {}",
+                type_name(status)
+            )));
+        };
+        match failure {
+            None => e.set(),
+            Some(why) => e.set_failed(&why),
+        }
+        .map_err(RtErr)?;
+        Ok(())
+    }
+
+    /// Whether this is a user event.
+    #[getter]
+    fn is_user(&self) -> bool {
+        self.raw().is_user()
+    }
+
+    /// Why a user event failed (`set_status` with an error, or shutdown while unset).
+    #[getter]
+    fn failure(&self) -> Option<String> {
+        self.raw().failure()
+    }
+
+    /// The device of the stream it was last recorded on (None: never recorded; torch's
+    /// `Event.device`).
+    #[getter]
+    fn device(&self) -> Option<PyDevice> {
+        self.raw().device().map(PyDevice::from_index)
+    }
+
+    /// Call `fn(error)` once the latest record has completed (error: None, or the
+    /// `KernelError` of a failed user event), on the thread that completes it (at once when
+    /// it already has). For the asyncio face (`await event`); `fn` must not block.
+    fn _on_complete(&self, func: Py<PyAny>) -> RtResult<()> {
+        let id = self.raw().id();
+        Ok(self.raw().on_complete(Box::new(move |failure| {
+            Python::attach(|py| {
+                let err = failure
+                    .map(|why| {
+                        crate::errors::to_pyerr(
+                            py,
+                            runtime_core::error::KernelFailure::new(format!("UserEvent#{id}"), why)
+                                .into(),
+                        )
+                        .into_value(py)
+                        .into_any()
+                    })
+                    .unwrap_or_else(|| py.None());
+                if let Err(err) = func.call1(py, (err,)) {
+                    err.write_unraisable(py, Some(func.bind(py)));
+                }
+            });
+        }))?)
+    }
+
+    /// `await event`: completes once the latest record has (asyncio; no polling).
+    fn __await__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        py.import("runtime._aio")?
+            .getattr("event_future")?
+            .call1((slf, py.None()))?
+            .call_method0("__await__")
+    }
+
     /// Record on `stream` (the current stream when None).
     #[pyo3(signature = (stream=None))]
     fn record(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
@@ -60,6 +164,8 @@ impl PyEvent {
         timeout_arg(timeout)?;
         let e = self.raw();
         if e.query().map_err(RtErr)? {
+            // Reports the failure of a failed user event.
+            e.wait(Some(std::time::Duration::ZERO)).map_err(RtErr)?;
             return Ok(());
         }
         wait::wait_result(

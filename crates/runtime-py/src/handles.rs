@@ -15,8 +15,9 @@ use runtime_core::stream::Stream;
 use crate::errors::{self, RtErr};
 
 /// A virtual device. `with runtime.Device(1):` makes it the thread's current device.
-#[pyclass(name = "Device", module = "runtime", frozen, eq, hash)]
-#[derive(PartialEq, Eq, Hash)]
+/// Devices compare and order by index (CuPy's `Device.__lt__` and the like).
+#[pyclass(name = "Device", module = "runtime", frozen, eq, ord, hash)]
+#[derive(PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PyDevice {
     #[pyo3(get)]
     pub(crate) index: usize,
@@ -117,12 +118,24 @@ impl PyDeviceBuffer {
         // after the lock is released (dropping may return the block to the allocator).
         let taken = self.slot.lock().take();
         match taken {
-            Some(_) => Ok(()),
+            Some(b) => {
+                runtime_core::memory::defer::release(b);
+                Ok(())
+            }
             None => Err(errors::invalid_handle(
                 py,
                 self.what(),
                 "it was freed with device_free()",
             )),
+        }
+    }
+}
+
+impl Drop for PyDeviceBuffer {
+    /// The handle's reference goes through the defer scope (`defer_cleanup`).
+    fn drop(&mut self) {
+        if let Some(b) = self.slot.get_mut().take() {
+            runtime_core::memory::defer::release(b);
         }
     }
 }

@@ -5,6 +5,7 @@
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyTuple};
+use pyo3::IntoPyObject;
 use runtime_core::event::{Event, EventOptions};
 use runtime_core::runtime as rt;
 use runtime_core::stream::{Graph, Stream};
@@ -28,12 +29,25 @@ pub fn clear_thread_state() {
 #[pymethods]
 impl PyStream {
     #[new]
-    #[pyo3(signature = (device=None, priority=None))]
+    #[pyo3(signature = (device=None, priority=None, non_blocking=None))]
     fn new(
         py: Python<'_>,
         device: Option<&Bound<'_, PyAny>>,
         priority: Option<&Bound<'_, PyAny>>,
+        non_blocking: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let non_blocking = match non_blocking {
+            None => false,
+            Some(v) => v
+                .cast::<PyBool>()
+                .map_err(|_| {
+                    PyTypeError::new_err(format!(
+                        "non_blocking must be a bool, got {}",
+                        type_name(v)
+                    ))
+                })?
+                .is_true(),
+        };
         let p: i32 = match priority {
             Some(p) if !p.is_none() => {
                 if p.is_instance_of::<PyBool>() || !p.is_instance_of::<PyInt>() {
@@ -55,7 +69,77 @@ impl PyStream {
             _ => 0,
         };
         let d = resolve(py, device, "device")?;
-        Ok(PyStream::wrap(Stream::new(&d, p).map_err(RtErr)?))
+        Ok(PyStream::wrap(
+            Stream::on_with(d.executor(), p, non_blocking).map_err(RtErr)?,
+        ))
+    }
+
+    /// Whether the stream was made with `non_blocking=True` (it never synchronises with the
+    /// default stream, also under the `legacyDefaultStream` option).
+    #[getter]
+    fn is_non_blocking(&self) -> bool {
+        self.inner().is_non_blocking()
+    }
+
+    /// Make this stream the current stream of its device, and its device current (CuPy's
+    /// `Stream.use`; see `set_stream`). Returns the stream.
+    #[pyo3(name = "use")]
+    fn use_(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
+        set_current(slf.py(), slf.get().inner())?;
+        Ok(slf)
+    }
+
+    /// The CUDA stream protocol: `(0, handle)`, the handle being the stream id (what
+    /// `__cuda_array_interface__` and DLPack take as a stream here).
+    fn __cuda_stream__(&self) -> (u32, u64) {
+        (0, self.inner().id())
+    }
+
+    /// Queue `callback(stream, status, arg)` in stream order (CuPy's `add_callback`).
+    /// `status` is 0: a callback behind a failed operation is skipped, as every host function
+    /// is, until `synchronize` reports the error.
+    fn add_callback(
+        slf: &Bound<'_, Self>,
+        callback: &Bound<'_, PyAny>,
+        arg: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        if !callback.is_callable() {
+            return Err(PyTypeError::new_err(format!(
+                "callback must be callable, got {}",
+                type_name(callback)
+            )));
+        }
+        let args = PyTuple::new(
+            py,
+            [
+                slf.as_any().clone(),
+                0i32.into_pyobject(py)?.into_any(),
+                arg.clone(),
+            ],
+        )?;
+        kernel::launch_host_func(py, slf.get().inner(), callback, &args)
+    }
+
+    /// A context manager that synchronises the stream when its block ends without an
+    /// exception (numba's `stream.auto_synchronize()`); `with` yields the stream.
+    fn auto_synchronize(slf: Bound<'_, Self>) -> AutoSynchronize {
+        AutoSynchronize {
+            stream: slf.unbind(),
+        }
+    }
+
+    /// An awaitable that completes (with the stream) once the work queued so far has run
+    /// (numba's `async_done`): an event recorded now, resolved from the engine without
+    /// polling. Must be called with an asyncio event loop running.
+    fn async_done<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let e = Event::with_options(EventOptions::without_timing());
+        slf.get().inner().record(&e).map_err(RtErr)?;
+        let ev = Bound::new(py, PyEvent::made_now(e))?;
+        py.import("runtime._aio")?
+            .getattr("event_future")?
+            .call1((ev, slf))
     }
 
     #[getter]
@@ -128,15 +212,35 @@ impl PyStream {
         Ok(self.inner().wait_stream(other.get().inner())?)
     }
 
-    /// Record and return a new event on this stream.
-    #[pyo3(signature = (enable_timing=true))]
-    fn record_event(&self, enable_timing: bool) -> RtResult<PyEvent> {
-        let e = Event::with_options(EventOptions {
-            timing: enable_timing,
-            blocking: false,
-        });
-        self.inner().record(&e)?;
-        Ok(PyEvent::made_now(e))
+    /// Record `event` on this stream and return it; a new event (with `enable_timing`) when
+    /// None (torch's `Stream.record_event`).
+    #[pyo3(signature = (event=None, *, enable_timing=true))]
+    fn record_event(
+        &self,
+        py: Python<'_>,
+        event: Option<&Bound<'_, PyAny>>,
+        enable_timing: bool,
+    ) -> PyResult<Py<PyEvent>> {
+        let ev = match event.filter(|e| !e.is_none()) {
+            Some(e) => e
+                .cast::<PyEvent>()
+                .map_err(|_| {
+                    PyTypeError::new_err(format!(
+                        "event must be a runtime.Event or None (enable_timing is keyword-only), got {}",
+                        type_name(e)
+                    ))
+                })?
+                .clone(),
+            None => Bound::new(
+                py,
+                PyEvent::made_now(Event::with_options(EventOptions {
+                    timing: enable_timing,
+                    blocking: false,
+                })),
+            )?,
+        };
+        self.inner().record(ev.get().raw()).map_err(RtErr)?;
+        Ok(ev.unbind())
     }
 
     /// Start capturing work into a graph (see `end_capture`).
@@ -200,6 +304,69 @@ impl PyStream {
             self.inner().priority()
         )
     }
+}
+
+/// What `Stream.auto_synchronize()` returns: `with` yields the stream and synchronises it at
+/// the end of a block that raised nothing.
+#[pyclass(name = "_AutoSynchronize", module = "runtime._runtime", frozen)]
+pub struct AutoSynchronize {
+    stream: Py<PyStream>,
+}
+
+#[pymethods]
+impl AutoSynchronize {
+    fn __enter__(&self, py: Python<'_>) -> Py<PyStream> {
+        self.stream.clone_ref(py)
+    }
+
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        t: Option<&Bound<'_, PyAny>>,
+        _v: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        if t.is_some_and(|t| !t.is_none()) {
+            return Ok(());
+        }
+        wait::sync_stream(py, self.stream.get().inner(), None)
+    }
+}
+
+/// Make `s` current on its device, and its device current (`Stream.use`, `set_stream`).
+fn set_current(py: Python<'_>, s: &Stream) -> PyResult<()> {
+    s.check().map_err(RtErr)?;
+    let d = rt::get()
+        .and_then(|r| r.device(s.device_index() as i64).cloned())
+        .map_err(RtErr)?;
+    context::use_stream(py, &d, s)
+}
+
+/// Make `stream` the current stream of its device and its device the current device
+/// (torch's `set_stream`; None does nothing). Inside a `with`, for the rest of that block.
+#[pyfunction]
+#[pyo3(signature = (stream))]
+pub fn set_stream(py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    match stream.filter(|s| !s.is_none()) {
+        None => Ok(()),
+        Some(s) => {
+            let s = s.cast::<PyStream>().map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "stream must be a runtime.Stream or None, got {}",
+                    type_name(s)
+                ))
+            })?;
+            set_current(py, s.get().inner())
+        }
+    }
+}
+
+/// Whether the current stream (of the current device) is capturing (torch's
+/// `is_current_stream_capturing`).
+#[pyfunction]
+pub fn is_current_stream_capturing(py: Python<'_>) -> PyResult<bool> {
+    let d = resolve(py, None, "device")?;
+    Ok(context::stream(py, &d)?.is_capturing())
 }
 
 /// A captured sequence of stream work; `graph.launch(stream)` replays it as one command.

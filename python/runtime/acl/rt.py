@@ -30,8 +30,6 @@ import threading
 import traceback
 from typing import Any
 
-import numpy as np
-
 import runtime
 
 from . import _consts as C

@@ -14,6 +14,7 @@
 //! | `enableMemoryReuse` | | on |
 //! | `enablePipelining` | | on |
 //! | `enableAsync` | `RUNTIME_LAUNCH_BLOCKING=1` turns it off | on |
+//! | `legacyDefaultStream` | `RUNTIME_DEFAULT_STREAM=legacy` turns it on | off |
 //! | (largest copy split across helper threads) | `RUNTIME_COPY_SPLIT_MAX` (bytes) | 8 MiB |
 //!
 //! * [`profile`]: the device models (`ascend910`, `host`).
@@ -39,6 +40,9 @@ pub const ENV_DEVICE_PROFILE: &str = "RUNTIME_DEVICE_PROFILE";
 /// Environment variable that turns `enableAsync` off at start (`1`), as CUDA's
 /// `CUDA_LAUNCH_BLOCKING`.
 pub const ENV_LAUNCH_BLOCKING: &str = "RUNTIME_LAUNCH_BLOCKING";
+/// Environment variable that turns `legacyDefaultStream` on at start (`legacy`), as
+/// `nvcc --default-stream legacy`.
+pub const ENV_DEFAULT_STREAM: &str = "RUNTIME_DEFAULT_STREAM";
 /// Environment variable for the largest copy split across the copy helper threads (bytes).
 pub const ENV_COPY_SPLIT_MAX: &str = "RUNTIME_COPY_SPLIT_MAX";
 
@@ -51,18 +55,27 @@ pub struct Options {
     pub pipelining: AtomicBool,
     /// `enableAsync`: launches and copies return before they have run.
     pub asynchronous: AtomicBool,
+    /// `legacyDefaultStream`: each device's default stream synchronises with its blocking
+    /// streams, as CUDA's legacy default stream (off: the per-thread default stream model).
+    pub legacy_default_stream: AtomicBool,
 }
 
 /// The option names `set_option` accepts.
-pub const OPTION_NAMES: &[&str] = &["enableMemoryReuse", "enablePipelining", "enableAsync"];
+pub const OPTION_NAMES: &[&str] = &[
+    "enableMemoryReuse",
+    "enablePipelining",
+    "enableAsync",
+    "legacyDefaultStream",
+];
 
 impl Default for Options {
-    /// Every option on.
+    /// Every option on but `legacyDefaultStream`.
     fn default() -> Self {
         Options {
             memory_reuse: AtomicBool::new(true),
             pipelining: AtomicBool::new(true),
             asynchronous: AtomicBool::new(true),
+            legacy_default_stream: AtomicBool::new(false),
         }
     }
 }
@@ -73,6 +86,8 @@ impl Options {
         let blocking = std::env::var(ENV_LAUNCH_BLOCKING).is_ok_and(|v| v.trim() == "1");
         let o = Options::default();
         o.asynchronous.store(!blocking, Ordering::Relaxed);
+        let legacy = std::env::var(ENV_DEFAULT_STREAM).is_ok_and(|v| v.trim() == "legacy");
+        o.legacy_default_stream.store(legacy, Ordering::Relaxed);
         o
     }
 
@@ -81,6 +96,7 @@ impl Options {
             "enableMemoryReuse" => Ok(&self.memory_reuse),
             "enablePipelining" => Ok(&self.pipelining),
             "enableAsync" => Ok(&self.asynchronous),
+            "legacyDefaultStream" => Ok(&self.legacy_default_stream),
             _ => Err(arg_error(
                 "name",
                 format!(
@@ -116,6 +132,11 @@ impl Options {
     /// Whether freed blocks are cached for reuse.
     pub fn memory_reuse(&self) -> bool {
         self.memory_reuse.load(Ordering::Relaxed)
+    }
+
+    /// Whether the default streams are CUDA's legacy default streams.
+    pub fn legacy_default_stream(&self) -> bool {
+        self.legacy_default_stream.load(Ordering::Relaxed)
     }
 
     /// Whether copies run on their own engine beside compute.

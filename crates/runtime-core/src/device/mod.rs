@@ -38,6 +38,92 @@ pub struct DeviceProperties {
     pub memory_bandwidth: f64,
     /// Profile name.
     pub profile: String,
+    /// A stable identity of the device: the same for the same profile and index in every
+    /// process (see [`device_uuid`]).
+    pub uuid: String,
+}
+
+/// The UUID (version 5, RFC 4122: SHA-1 of a namespace and a name) of device `index` of
+/// profile `profile`: the name `runtime://<profile>/<index>` in the URL namespace, so that
+/// `uuid.uuid5(uuid.NAMESPACE_URL, f"runtime://{profile}/{index}")` gives the same value.
+/// Formatted as torch prints `props.uuid`: 8-4-4-4-12 lowercase hex digits.
+pub fn device_uuid(profile: &str, index: usize) -> String {
+    // uuid.NAMESPACE_URL: 6ba7b811-9dad-11d1-80b4-00c04fd430c8.
+    const NAMESPACE_URL: [u8; 16] = [
+        0x6b, 0xa7, 0xb8, 0x11, 0x9d, 0xad, 0x11, 0xd1, 0x80, 0xb4, 0x00, 0xc0, 0x4f, 0xd4, 0x30,
+        0xc8,
+    ];
+    let mut msg = NAMESPACE_URL.to_vec();
+    msg.extend_from_slice(format!("runtime://{profile}/{index}").as_bytes());
+    let h = sha1(&msg);
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&h[..16]);
+    b[6] = (b[6] & 0x0f) | 0x50; // version 5
+    b[8] = (b[8] & 0x3f) | 0x80; // RFC 4122 variant
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// SHA-1 (FIPS 180-4) of `data`; used only to derive [`device_uuid`], not for security.
+fn sha1(data: &[u8]) -> [u8; 20] {
+    let mut h: [u32; 5] = [
+        0x6745_2301,
+        0xEFCD_AB89,
+        0x98BA_DCFE,
+        0x1032_5476,
+        0xC3D2_E1F0,
+    ];
+    let mut msg = data.to_vec();
+    let bit_len = (data.len() as u64).wrapping_mul(8);
+    msg.push(0x80);
+    while msg.len() % 64 != 56 {
+        msg.push(0);
+    }
+    msg.extend_from_slice(&bit_len.to_be_bytes());
+    for chunk in msg.chunks_exact(64) {
+        let mut w = [0u32; 80];
+        for (i, word) in chunk.chunks_exact(4).enumerate() {
+            w[i] = u32::from_be_bytes([word[0], word[1], word[2], word[3]]);
+        }
+        for i in 16..80 {
+            w[i] = (w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16]).rotate_left(1);
+        }
+        let [mut a, mut b, mut c, mut d, mut e] = h;
+        for (i, wi) in w.iter().enumerate() {
+            let (f, k) = match i {
+                0..=19 => ((b & c) | (!b & d), 0x5A82_7999),
+                20..=39 => (b ^ c ^ d, 0x6ED9_EBA1),
+                40..=59 => ((b & c) | (b & d) | (c & d), 0x8F1B_BCDC),
+                _ => (b ^ c ^ d, 0xCA62_C1D6),
+            };
+            let t = a
+                .rotate_left(5)
+                .wrapping_add(f)
+                .wrapping_add(e)
+                .wrapping_add(k)
+                .wrapping_add(*wi);
+            e = d;
+            d = c;
+            c = b.rotate_left(30);
+            b = a;
+            a = t;
+        }
+        for (x, y) in h.iter_mut().zip([a, b, c, d, e]) {
+            *x = x.wrapping_add(y);
+        }
+    }
+    let mut out = [0u8; 20];
+    for (i, x) in h.iter().enumerate() {
+        out[i * 4..i * 4 + 4].copy_from_slice(&x.to_be_bytes());
+    }
+    out
 }
 
 /// Compute capability summary.
@@ -140,7 +226,7 @@ impl Device {
         if let Some(s) = slot.as_ref() {
             return Ok(s.clone());
         }
-        let s = Stream::new_internal(&self.0.exec, 0, true)?;
+        let s = Stream::new_internal(&self.0.exec, 0, true, false)?;
         *slot = Some(s.clone());
         Ok(s)
     }

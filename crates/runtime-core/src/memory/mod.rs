@@ -69,6 +69,7 @@
 
 pub mod allocator;
 pub(crate) mod buddy;
+pub mod defer;
 mod element;
 mod fraction;
 pub(crate) mod host;

@@ -18,6 +18,15 @@
 //! counters, `submitted` and `completed`: `query()` and `synchronize()` on an idle stream read
 //! two atomics and never talk to an engine.
 //!
+//! Blocking and non-blocking streams: by default each device's default stream is an
+//! ordinary stream (the per-thread default stream model, as `nvcc --default-stream
+//! per-thread`). With the `legacyDefaultStream` option on, the default stream is CUDA's legacy
+//! one: work queued on it waits for the work queued before on every blocking stream of the
+//! device, and work queued on a blocking stream waits for the work queued before on the
+//! default stream. Streams made with `non_blocking` (CUDA's `cudaStreamNonBlocking`) never
+//! take part. The barrier is an event record on the other stream and a wait on this one, made
+//! only when the other stream has pending work.
+//!
 //! Errors: a failing op (error or panic) puts the stream in an error state; the ops queued
 //! behind it are skipped (event records still complete, so no wait hangs) until the error is
 //! reported by the next `synchronize()`, after which the stream runs normally again.
@@ -84,6 +93,8 @@ pub(crate) struct StreamInner {
     pub(crate) priority: i32,
     pub(crate) level: usize,
     is_default: bool,
+    /// Never synchronises with the legacy default stream (`cudaStreamNonBlocking`).
+    non_blocking: bool,
     tx: Sender<Command>,
     rx: Receiver<Command>,
     /// A command taken from the channel but not yet run (engine hand-off, event wait).
@@ -174,13 +185,24 @@ impl Stream {
     /// # Errors
     /// `InvalidArgument` for a priority out of range; `InvalidHandle` after shutdown.
     pub fn on(exec: &Arc<Executor>, priority: i32) -> Result<Stream> {
-        Self::new_internal(exec, priority, false)
+        Self::new_internal(exec, priority, false, false)
+    }
+
+    /// [`Stream::on`] with `non_blocking`: a non-blocking stream never synchronises with the
+    /// device's default stream, also when the `legacyDefaultStream` option makes the default
+    /// stream CUDA's legacy one (see the module documentation).
+    ///
+    /// # Errors
+    /// As for [`Stream::on`].
+    pub fn on_with(exec: &Arc<Executor>, priority: i32, non_blocking: bool) -> Result<Stream> {
+        Self::new_internal(exec, priority, false, non_blocking)
     }
 
     pub(crate) fn new_internal(
         exec: &Arc<Executor>,
         priority: i32,
         is_default: bool,
+        non_blocking: bool,
     ) -> Result<Stream> {
         exec.check_alive()?;
         if !(PRIORITY_HIGHEST..=PRIORITY_LOWEST).contains(&priority) {
@@ -199,6 +221,7 @@ impl Stream {
             priority,
             level: (priority - PRIORITY_HIGHEST) as usize,
             is_default,
+            non_blocking,
             tx,
             rx,
             head: Mutex::new(None),
@@ -239,6 +262,45 @@ impl Stream {
     /// Whether this is a device's default stream.
     pub fn is_default(&self) -> bool {
         self.0.is_default
+    }
+
+    /// Whether the stream was made non-blocking ([`Stream::on_with`]).
+    pub fn is_non_blocking(&self) -> bool {
+        self.0.non_blocking
+    }
+
+    /// Under the `legacyDefaultStream` option, order what is submitted next after the work
+    /// queued so far on the streams this one synchronises with: every other blocking stream
+    /// of the device for the default stream, the default stream for a blocking stream.
+    /// Returns whether it queued a barrier wait.
+    fn legacy_barrier(&self) -> bool {
+        let s = &self.0;
+        if s.non_blocking || !s.exec.options.legacy_default_stream() {
+            return false;
+        }
+        let mut waited = false;
+        for other in s.exec.streams() {
+            let o = &other.0;
+            let partner = if s.is_default {
+                !o.non_blocking
+            } else {
+                o.is_default
+            };
+            if !partner
+                || o.id == s.id
+                || other.is_destroyed()
+                || other.is_capturing()
+                || other.pending() == 0
+            {
+                continue;
+            }
+            let ev = Event::with_options(crate::event::EventOptions::without_timing());
+            let id = ev.0.next_record();
+            other.submit_raw(Command::Record(ev.0.clone(), id));
+            self.submit_raw(Command::Wait(ev.0, id));
+            waited = true;
+        }
+        waited
     }
 
     /// Fails if the stream was destroyed or its runtime shut down.
@@ -414,6 +476,12 @@ impl Stream {
     }
 
     pub(crate) fn submit(&self, cmd: Command) {
+        self.legacy_barrier();
+        self.submit_raw(cmd);
+    }
+
+    /// [`Stream::submit`] without the legacy default stream barrier.
+    fn submit_raw(&self, cmd: Command) {
         let s = &self.0;
         s.done.submit();
         let kind = cmd.kind();
@@ -577,11 +645,24 @@ impl Stream {
     pub fn record(&self, event: &Event) -> Result<()> {
         let _submitting = self.enter()?;
         event.check()?;
+        if event.is_user() {
+            return Err(StreamError::Invalid(format!(
+                "Event#{} is a user event: it completes when set() is called and cannot be recorded on a stream",
+                event.id()
+            ))
+            .into());
+        }
+        event.0.note_device(self.0.exec.device());
         if let Some(session) = self.session() {
             session.record(self.0.id, &event.0);
             return Ok(());
         }
         capture::recorded_outside(&event.0);
+        if self.legacy_barrier() {
+            let id = event.0.next_record();
+            self.submit_raw(Command::Record(event.0.clone(), id));
+            return Ok(());
+        }
         let id = event.0.next_record();
         // Idle fast path: nothing queued before it, so "reaching" the event is now.
         let s = &self.0;
@@ -601,7 +682,7 @@ impl Stream {
                 return Ok(());
             }
         }
-        self.submit(Command::Record(event.0.clone(), id));
+        self.submit_raw(Command::Record(event.0.clone(), id));
         Ok(())
     }
 
@@ -904,6 +985,28 @@ fn complete_one(s: &StreamInner) {
     s.done.complete_one();
 }
 
+/// Put the stream in its error state with `e` (the first error since the last
+/// synchronisation is kept), so that the ops behind are skipped until it is reported.
+fn fail(s: &StreamInner, mut e: KernelFailure) {
+    e.stream = s.id;
+    let mut slot = s.error.lock();
+    if slot.is_none() {
+        *slot = Some(e);
+    }
+    s.failed.store(true, Ordering::SeqCst);
+    drop(slot);
+}
+
+/// A wait on a user event that was completed as failed fails the waiting stream.
+fn check_wait(s: &StreamInner, ev: &crate::event::EventInner) {
+    if let Some(why) = ev.failure() {
+        fail(
+            s,
+            KernelFailure::new(format!("wait(UserEvent#{})", ev.id), why.to_string()),
+        );
+    }
+}
+
 fn run_op(s: &StreamInner, op: &dyn Op) {
     if s.failed.load(Ordering::SeqCst) {
         return; // skipped behind an unreported error
@@ -922,14 +1025,8 @@ fn run_op(s: &StreamInner, op: &dyn Op) {
             },
         });
     }
-    if let Err(mut e) = result {
-        e.stream = s.id;
-        let mut slot = s.error.lock();
-        if slot.is_none() {
-            *slot = Some(e);
-        }
-        s.failed.store(true, Ordering::SeqCst);
-        drop(slot);
+    if let Err(e) = result {
+        fail(s, e);
     }
 }
 
@@ -958,6 +1055,7 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
                 *s.head.lock() = Some(Command::Wait(ev.clone(), id));
                 s.state.store(BLOCKED, Ordering::SeqCst);
             }) {
+                check_wait(s, &ev);
                 Step::Done
             } else {
                 Step::Blocked
@@ -981,6 +1079,7 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
                         {
                             return Step::Blocked;
                         }
+                        check_wait(s, ev);
                     }
                     // Records and waits bound at launch (`GraphInner::bind`).
                     Node::RecordId(ev, id) => ev.complete(*id),
@@ -991,6 +1090,7 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
                         }) {
                             return Step::Blocked;
                         }
+                        check_wait(s, ev);
                     }
                 }
             }

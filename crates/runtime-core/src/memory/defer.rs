@@ -1,0 +1,75 @@
+//! Deferred deallocation (numba's `cuda.defer_cleanup()`): while a defer scope is open
+//! anywhere in the process, buffers let go through [`release`] are held (their memory stays
+//! allocated) and freed when the outermost scope closes. Code that must not see the
+//! allocator run under it (a timed region, a callback) opens a scope around it.
+//!
+//! Scopes nest and count process-wide, as numba's count per context. Only what a caller
+//! hands to [`release`] is deferred (the Python bindings do so for every `DeviceBuffer`
+//! handle they drop or `device_free`); a `Buffer` dropped elsewhere frees as usual. A
+//! release on another thread at the very moment the first scope opens may still free at
+//! once: it happened before the scope, as far as anyone can tell.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+
+use super::Buffer;
+
+/// Open scopes, and the buffers held until the last one closes.
+static STATE: Mutex<(usize, Vec<Buffer>)> = Mutex::new((0, Vec::new()));
+
+/// A copy of the open scope count (written under the lock), so that [`release`] outside any
+/// scope, the common case on every handle drop, takes no lock.
+static OPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// An open defer scope; closing it (drop) frees what was held if it was the outermost.
+#[derive(Debug)]
+#[must_use = "the scope closes when the guard is dropped"]
+pub struct DeferGuard(());
+
+/// Open a defer scope.
+pub fn enter() -> DeferGuard {
+    let mut st = STATE.lock();
+    st.0 += 1;
+    OPEN.store(st.0, Ordering::Release);
+    DeferGuard(())
+}
+
+impl Drop for DeferGuard {
+    fn drop(&mut self) {
+        let held = {
+            let mut st = STATE.lock();
+            st.0 -= 1;
+            OPEN.store(st.0, Ordering::Release);
+            if st.0 == 0 {
+                std::mem::take(&mut st.1)
+            } else {
+                Vec::new()
+            }
+        };
+        // Freed after the lock: returning blocks takes the allocator's locks.
+        drop(held);
+    }
+}
+
+/// Let go of `buffer`: held until the outermost open scope closes, or dropped now when none
+/// is open.
+pub fn release(buffer: Buffer) {
+    if OPEN.load(Ordering::Acquire) == 0 {
+        drop(buffer);
+        return;
+    }
+    let mut st = STATE.lock();
+    if st.0 > 0 {
+        st.1.push(buffer);
+        return;
+    }
+    drop(st);
+    drop(buffer);
+}
+
+/// How many scopes are open, and how many buffers they hold.
+pub fn state() -> (usize, usize) {
+    let st = STATE.lock();
+    (st.0, st.1.len())
+}
