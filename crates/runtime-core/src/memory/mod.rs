@@ -30,8 +30,12 @@
 //! * `buddy` (crate-private): power-of-two blocks over a range of offsets (here: the slab
 //!   spans of a device). Offsets only; no `unsafe`.
 //! * `slab` (crate-private): size classes up to [`SMALL_MAX`] carved from spans. No `unsafe`.
-//! * `host` (crate-private): reserved, lazily committed mappings (`Arena`); raw copies and
-//!   typed views, every range checked against its mapping.
+//! * `host` (crate-private): reserved, lazily committed mappings (`Arena`) of the process's
+//!   shared device memory file; raw copies and typed views, every range checked against its
+//!   mapping.
+//! * `ipc`: buffers shared with other processes ([`Buffer::ipc_handle`],
+//!   [`DeviceMemory::open_ipc_handle`]); imported buffers map the exporter's memory and are
+//!   accounted apart from the allocator.
 //!
 //! The public API is [`DeviceMemory`] (one device's allocator), [`Buffer`] (a reference to
 //! one allocation) and its methods, which check every range against the allocation, never
@@ -63,6 +67,7 @@
 pub(crate) mod buddy;
 mod element;
 pub(crate) mod host;
+pub mod ipc;
 pub(crate) mod slab;
 
 use std::collections::HashMap;
@@ -172,6 +177,8 @@ enum Place {
     Slab(u64),
     /// A large block: its own mapping.
     Large(Arena),
+    /// Another process's block, mapped here (`ipc`); not part of the allocator.
+    Imported(ipc::Imported),
 }
 
 /// A block [`DeviceMemory::take_locked`] found for a request.
@@ -429,6 +436,7 @@ impl DeviceMemory {
             size,
             block,
             id,
+            export: std::sync::OnceLock::new(),
         }))
     }
 
@@ -601,6 +609,7 @@ impl DeviceMemory {
             return;
         }
         match place {
+            Place::Imported(mapping) => drop(mapping),
             Place::Empty => {
                 let mut st = self.state.lock();
                 self.uncommit_locked(&mut st, 0);
@@ -816,6 +825,8 @@ pub struct Allocation {
     size: u64,
     block: u64,
     id: u64,
+    /// Its export-table slot once shared with other processes (`ipc`); cleared when freed.
+    export: std::sync::OnceLock<ipc::Export>,
 }
 
 impl Allocation {
@@ -827,12 +838,15 @@ impl Allocation {
             Place::Large(arena) => (arena, 0),
             Place::Slab(offset) => (&self.mem.slab_arena, *offset),
             Place::Empty => (&self.mem.slab_arena, 0),
+            Place::Imported(mapping) => mapping.at(),
         }
     }
 }
 
 impl Drop for Allocation {
     fn drop(&mut self) {
+        // Refuse new imports before the block can be handed out again.
+        drop(self.export.take());
         let place = std::mem::replace(&mut self.place, Place::Empty);
         self.mem.free_allocation(place, self.size, self.block);
     }
