@@ -181,6 +181,8 @@ pub struct Arena {
     base: NonNull<u8>,
     len: u64,
     backing: Backing,
+    /// Leave the pages in the file when dropped (another process may map them).
+    keep: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the arena is a plain memory range; all accesses go through raw pointer copies whose
@@ -225,6 +227,7 @@ impl Arena {
                 base,
                 len,
                 backing: Backing::Own { file, offset },
+                keep: std::sync::atomic::AtomicBool::new(false),
             }),
             Err(e) => {
                 file.give_back(offset, len);
@@ -254,7 +257,14 @@ impl Arena {
             base,
             len,
             backing: Backing::Imported,
+            keep: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// When dropped, unmap only: the pages stay in the file for other processes that map
+    /// them, and the range is not reused.
+    pub(crate) fn keep_content(&self) {
+        self.keep.store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// The device memory file range behind the arena: the file and the offset of byte 0;
@@ -471,7 +481,7 @@ impl Drop for Arena {
             libc::munmap(self.base.as_ptr().cast(), self.len as usize);
         }
         if let Backing::Own { file, offset } = &self.backing {
-            if file.is_own() {
+            if file.is_own() && !self.keep.load(std::sync::atomic::Ordering::Acquire) {
                 // Free the pages (another process's mapping of them now reads zeros), then
                 // offer the range again. Failure leaves them allocated: a leak, not a fault.
                 // SAFETY: a plain system call on our own file's range, which nothing of

@@ -208,6 +208,17 @@ impl Drop for Imported {
     }
 }
 
+/// An exported block freed after shutdown (usually during interpreter exit): leave its bytes
+/// to the processes that imported it. A large block is unmapped here without releasing its
+/// pages; a slab slot is left as it is and keeps the slab mapping's pages when it goes.
+pub(crate) fn keep_after_shutdown(mem: &DeviceMemory, place: Place) {
+    match place {
+        Place::Large(arena) => arena.keep_content(),
+        Place::Slab(_) => mem.slab_arena.keep_content(),
+        Place::Empty | Place::Imported(_) => {}
+    }
+}
+
 fn invalid(why: impl Into<String>) -> crate::error::Error {
     DeviceError::InvalidHandle {
         what: "the IPC memory handle".into(),

@@ -846,8 +846,14 @@ impl Allocation {
 impl Drop for Allocation {
     fn drop(&mut self) {
         // Refuse new imports before the block can be handed out again.
-        drop(self.export.take());
+        let exported = self.export.take().is_some();
         let place = std::mem::replace(&mut self.place, Place::Empty);
+        if exported && self.mem.closed.load(Ordering::Acquire) {
+            // Freed after shutdown (the process is usually exiting): other processes may still
+            // map the block, so its content stays (`ipc`); nothing is reused any more.
+            ipc::keep_after_shutdown(&self.mem, place);
+            return;
+        }
         self.mem.free_allocation(place, self.size, self.block);
     }
 }
