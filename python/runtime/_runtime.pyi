@@ -46,6 +46,7 @@ __all__ = [
     "get_device_properties",
     "get_option",
     "init",
+    "ipc_open",
     "is_initialized",
     "kernel_names",
     "memcpy_d2d",

@@ -51,7 +51,9 @@ struct Exported {
 
 impl Shared for Exported {
     fn recorded(&self, id: u64) {
-        self.page.atomic_u64(RECORDED).fetch_max(id, Ordering::SeqCst);
+        self.page
+            .atomic_u64(RECORDED)
+            .fetch_max(id, Ordering::SeqCst);
     }
 
     fn completed(&self, latest: u64) {
@@ -78,7 +80,9 @@ impl Shared for Exported {
 pub fn create(options: EventOptions) -> Result<Event> {
     let file = shared_file().map_err(|e| invalid(format!("no device memory file: {e}")))?;
     let page = Arena::map(PAGE).ok_or_else(|| invalid("cannot map a page for the event"))?;
-    let (_, offset) = page.file_range().expect("a fresh arena is in the memory file");
+    let (_, offset) = page
+        .file_range()
+        .expect("a fresh arena is in the memory file");
     let nonce = crate::memory::host::random_u64() | 1;
     page.atomic_u64(NONCE).store(nonce, Ordering::SeqCst);
     let pid = std::process::id();
@@ -110,16 +114,21 @@ pub fn is_interprocess(event: &Event) -> bool {
 /// made interprocess.
 pub fn handle(event: &Event) -> Result<Vec<u8>> {
     event.check()?;
-    event.0.shared.get().and_then(|s| s.handle()).ok_or_else(|| {
-        ArgError::new(
-            "event",
-            format!(
-                "{event:?} was not created with interprocess=True; only such events have a \
+    event
+        .0
+        .shared
+        .get()
+        .and_then(|s| s.handle())
+        .ok_or_else(|| {
+            ArgError::new(
+                "event",
+                format!(
+                    "{event:?} was not created with interprocess=True; only such events have a \
                  handle"
-            ),
-        )
-        .into()
-    })
+                ),
+            )
+            .into()
+        })
 }
 
 /// The opening side: the exporter's page mapped here, and the local records mirroring its.
@@ -329,10 +338,9 @@ fn watch_loop(w: &Watcher) {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         while pending.is_empty() {
-            pending = w
-                .cv
-                .wait(pending)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            pending =
+                w.cv.wait(pending)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
         let check_alive = last_alive_check.elapsed() >= Duration::from_millis(10);
         if check_alive {

@@ -70,7 +70,10 @@ fn in_process_import_shares_bytes_both_ways_for_small_and_large_buffers() {
         // Bounds are exactly the block, even though whole pages are mapped.
         for (off, n) in [(size, 1), (size - 1, 2), (u64::MAX, 2)] {
             let e = b.write(off, &vec![0; n]).unwrap_err();
-            assert!(matches!(e, Error::Memory(MemoryError::OutOfBounds { .. })), "{e}");
+            assert!(
+                matches!(e, Error::Memory(MemoryError::OutOfBounds { .. })),
+                "{e}"
+            );
         }
         // Re-exporting an imported buffer hands on the original handle.
         assert_eq!(b.ipc_handle().unwrap(), h);
@@ -86,7 +89,10 @@ fn stale_forged_and_malformed_handles_are_refused() {
     // Malformed: an argument error.
     let e = imp.open_ipc_handle(b"hello").unwrap_err();
     assert!(matches!(e, Error::Arg(_)), "{e}");
-    assert!(e.to_string().contains("not a runtime IPC memory handle"), "{e}");
+    assert!(
+        e.to_string().contains("not a runtime IPC memory handle"),
+        "{e}"
+    );
     // Forged: every field that names the block is checked against the exporter's table.
     for (at, what) in [(40, "nonce"), (48, "offset"), (56, "length"), (32, "file")] {
         let mut f = h.clone();
@@ -101,7 +107,10 @@ fn stale_forged_and_malformed_handles_are_refused() {
     // Stale: the exporter freed the buffer.
     drop(a);
     let e = imp.open_ipc_handle(&h).unwrap_err();
-    assert!(is_invalid_handle(&e) && e.to_string().contains("freed"), "{e}");
+    assert!(
+        is_invalid_handle(&e) && e.to_string().contains("freed"),
+        "{e}"
+    );
     // Zero-byte buffers have nothing to share.
     assert!(matches!(
         exp.allocate(0).unwrap().ipc_handle(),
@@ -149,7 +158,12 @@ fn child_process_entry() {
 #[test]
 fn another_process_exports_and_the_import_survives_its_exit() {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_process_entry", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "child_process_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("RUNTIME_IPC_TEST_CHILD", "export")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

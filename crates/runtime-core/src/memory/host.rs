@@ -306,7 +306,10 @@ impl Arena {
     pub(crate) fn atomic_u64(&self, offset: u64) -> &std::sync::atomic::AtomicU64 {
         self.check(offset, 8);
         let p = self.ptr(offset).cast::<u64>();
-        assert!(p.is_aligned(), "atomic at offset {offset} is not 8-byte aligned");
+        assert!(
+            p.is_aligned(),
+            "atomic at offset {offset} is not 8-byte aligned"
+        );
         // SAFETY: the 8 bytes are inside the mapping (checked), which lives as long as the
         // returned reference (it borrows `self`), and aligned (checked); every bit pattern is
         // a valid `u64`. This process and others access these bytes only atomically.
@@ -503,11 +506,7 @@ impl Drop for Arena {
 /// Map `size` bytes of `file` from `offset` shared and read-write, starting on an `align`
 /// boundary (over-reserve address space, map the file over the aligned part, trim).
 fn map_range(file: &File, offset: u64, size: usize, align: usize) -> Result<NonNull<u8>, String> {
-    let slack = if align > PAGE as usize {
-        align - PAGE as usize
-    } else {
-        0
-    };
+    let slack = align.saturating_sub(PAGE as usize);
     let total = size
         .checked_add(slack)
         .ok_or_else(|| "larger than the address space".to_string())?;

@@ -5,7 +5,7 @@
 //! Every arena is a range of the process's device memory file (a `memfd`, see `host`). A
 //! handle ([`HANDLE_LEN`] bytes) names the exporting process (pid and start time), the file's
 //! descriptor number and random name, the block's offset and length in the file, and a slot of
-//! the *export table* (the first [`FILE_HEADER`] bytes of the file) holding the same range and
+//! the *export table* (the first 128 KiB of the file) holding the same range and
 //! a random nonce. The exporter fills the slot when the buffer is first exported and clears it
 //! when the allocation is freed, so a stale handle is refused.
 //!
@@ -211,7 +211,7 @@ impl Drop for Imported {
 /// An exported block freed after shutdown (usually during interpreter exit): leave its bytes
 /// to the processes that imported it. A large block is unmapped here without releasing its
 /// pages; a slab slot is left as it is and keeps the slab mapping's pages when it goes.
-pub(crate) fn keep_after_shutdown(mem: &DeviceMemory, place: Place) {
+pub(super) fn keep_after_shutdown(mem: &DeviceMemory, place: Place) {
     match place {
         Place::Large(arena) => arena.keep_content(),
         Place::Slab(_) => mem.slab_arena.keep_content(),
