@@ -285,3 +285,39 @@ def test_pickling_within_a_process_shares_and_deepcopy_copies():
     assert shallow.copy_to_host().tolist() == [0] * 10
     assert deep.copy_to_host().tolist() == list(range(10))
     assert (alias.dtype, alias.shape) == (a.dtype, a.shape)
+
+
+def _event_child(event, p2c, c2p):
+    runtime.init(device_count=1, memory="64MiB")
+    c2p.put(0)  # ready
+    p2c.get(timeout=60)  # the parent recorded
+    c2p.put(event.query())
+    event.synchronize(timeout=60)
+    c2p.put(event.query())
+
+
+def test_an_interprocess_event_pickles_to_a_child_process():
+    # Translated from torch's test/test_multiprocessing.py::test_event_multiprocess: the event
+    # travels as a Process argument; the child sees the parent's pending record, then waits.
+    event = runtime.Event(enable_timing=False, interprocess=True)
+    assert event.query()
+    ctx = multiprocessing.get_context("spawn")
+    p2c, c2p = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=_event_child, args=(event, p2c, c2p))
+    p.start()
+    c2p.get(timeout=60)
+    gate = threading.Event()
+    s = runtime.Stream(0)
+    s.launch_host_func(gate.wait, 60)
+    event.record(s)
+    p2c.put(0)
+    try:
+        assert c2p.get(timeout=60) is False
+        assert event.query() is False
+    finally:
+        gate.set()
+    assert c2p.get(timeout=60) is True
+    p.join(timeout=60)
+    assert p.exitcode == 0
+    with pytest.raises(ValueError, match="interprocess=True"):
+        pickle.dumps(runtime.Event())

@@ -61,6 +61,15 @@ impl PyEvent {
         crate::ipc::event_open(handle)
     }
 
+    /// Pickled as its IPC handle (interprocess events only), as torch sends CUDA events
+    /// through `multiprocessing` queues.
+    fn __reduce__<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+        crate::ipc::event_reduce(py, self)
+    }
+
     /// Whether the event is shared with other processes (made interprocess, or opened).
     #[getter]
     fn interprocess(&self) -> bool {

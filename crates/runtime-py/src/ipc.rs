@@ -75,9 +75,17 @@ pub fn event_handle<'py>(py: Python<'py>, ev: &PyEvent) -> PyResult<Bound<'py, P
     Ok(PyBytes::new(py, &h))
 }
 
-/// `Event.from_ipc(handle)`.
+/// `Event.from_ipc(handle)`; works before `init()` (an unpickled event), like an event made
+/// then: it belongs to the first runtime it is used under.
 pub fn event_open(handle: &[u8]) -> PyResult<PyEvent> {
-    runtime_core::runtime::get().map_err(RtErr)?;
     let ev = runtime_core::ipc_event::open(handle).map_err(RtErr)?;
     Ok(PyEvent::made_now(ev))
+}
+
+/// `pickle` support for events: `(Event.from_ipc, (handle,))`; a plain event cannot be sent.
+pub fn event_reduce<'py>(py: Python<'py>, ev: &PyEvent) -> PyResult<Bound<'py, PyTuple>> {
+    let h = event_handle(py, ev)?;
+    let open = py.import("runtime")?.getattr("Event")?.getattr("from_ipc")?;
+    let args = PyTuple::new(py, [h])?;
+    PyTuple::new(py, [open, args.into_any()])
 }
