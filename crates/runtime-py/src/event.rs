@@ -63,10 +63,7 @@ impl PyEvent {
 
     /// Pickled as its IPC handle (interprocess events only), as torch sends CUDA events
     /// through `multiprocessing` queues.
-    fn __reduce__<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
         crate::ipc::event_reduce(py, self)
     }
 

@@ -85,7 +85,10 @@ pub fn event_open(handle: &[u8]) -> PyResult<PyEvent> {
 /// `pickle` support for events: `(Event.from_ipc, (handle,))`; a plain event cannot be sent.
 pub fn event_reduce<'py>(py: Python<'py>, ev: &PyEvent) -> PyResult<Bound<'py, PyTuple>> {
     let h = event_handle(py, ev)?;
-    let open = py.import("runtime")?.getattr("Event")?.getattr("from_ipc")?;
+    let open = py
+        .import("runtime")?
+        .getattr("Event")?
+        .getattr("from_ipc")?;
     let args = PyTuple::new(py, [h])?;
     PyTuple::new(py, [open, args.into_any()])
 }
