@@ -4,7 +4,7 @@
 //! A virtual device's memory is host virtual memory, so address space is never what runs out:
 //! the allocator spends it freely and enforces the device's capacity in bytes.
 //!
-//! * Large allocations (above [`SMALL_MAX`]) each get their own anonymous `MAP_NORESERVE`
+//! * Large allocations (above [`SMALL_MAX`]) each get their own shared `MAP_NORESERVE`
 //!   mapping of [`block_size`] bytes (whole pages). Nothing is carved from a shared range, so
 //!   the free space cannot fragment: a large allocation fails only when `reserved + block`
 //!   would exceed the capacity after the caches were flushed.
@@ -49,7 +49,7 @@
 //! Invariants:
 //! * Every byte the allocator hands out reads as zero. A fresh mapping is zero-filled by the
 //!   OS; free space in the slab arena is zero (untouched pages, or pages released with
-//!   `MADV_DONTNEED`); free slab slots are zeroed when freed (they are small); cached large
+//!   `MADV_REMOVE`); free slab slots are zeroed when freed (they are small); cached large
 //!   blocks are zeroed by the scrubber before they are reused, so zeroing stays off the
 //!   allocating caller's path (blocks over [`SCRUB_FILL_MAX`] are released rather than filled,
 //!   so RAM follows what was touched).
