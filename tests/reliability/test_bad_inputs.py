@@ -1334,6 +1334,69 @@ def build_cases():  # noqa: C901 - a table
     )
     add(C("Event.timestamp_ns-never-recorded", lambda e: e.ev.timestamp_ns, IO, "never recorded"))
 
+    # ------------------------------------------------------------ inter-process handles
+    def forged(e):
+        h = bytearray(e.src.ipc_handle())
+        h[40] ^= 0x40  # the nonce
+        return runtime.ipc_open(bytes(h))
+
+    for vid, v in [("int", 1), ("str", "x"), ("object", object()), ("list", [1])]:
+        add(C(f"ipc_open-{vid}", lambda e, v=v: runtime.ipc_open(v), TypeError, "handle"))
+        add(
+            C(
+                f"Event.from_ipc-{vid}",
+                lambda e, v=v: runtime.Event.from_ipc(v),
+                TypeError,
+                "handle",
+            )
+        )
+    add(C("ipc_open-short", lambda e: runtime.ipc_open(b"x"), ValueError, "handle"))
+    add(C("ipc_open-forged", forged, IH, "handle"))
+    add(
+        C(
+            "ipc_open-dtype",
+            lambda e: runtime.ipc_open(e.src.ipc_handle(), "nope"),
+            (TypeError, ValueError),
+            "dtype",
+        )
+    )
+    add(
+        C(
+            "ipc_open-shape-too-large",
+            lambda e: runtime.ipc_open(e.src.ipc_handle(), "uint8", (N + 1,)),
+            ValueError,
+            "shape",
+        )
+    )
+    add(
+        C(
+            "ipc_open-device-count",
+            lambda e: runtime.ipc_open(e.src.ipc_handle(), device=DEVICES),
+            ID,
+        )
+    )
+    add(C("DeviceBuffer.ipc_handle-freed", lambda e: e.freed.ipc_handle(), IH, "freed"))
+    add(C("DeviceBuffer.ipc_handle-stale", lambda e: STALE["buf"].ipc_handle(), IH, "shut down"))
+    add(
+        C(
+            "DeviceBuffer.ipc_handle-zero-bytes",
+            lambda e: runtime.device_malloc(0, 0).ipc_handle(),
+            ValueError,
+            "zero bytes",
+        )
+    )
+    add(C("Event.ipc_handle-plain", lambda e: e.ev.ipc_handle(), ValueError, "interprocess"))
+    add(C("Event.ipc_handle-destroyed", lambda e: e.dead_event.ipc_handle(), IH, "destroyed"))
+    add(C("Event.from_ipc-short", lambda e: runtime.Event.from_ipc(b"x"), ValueError, "handle"))
+    add(
+        C(
+            "Event-interprocess-int",
+            lambda e: runtime.Event(interprocess=1),
+            TypeError,
+            "interprocess",
+        )
+    )
+
     # ------------------------------------------------------------ graphs
     for vid, v in NOT_STREAM[:4]:
         add(C(f"Graph.launch-stream-{vid}", lambda e, v=v: e.graph.launch(v), TypeError, "stream"))

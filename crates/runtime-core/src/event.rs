@@ -164,6 +164,22 @@ impl<W> Gate<W> {
     }
 }
 
+/// What an event shared with other processes adds (`ipc_event`): publishing its records and
+/// completions (an exported event), or mirroring the exporter's records as local ones (an
+/// opened event).
+pub(crate) trait Shared: Send + Sync {
+    /// Record `id` was handed out.
+    fn recorded(&self, id: u64);
+    /// The highest completed record is now `latest`.
+    fn completed(&self, latest: u64);
+    /// Before `recorded` is read: take a local record for a new remote one.
+    fn pull(&self, event: &EventInner);
+    /// An error to report instead of success (the exporting process died).
+    fn check(&self) -> Result<()>;
+    /// The handle another process opens the event with (exported events only).
+    fn handle(&self) -> Option<Vec<u8>>;
+}
+
 pub(crate) struct EventInner {
     pub(crate) id: u64,
     timing: bool,
@@ -182,16 +198,25 @@ pub(crate) struct EventInner {
     failure: std::sync::OnceLock<String>,
     /// 1 + the index of the device of the stream it was last recorded on (0: never).
     device: AtomicU64,
+    /// Set once for an event shared with other processes (`ipc_event`).
+    pub(crate) shared: std::sync::OnceLock<Arc<dyn Shared>>,
 }
 
 impl EventInner {
     /// Latest record number handed out (0: never recorded).
     pub(crate) fn recorded(&self) -> u64 {
+        if let Some(s) = self.shared.get() {
+            s.pull(self);
+        }
         self.recorded.load(Ordering::SeqCst)
     }
 
     pub(crate) fn next_record(&self) -> u64 {
-        self.recorded.fetch_add(1, Ordering::SeqCst) + 1
+        let id = self.recorded.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(s) = self.shared.get() {
+            s.recorded(id);
+        }
+        id
     }
 
     /// Remember the device of the stream recording it (`Event::device`).
@@ -209,6 +234,9 @@ impl EventInner {
         let ts = self.timing.then(now_ns);
         for w in self.gate.complete(id, ts) {
             w.wake();
+        }
+        if let Some(s) = self.shared.get() {
+            s.completed(self.gate.latest());
         }
     }
 
@@ -346,6 +374,7 @@ impl Event {
             set: AtomicBool::new(false),
             failure: std::sync::OnceLock::new(),
             device: AtomicU64::new(0),
+            shared: std::sync::OnceLock::new(),
         }))
     }
 
@@ -366,6 +395,7 @@ impl Event {
             set: AtomicBool::new(false),
             failure: std::sync::OnceLock::new(),
             device: AtomicU64::new(0),
+            shared: std::sync::OnceLock::new(),
         }));
         let mut all = USER_EVENTS.lock();
         all.retain(|w| w.strong_count() > 0);
@@ -498,7 +528,7 @@ impl Event {
             Err(g) => g,
         };
         if mine == live {
-            Ok(())
+            self.0.shared.get().map_or(Ok(()), |s| s.check())
         } else {
             invalid("the runtime was shut down")
         }
@@ -578,7 +608,12 @@ impl Event {
             .into());
         }
         let deadline = crate::clock::deadline_after(timeout);
-        Ok(self.0.gate.wait_latest(target, deadline))
+        let done = self.0.gate.wait_latest(target, deadline);
+        if done {
+            // An opened event completes when its exporter died too: report that.
+            self.check()?;
+        }
+        Ok(done)
     }
 
     /// Timestamp of the latest completed record, in ns of [`now_ns`].

@@ -10,6 +10,7 @@
 //! | configuration | [`config`] | init settings, process options, every environment variable |
 //! | memory | [`memory`] | the allocator of one device and its reference-counted buffers |
 //! | events | [`event`] | records, waits, timing on one shared monotonic clock |
+//! | interprocess events | [`ipc_event`] | events another process waits on (exported page, watcher) |
 //! | execution | [`stream`] | streams, engines, executors, copies, capture and replay |
 //! | devices | [`device`] | a device's memory, executor and default stream; current device/stream |
 //! | kernels | [`kernel`] | the `Kernel` trait, checked arguments, registry, built-ins |
@@ -38,6 +39,7 @@ pub mod device;
 pub mod error;
 pub mod event;
 pub mod generation;
+pub mod ipc_event;
 pub mod kernel;
 pub mod memory;
 pub mod runtime;

@@ -18,6 +18,7 @@ const LAYERS: &[&str] = &[
     "config",
     "memory",
     "event",
+    "ipc_event",
     "stream",
     "device",
     "kernel",

@@ -13,7 +13,7 @@ use numpy::{PyArrayDescr, PyArrayDescrMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyBytes, PyTuple};
 
 use crate::convert::{numpy, numpy_dtype, opt_nonneg, parse_dtype, shape_arg};
 use crate::copy::{self, Direction};
@@ -181,6 +181,30 @@ impl PyDeviceBuffer {
             None,
         )?;
         Ok(out)
+    }
+
+    /// A handle (bytes) another process opens with `runtime.ipc_open` to map this buffer's
+    /// allocation zero-copy (CUDA's `cudaIpcGetMemHandle`).
+    fn ipc_handle<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        crate::ipc::handle(py, self)
+    }
+
+    /// Pickled as an IPC handle (opened with `runtime.ipc_open` where it is loaded).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
+        crate::ipc::reduce(slf)
+    }
+
+    /// `copy.copy`: another handle on the same memory.
+    fn __copy__(&self, py: Python<'_>) -> PyResult<PyDeviceBuffer> {
+        self.share(py)
+    }
+
+    /// `copy.deepcopy`: a new buffer with a copy of the bytes.
+    fn __deepcopy__<'py>(
+        slf: &Bound<'py, Self>,
+        _memo: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        crate::ipc::deepcopy(slf)
     }
 
     /// Alias of `copy_to_host`.

@@ -15,10 +15,11 @@ use crate::wait;
 #[pymethods]
 impl PyEvent {
     #[new]
-    #[pyo3(signature = (enable_timing=None, blocking=None))]
+    #[pyo3(signature = (enable_timing=None, blocking=None, interprocess=None))]
     fn new(
         enable_timing: Option<&Bound<'_, PyAny>>,
         blocking: Option<&Bound<'_, PyAny>>,
+        interprocess: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let flag = |o: Option<&Bound<'_, PyAny>>, name: &str, default: bool| -> PyResult<bool> {
             match o {
@@ -33,11 +34,43 @@ impl PyEvent {
         };
         let t = flag(enable_timing, "enable_timing", true)?;
         let b = flag(blocking, "blocking", false)?;
+        let ipc = flag(interprocess, "interprocess", false)?;
         rt::get().map_err(RtErr)?;
-        Ok(PyEvent::made_now(Event::with_options(EventOptions {
+        let options = EventOptions {
             timing: t,
             blocking: b,
-        })))
+        };
+        if ipc {
+            return crate::ipc::event_create(options);
+        }
+        Ok(PyEvent::made_now(Event::with_options(options)))
+    }
+
+    /// A handle (bytes) another process opens with `Event.from_ipc` to wait on this event's
+    /// records (CUDA's `cudaIpcGetEventHandle`); the event must be made with
+    /// `interprocess=True`.
+    fn ipc_handle<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        crate::ipc::event_handle(py, self)
+    }
+
+    /// Open an event handle made by `Event.ipc_handle()` in another process (CUDA's
+    /// `cudaIpcOpenEventHandle`): `query`, `synchronize` and `stream.wait_event` then follow
+    /// the exporter's latest record.
+    #[staticmethod]
+    fn from_ipc(handle: &[u8]) -> PyResult<PyEvent> {
+        crate::ipc::event_open(handle)
+    }
+
+    /// Pickled as its IPC handle (interprocess events only), as torch sends CUDA events
+    /// through `multiprocessing` queues.
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+        crate::ipc::event_reduce(py, self)
+    }
+
+    /// Whether the event is shared with other processes (made interprocess, or opened).
+    #[getter]
+    fn interprocess(&self) -> bool {
+        runtime_core::ipc_event::is_interprocess(self.raw())
     }
 
     /// A user event (OpenCL's `UserEvent`): pending until `set()` (or `set_status`) is

@@ -12,6 +12,7 @@
 //   host, dlpack                buffer-protocol import/export, DLPack capsules
 //   copy                        the one copy path (memcpy_*, memset)
 //   buffer, memory, stats       the DeviceBuffer class, allocation, allocator statistics
+//   ipc                         inter-process buffers and events (handles, ipc_open, pickling)
 //   device, event, kernel       Device and records, Event, Kernel and launches
 //   stream                      Stream, Graph and the stream functions
 //   comm                        Communicator and comm_init_all (runtime.comm)
@@ -29,6 +30,7 @@ mod event;
 mod handles;
 mod host;
 mod interp;
+mod ipc;
 mod kernel;
 mod lifecycle;
 mod managed;
@@ -93,6 +95,7 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stats::reset_peak_memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(memory::empty, m)?)?;
     m.add_function(wrap_pyfunction!(memory::to_device, m)?)?;
+    m.add_function(wrap_pyfunction!(ipc::ipc_open, m)?)?;
     m.add_function(wrap_pyfunction!(stream::stream_synchronize, m)?)?;
     m.add_function(wrap_pyfunction!(stream::current_stream, m)?)?;
     m.add_function(wrap_pyfunction!(stream::default_stream, m)?)?;

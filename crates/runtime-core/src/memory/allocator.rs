@@ -181,6 +181,7 @@ impl DeviceMemory {
                 block: 0,
                 id,
                 recorded: parking_lot::Mutex::new(Vec::new()),
+                export: std::sync::OnceLock::new(),
             }),
             offset: 0,
             len: size,

@@ -1,21 +1,41 @@
 //! Host backing for device memory: the only `unsafe` of the memory layer.
 //!
-//! An [`Arena`] is one private anonymous mapping with `MAP_NORESERVE`: address space only, no
-//! RAM and no swap accounting. A device has one for its slab spans ([`Arena::reserve`]) and one
-//! per large block ([`Arena::map`]). The OS commits a page when it is first touched and hands it
-//! out zero-filled, so a fresh allocation is zeroed for free and costs no RAM until used.
-//! [`Arena::release`] gives pages back (`MADV_DONTNEED`); they read as zero again afterwards,
-//! which is how freed blocks return to the allocator clean. Dropping an arena unmaps it.
+//! An [`Arena`] is one shared mapping (`MAP_SHARED | MAP_NORESERVE`) of a range of the
+//! process's *device memory file*, a `memfd` that another process of the same user can open
+//! through `/proc/<pid>/fd/<n>` (inter-process buffers, `memory::ipc`). The file is sparse:
+//! address space and file range only, no RAM until a page is touched. A device has one arena
+//! for its slab spans ([`Arena::reserve`]) and one per large block ([`Arena::map`]). The OS
+//! commits a page when it is first touched and hands it out zero-filled, so a fresh allocation
+//! is zeroed for free and costs no RAM until used. [`Arena::release`] gives pages back
+//! (`MADV_REMOVE`: on a shared file mapping `MADV_DONTNEED` would only unmap them, the file
+//! would keep them); they read as zero again afterwards, which is how freed blocks return to
+//! the allocator clean. Dropping an arena unmaps it and punches its range out of the file
+//! (`FALLOC_FL_PUNCH_HOLE`), so RAM follows live blocks; the range is reused by a later arena
+//! of the same length. An arena mapped from another process's file ([`Arena::map_file`],
+//! imported memory) only unmaps.
+//!
+//! Fork: a child inherits the shared mappings, so its inherited arenas alias the parent's
+//! memory; the runtime refuses inherited buffers in the child (generation checks), the child
+//! never releases or punches an inherited arena (`forks` differs), and its own new memory
+//! comes from a new file ([`after_fork_in_child`]).
 //!
 //! Soundness: the arena only hands out raw pointers and performs raw copies; it never creates
 //! Rust references into device memory except through [`Arena::slice`] and
 //! [`Arena::slice_mut`], whose callers promise the range lies inside a live allocation they
 //! own for the duration. Concurrent access to the same bytes from two streams, or from a
 //! stream and a host view, is a data race in the device's memory model exactly as on a real
-//! accelerator; the runtime orders it only through streams and events.
+//! accelerator; the runtime orders it only through streams and events. Memory shared with
+//! another process can be written by it at any time: the bytes are plain integers to Rust
+//! (every device element type is valid for every bit pattern), and a mapping's range always
+//! lies inside its file (imports check the file size; the runtime never shrinks its file), so
+//! no access can fault.
 
+use std::collections::HashMap;
+use std::fs::File;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 use crate::error::ConfigError;
 
@@ -25,10 +45,144 @@ pub const PAGE: u64 = 4096;
 /// Transparent huge page size: mappings at least this large are aligned to it.
 pub const HUGE_PAGE: u64 = 2 << 20;
 
+/// Bytes at the start of the device memory file kept for the export table (`memory::ipc`);
+/// arenas are placed after it.
+pub(crate) const FILE_HEADER: u64 = 128 << 10;
+
+/// The process's device memory file: a sparse `memfd` whose ranges back the arenas.
+pub(crate) struct SharedFile {
+    file: File,
+    /// Random per file: names it (`/memfd:runtime-mem-<nonce>`) so a handle can be checked
+    /// against the file it was made for.
+    nonce: u64,
+    /// The fork count when the file was made; a forked child leaves it alone.
+    forks: u64,
+    space: parking_lot::Mutex<FileSpace>,
+    /// Export-table slots (`memory::ipc`): the next never-used one and the freed ones.
+    pub(crate) slots: parking_lot::Mutex<(u32, Vec<u32>)>,
+}
+
+/// Which ranges of the file are free: everything past `end`, and ranges given back by
+/// dropped arenas (by length, reused only by an arena of that exact length).
+struct FileSpace {
+    end: u64,
+    size: u64,
+    free: HashMap<u64, Vec<u64>>,
+}
+
+impl SharedFile {
+    fn create() -> io::Result<SharedFile> {
+        let nonce = random_u64();
+        let name = std::ffi::CString::new(format!("runtime-mem-{nonce:016x}"))
+            .expect("no NUL in the name");
+        // SAFETY: a plain system call with a valid C string; it returns a new descriptor or -1.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
+        let file = unsafe { File::from_raw_fd(fd) };
+        Ok(SharedFile {
+            file,
+            nonce,
+            forks: crate::generation::forks(),
+            space: parking_lot::Mutex::new(FileSpace {
+                end: FILE_HEADER,
+                size: 0,
+                free: HashMap::new(),
+            }),
+            slots: parking_lot::Mutex::new((0, Vec::new())),
+        })
+    }
+
+    /// The open file.
+    pub(crate) fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The file's descriptor number in this process.
+    pub(crate) fn fd(&self) -> i32 {
+        self.file.as_raw_fd()
+    }
+
+    /// The random number in the file's name.
+    pub(crate) fn nonce(&self) -> u64 {
+        self.nonce
+    }
+
+    /// Whether this process made the file (not inherited through `fork()`).
+    pub(crate) fn is_own(&self) -> bool {
+        self.forks == crate::generation::forks()
+    }
+
+    /// A free range of `len` bytes, `align`-aligned; the file grows to cover it.
+    fn take(&self, len: u64, align: u64) -> io::Result<u64> {
+        let mut sp = self.space.lock();
+        if let Some(off) = sp.free.get_mut(&len).and_then(Vec::pop) {
+            return Ok(off);
+        }
+        let off = sp.end.next_multiple_of(align);
+        let end = off
+            .checked_add(len)
+            .filter(|&e| e <= i64::MAX as u64)
+            .ok_or_else(|| io::Error::other("the device memory file is full"))?;
+        if end > sp.size {
+            // Grow in steps of 1 GiB or more, so most arenas cost no system call.
+            let size = end.max(sp.size.saturating_mul(2)).next_multiple_of(1 << 30);
+            let size = size.min(i64::MAX as u64 / 2).max(end);
+            self.file.set_len(size)?;
+            sp.size = size;
+        }
+        sp.end = end;
+        Ok(off)
+    }
+
+    /// Give `[off, off + len)` back for reuse by an arena of `len` bytes.
+    fn give_back(&self, off: u64, len: u64) {
+        self.space.lock().free.entry(len).or_default().push(off);
+    }
+}
+
+/// The device memory file of this process (made on first use, and again in a forked child).
+static SHARED: parking_lot::Mutex<Option<Arc<SharedFile>>> = parking_lot::const_mutex(None);
+
+/// This process's device memory file.
+pub(crate) fn shared_file() -> io::Result<Arc<SharedFile>> {
+    let mut slot = SHARED.lock();
+    if let Some(f) = slot.as_ref() {
+        return Ok(f.clone());
+    }
+    let f = Arc::new(SharedFile::create()?);
+    *slot = Some(f.clone());
+    Ok(f)
+}
+
+/// A random 64-bit number (not for cryptography: it tells files and handles apart).
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    h.write_u64(crate::clock::now_ns());
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+/// What backs an arena.
+enum Backing {
+    /// A range of this process's device memory file.
+    Own { file: Arc<SharedFile>, offset: u64 },
+    /// A range of another process's file (or of ours, opened again): only unmapped.
+    Imported,
+}
+
 /// A reserved, lazily committed address range.
 pub struct Arena {
     base: NonNull<u8>,
     len: u64,
+    backing: Backing,
+    /// Leave the pages in the file when dropped (another process may map them).
+    keep: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the arena is a plain memory range; all accesses go through raw pointer copies whose
@@ -65,61 +219,61 @@ impl Arena {
         if size == 0 {
             return Err("an empty mapping".into());
         }
-        // Large mappings are over-reserved by a huge page less one page and trimmed, so that
-        // they start on a huge-page boundary and every whole huge page of them can be backed
-        // by one.
-        let align = HUGE_PAGE as usize;
-        let slack = if size >= align {
-            align - PAGE as usize
-        } else {
-            0
-        };
-        let total = size
-            .checked_add(slack)
-            .ok_or_else(|| "larger than the address space".to_string())?;
-        // SAFETY: a fresh anonymous private mapping at an address the kernel chooses; no
-        // existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                total,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error().to_string());
-        }
-        let addr = p as usize;
-        let start = if slack > 0 {
-            addr.next_multiple_of(align)
-        } else {
-            addr
-        };
-        let (head, tail) = (start - addr, addr + total - (start + size));
-        // SAFETY: unmapping the unused, page-aligned head and tail of the mapping made above;
-        // nothing refers to them.
-        unsafe {
-            if head > 0 {
-                libc::munmap(p, head);
-            }
-            if tail > 0 {
-                libc::munmap((start + size) as *mut libc::c_void, tail);
+        let file = shared_file().map_err(|e| format!("no device memory file: {e}"))?;
+        let align = if len >= HUGE_PAGE { HUGE_PAGE } else { PAGE };
+        let offset = file.take(len, align).map_err(|e| e.to_string())?;
+        match map_range(&file.file, offset, size, align as usize) {
+            Ok(base) => Ok(Arena {
+                base,
+                len,
+                backing: Backing::Own { file, offset },
+                keep: std::sync::atomic::AtomicBool::new(false),
+            }),
+            Err(e) => {
+                file.give_back(offset, len);
+                Err(e)
             }
         }
-        let base =
-            NonNull::new(start as *mut u8).ok_or_else(|| "mmap returned null".to_string())?;
-        // Transparent huge pages where the kernel offers them (THP "madvise" mode): first
-        // touch of a large buffer faults 2 MiB at a time (~5x faster here) and large copies
-        // run with fewer TLB misses. Only touched memory is committed either way. Failure is
-        // harmless (no THP support), so the result is ignored.
-        if size >= align {
-            // SAFETY: advice on our own fresh mapping.
-            unsafe { libc::madvise(base.as_ptr().cast(), size, libc::MADV_HUGEPAGE) };
+    }
+
+    /// Map `[offset, offset + len)` of `file` (another process's device memory file, opened
+    /// through `/proc`) read-write and shared. The caller has checked that the range lies
+    /// inside the file and is page aligned; dropping the arena only unmaps it.
+    pub(crate) fn map_file(file: &File, offset: u64, len: u64) -> Result<Arena, String> {
+        let size = usize::try_from(len).map_err(|_| "larger than the address space".to_string())?;
+        if size == 0 || !offset.is_multiple_of(PAGE) || !len.is_multiple_of(PAGE) {
+            return Err(format!(
+                "range [{offset}, +{len}) is empty or not page aligned"
+            ));
         }
-        Ok(Arena { base, len })
+        let size_now = file.metadata().map_err(|e| e.to_string())?.len();
+        if offset.checked_add(len).is_none_or(|e| e > size_now) {
+            return Err(format!(
+                "range [{offset}, +{len}) is outside the {size_now}-byte memory file"
+            ));
+        }
+        let base = map_range(file, offset, size, PAGE as usize)?;
+        Ok(Arena {
+            base,
+            len,
+            backing: Backing::Imported,
+            keep: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// When dropped, unmap only: the pages stay in the file for other processes that map
+    /// them, and the range is not reused.
+    pub(crate) fn keep_content(&self) {
+        self.keep.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The device memory file range behind the arena: the file and the offset of byte 0;
+    /// `None` for an imported arena.
+    pub(crate) fn file_range(&self) -> Option<(&Arc<SharedFile>, u64)> {
+        match &self.backing {
+            Backing::Own { file, offset } => Some((file, *offset)),
+            Backing::Imported => None,
+        }
     }
 
     /// Length of the mapping in bytes.
@@ -147,6 +301,21 @@ impl Arena {
         );
     }
 
+    /// The 8 bytes at `offset` (8-aligned, inside the mapping; checked) as an atomic, for
+    /// counters shared with other processes (interprocess events).
+    pub(crate) fn atomic_u64(&self, offset: u64) -> &std::sync::atomic::AtomicU64 {
+        self.check(offset, 8);
+        let p = self.ptr(offset).cast::<u64>();
+        assert!(
+            p.is_aligned(),
+            "atomic at offset {offset} is not 8-byte aligned"
+        );
+        // SAFETY: the 8 bytes are inside the mapping (checked), which lives as long as the
+        // returned reference (it borrows `self`), and aligned (checked); every bit pattern is
+        // a valid `u64`. This process and others access these bytes only atomically.
+        unsafe { std::sync::atomic::AtomicU64::from_ptr(p) }
+    }
+
     /// Fill `[offset, offset + len)` with `byte`.
     pub fn fill(&self, offset: u64, len: u64, byte: u8) {
         self.check(offset, len);
@@ -166,13 +335,14 @@ impl Arena {
         }
         self.fill(offset, start - offset, 0);
         self.fill(end, offset + len - end, 0);
-        // SAFETY: [start, end) is page aligned and inside the mapping; DONTNEED on a private
-        // anonymous mapping only drops the pages, which then read as zero.
+        // SAFETY: [start, end) is page aligned and inside the mapping; REMOVE on a shared
+        // mapping of our memory file frees the pages (punches them out of the file), which
+        // then read as zero.
         let rc = unsafe {
             libc::madvise(
                 self.ptr(start).cast(),
                 (end - start) as usize,
-                libc::MADV_DONTNEED,
+                libc::MADV_REMOVE,
             )
         };
         if rc != 0 {
@@ -183,8 +353,8 @@ impl Arena {
 
     /// Make `[offset, offset + len)` read as zero, writing only pages that are resident.
     ///
-    /// A private anonymous page that is not resident has never been touched since its last
-    /// release, so it already reads as zero, provided it cannot have been swapped out: with
+    /// A page of the memory file that is not resident has never been touched since its last
+    /// release (a hole), so it already reads as zero, provided it cannot have been swapped out: with
     /// swap configured every page is written. Whole-page interiors are asked with `mincore`;
     /// partial pages at the ends are always written.
     pub fn zero(&self, offset: u64, len: u64) {
@@ -308,11 +478,91 @@ impl Drop for Arena {
     fn drop(&mut self) {
         // SAFETY: unmapping our own mapping. The slab arena lives as long as its
         // `DeviceMemory`, which every allocation holds through an `Arc`; a large block's arena
-        // is owned by its allocation, then by the caches, so no pointer into either survives.
+        // is owned by its allocation, then by the caches; an imported arena by its allocation;
+        // so no pointer into either survives.
         unsafe {
             libc::munmap(self.base.as_ptr().cast(), self.len as usize);
         }
+        if let Backing::Own { file, offset } = &self.backing {
+            if file.is_own() && !self.keep.load(std::sync::atomic::Ordering::Acquire) {
+                // Free the pages (another process's mapping of them now reads zeros), then
+                // offer the range again. Failure leaves them allocated: a leak, not a fault.
+                // SAFETY: a plain system call on our own file's range, which nothing of
+                // this process maps any more.
+                unsafe {
+                    libc::fallocate(
+                        file.fd(),
+                        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                        *offset as libc::off_t,
+                        self.len as libc::off_t,
+                    );
+                }
+                file.give_back(*offset, self.len);
+            }
+        }
     }
+}
+
+/// Map `size` bytes of `file` from `offset` shared and read-write, starting on an `align`
+/// boundary (over-reserve address space, map the file over the aligned part, trim).
+fn map_range(file: &File, offset: u64, size: usize, align: usize) -> Result<NonNull<u8>, String> {
+    let slack = align.saturating_sub(PAGE as usize);
+    let total = size
+        .checked_add(slack)
+        .ok_or_else(|| "larger than the address space".to_string())?;
+    // SAFETY: a fresh inaccessible reservation at an address the kernel chooses; no existing
+    // memory is affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            total,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error().to_string());
+    }
+    let addr = p as usize;
+    let start = addr.next_multiple_of(align);
+    // SAFETY: `[start, start + size)` lies inside the reservation made above, which nothing
+    // else uses; MAP_FIXED replaces that part of it with the file range.
+    let q = unsafe {
+        libc::mmap(
+            start as *mut libc::c_void,
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_NORESERVE | libc::MAP_FIXED,
+            file.as_raw_fd(),
+            offset as libc::off_t,
+        )
+    };
+    if q == libc::MAP_FAILED {
+        let err = io::Error::last_os_error().to_string();
+        // SAFETY: unmapping the reservation made above.
+        unsafe { libc::munmap(p, total) };
+        return Err(err);
+    }
+    let (head, tail) = (start - addr, addr + total - (start + size));
+    // SAFETY: unmapping the unused, page-aligned head and tail of the reservation; nothing
+    // refers to them.
+    unsafe {
+        if head > 0 {
+            libc::munmap(p, head);
+        }
+        if tail > 0 {
+            libc::munmap((start + size) as *mut libc::c_void, tail);
+        }
+    }
+    // Transparent huge pages where the kernel offers them for shared memory: first touch of a
+    // large buffer faults 2 MiB at a time. Failure is harmless, so the result is ignored.
+    if size >= HUGE_PAGE as usize && align >= HUGE_PAGE as usize {
+        // SAFETY: advice on our own fresh mapping.
+        unsafe { libc::madvise(start as *mut libc::c_void, size, libc::MADV_HUGEPAGE) };
+    }
+    NonNull::new(start as *mut u8).ok_or_else(|| "mmap returned null".to_string())
 }
 
 /// Whether the host has swap space (then a non-resident page may hold data).
@@ -386,6 +636,12 @@ fn copy_pool() -> &'static CopyPool {
 /// After `fork()`, in the child: forget the parent's pool (its helpers are gone and its
 /// channel may be locked by one of them); the next large copy makes a new one.
 pub(crate) fn after_fork_in_child() {
+    if SHARED.is_locked() {
+        // SAFETY: the child has one thread, which is here: the holder vanished in the fork.
+        unsafe { SHARED.force_unlock() };
+    }
+    // The parent's file stays mapped under inherited arenas; new memory comes from a new one.
+    std::mem::forget(SHARED.lock().take());
     if POOL_INIT.is_locked() {
         // SAFETY: the child has one thread, which is here: the holder vanished in the fork.
         unsafe { POOL_INIT.force_unlock() };

@@ -4,7 +4,7 @@
 //! A virtual device's memory is host virtual memory, so address space is never what runs out:
 //! the allocator spends it freely and enforces the device's capacity in bytes.
 //!
-//! * Large allocations (above [`SMALL_MAX`]) each get their own anonymous `MAP_NORESERVE`
+//! * Large allocations (above [`SMALL_MAX`]) each get their own shared `MAP_NORESERVE`
 //!   mapping of [`block_size`] bytes (whole pages). Nothing is carved from a shared range, so
 //!   the free space cannot fragment: a large allocation fails only when `reserved + block`
 //!   would exceed the capacity after the caches were flushed.
@@ -30,14 +30,18 @@
 //! * `buddy` (crate-private): power-of-two blocks over a range of offsets (here: the slab
 //!   spans of a device). Offsets only; no `unsafe`.
 //! * `slab` (crate-private): size classes up to [`SMALL_MAX`] carved from spans. No `unsafe`.
-//! * `host` (crate-private): reserved, lazily committed mappings (`Arena`); raw copies and
-//!   typed views, every range checked against its mapping.
+//! * `host` (crate-private): reserved, lazily committed mappings (`Arena`) of the process's
+//!   shared device memory file; raw copies and typed views, every range checked against its
+//!   mapping.
 //! * [`pool`]: the pool face of the allocator: its limit ([`DeviceMemory::set_limit`]) and
 //!   frees deferred by [`Buffer::record_stream`] until the recorded streams' work is done.
 //! * [`allocator`]: pluggable allocation ([`Allocator`], [`DeviceMemory::malloc`]). A plugged
 //!   allocator returns a [`Block`] holding a `Buffer` the core made (never an address),
 //!   validated before use, so no allocator can make the core touch memory it did not
 //!   allocate.
+//! * `ipc`: buffers shared with other processes ([`Buffer::ipc_handle`],
+//!   [`DeviceMemory::open_ipc_handle`]); imported buffers map the exporter's memory and are
+//!   accounted apart from the allocator.
 //!
 //! The public API is [`DeviceMemory`] (one device's allocator), [`Buffer`] (a reference to
 //! one allocation) and its methods, which check every range against the allocation, never
@@ -51,7 +55,7 @@
 //! Invariants:
 //! * Every byte the allocator hands out reads as zero. A fresh mapping is zero-filled by the
 //!   OS; free space in the slab arena is zero (untouched pages, or pages released with
-//!   `MADV_DONTNEED`); free slab slots are zeroed when freed (they are small); cached large
+//!   `MADV_REMOVE`); free slab slots are zeroed when freed (they are small); cached large
 //!   blocks are zeroed by the scrubber before they are reused, so zeroing stays off the
 //!   allocating caller's path (blocks over [`SCRUB_FILL_MAX`] are released rather than filled,
 //!   so RAM follows what was touched).
@@ -73,6 +77,7 @@ pub mod defer;
 mod element;
 mod fraction;
 pub(crate) mod host;
+pub mod ipc;
 pub mod managed;
 pub mod pinned;
 pub mod pool;
@@ -190,6 +195,8 @@ enum Place {
     /// A block a plugged allocator handed out (see [`allocator`]): a range of a buffer the
     /// core made, given back to that allocator when the allocation is freed.
     Plugged(allocator::Lease),
+    /// Another process's block, mapped here (`ipc`); not part of the allocator.
+    Imported(ipc::Imported),
 }
 
 /// A block [`DeviceMemory::take_locked`] found for a request.
@@ -462,6 +469,7 @@ impl DeviceMemory {
                 block,
                 id,
                 recorded: Mutex::new(Vec::new()),
+                export: std::sync::OnceLock::new(),
             }),
             offset: 0,
             len: size,
@@ -645,6 +653,7 @@ impl DeviceMemory {
             return;
         }
         match place {
+            Place::Imported(mapping) => drop(mapping),
             Place::Empty => {
                 let mut st = self.state.lock();
                 self.uncommit_locked(&mut st, 0);
@@ -865,6 +874,8 @@ pub struct Allocation {
     id: u64,
     /// Streams recorded with [`Buffer::record_stream`].
     recorded: Mutex<Vec<Arc<dyn StreamFence>>>,
+    /// Its export-table slot once shared with other processes (`ipc`); cleared when freed.
+    export: std::sync::OnceLock<ipc::Export>,
 }
 
 impl Allocation {
@@ -877,13 +888,22 @@ impl Allocation {
             Place::Slab(offset) => (&self.mem.slab_arena, *offset),
             Place::Empty => (&self.mem.slab_arena, 0),
             Place::Plugged(lease) => lease.at(),
+            Place::Imported(mapping) => mapping.at(),
         }
     }
 }
 
 impl Drop for Allocation {
     fn drop(&mut self) {
+        // Refuse new imports before the block can be handed out again.
+        let exported = self.export.take().is_some();
         let place = std::mem::replace(&mut self.place, Place::Empty);
+        if exported && self.mem.closed.load(Ordering::Acquire) {
+            // Freed after shutdown (the process is usually exiting): other processes may still
+            // map the block, so its content stays (`ipc`); nothing is reused any more.
+            ipc::keep_after_shutdown(&self.mem, place);
+            return;
+        }
         let recorded = std::mem::take(self.recorded.get_mut());
         if recorded.is_empty() {
             self.mem.free_allocation(place, self.size, self.block);

@@ -1,0 +1,462 @@
+//! Inter-process device memory: exporting a buffer as a handle another process of the same
+//! user opens zero-copy (CUDA's `cudaIpcGetMemHandle` / `cudaIpcOpenMemHandle`, ACL's
+//! `aclrtIpcMemGetExportKey` / `aclrtIpcMemImportByKey`).
+//!
+//! Every arena is a range of the process's device memory file (a `memfd`, see `host`). A
+//! handle ([`HANDLE_LEN`] bytes) names the exporting process (pid and start time), the file's
+//! descriptor number and random name, the block's offset and length in the file, and a slot of
+//! the *export table* (the first 128 KiB of the file) holding the same range and
+//! a random nonce. The exporter fills the slot when the buffer is first exported and clears it
+//! when the allocation is freed, so a stale handle is refused.
+//!
+//! The importer opens `/proc/<pid>/fd/<fd>` (allowed for processes of the same user), checks
+//! the file is the one the handle names and the slot still describes the block, and maps only
+//! the pages covering the block; the buffer's bounds are exactly the block. The mapping keeps
+//! the file's pages alive: the exporter exiting leaves the importer's view intact.
+//!
+//! Semantics, as in CUDA: once the exporter frees the buffer, the importer's view stays mapped
+//! (never a fault) but its content is unspecified: it reads zeros, or aliases a later
+//! allocation of the exporter that reuses the block. Order accesses across processes with
+//! interprocess events. A handle is not a capability boundary: any process of the same user
+//! may read another's memory anyway.
+//!
+//! Imported buffers belong to the device they were opened on (for copies and kernels), but
+//! are accounted apart from its allocator ([`imported_stats`]): they take none of its
+//! capacity and appear in none of its statistics.
+
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::host::{Arena, SharedFile, FILE_HEADER, PAGE};
+use super::{Allocation, Buffer, DeviceMemory, Place};
+use crate::error::{ArgError, DeviceError, Result};
+
+/// Length of a memory handle in bytes.
+pub const HANDLE_LEN: usize = 72;
+
+const MAGIC: &[u8; 8] = b"RTIPCMEM";
+const VERSION: u32 = 1;
+/// Bytes of one export-table slot: offset, length, nonce, live marker.
+const SLOT_BYTES: u64 = 32;
+/// Slots in the export table.
+pub const MAX_EXPORTS: u32 = (FILE_HEADER / SLOT_BYTES) as u32;
+const LIVE: u64 = 0x4556_494c_4350_4952; // "RIPCLIVE"
+
+/// Ids of imported buffers (kept apart from allocator ids, which count from 1 per device).
+static NEXT_IMPORT_ID: AtomicU64 = AtomicU64::new(1 << 48);
+
+/// Imported buffers and their bytes, by device.
+static IMPORTED: parking_lot::Mutex<Vec<(u64, u64)>> = parking_lot::const_mutex(Vec::new());
+
+/// Live imported buffers on a device and their bytes (mapped pages, whole pages).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ImportStats {
+    /// Imported buffers alive now.
+    pub buffers: u64,
+    /// Bytes they map (each rounded out to whole pages).
+    pub bytes: u64,
+}
+
+/// The imported buffers of device `device`.
+pub fn imported_stats(device: usize) -> ImportStats {
+    let t = IMPORTED.lock();
+    let (buffers, bytes) = t.get(device).copied().unwrap_or((0, 0));
+    ImportStats { buffers, bytes }
+}
+
+fn account(device: usize, bytes: u64, add: bool) {
+    let mut t = IMPORTED.lock();
+    if t.len() <= device {
+        t.resize(device + 1, (0, 0));
+    }
+    let e = &mut t[device];
+    if add {
+        e.0 += 1;
+        e.1 += bytes;
+    } else {
+        e.0 = e.0.saturating_sub(1);
+        e.1 = e.1.saturating_sub(bytes);
+    }
+}
+
+/// The fields of a handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Handle {
+    pid: u32,
+    start_time: u64,
+    fd: i32,
+    slot: u32,
+    file_nonce: u64,
+    nonce: u64,
+    offset: u64,
+    len: u64,
+    device: u32,
+}
+
+impl Handle {
+    fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(HANDLE_LEN);
+        b.extend_from_slice(MAGIC);
+        b.extend_from_slice(&VERSION.to_le_bytes());
+        b.extend_from_slice(&self.pid.to_le_bytes());
+        b.extend_from_slice(&self.start_time.to_le_bytes());
+        b.extend_from_slice(&self.fd.to_le_bytes());
+        b.extend_from_slice(&self.slot.to_le_bytes());
+        b.extend_from_slice(&self.file_nonce.to_le_bytes());
+        b.extend_from_slice(&self.nonce.to_le_bytes());
+        b.extend_from_slice(&self.offset.to_le_bytes());
+        b.extend_from_slice(&self.len.to_le_bytes());
+        b.extend_from_slice(&self.device.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        debug_assert_eq!(b.len(), HANDLE_LEN);
+        b
+    }
+
+    fn decode(b: &[u8]) -> Result<Handle> {
+        if b.len() != HANDLE_LEN || &b[..8] != MAGIC {
+            return Err(ArgError::new(
+                "handle",
+                format!(
+                    "not a runtime IPC memory handle ({} bytes; a handle is the {HANDLE_LEN} \
+                     bytes DeviceBuffer.ipc_handle() returns)",
+                    b.len()
+                ),
+            )
+            .into());
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        if u32_at(8) != VERSION {
+            return Err(ArgError::new(
+                "handle",
+                format!(
+                    "IPC memory handle version {} is not supported (this runtime makes version \
+                     {VERSION})",
+                    u32_at(8)
+                ),
+            )
+            .into());
+        }
+        Ok(Handle {
+            pid: u32_at(12),
+            start_time: u64_at(16),
+            fd: u32_at(24) as i32,
+            slot: u32_at(28),
+            file_nonce: u64_at(32),
+            nonce: u64_at(40),
+            offset: u64_at(48),
+            len: u64_at(56),
+            device: u32_at(64),
+        })
+    }
+}
+
+/// The start time of process `pid` (field 22 of `/proc/<pid>/stat`, clock ticks since boot):
+/// with the pid it names one process, even after the pid is reused.
+pub(crate) fn process_start_time(pid: u32) -> Option<u64> {
+    let mut s = String::new();
+    std::fs::File::open(format!("/proc/{pid}/stat"))
+        .ok()?
+        .read_to_string(&mut s)
+        .ok()?;
+    // The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    let rest = &s[s.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// An exported allocation's slot in the export table; clears it when the allocation is freed.
+pub(crate) struct Export {
+    file: Arc<SharedFile>,
+    slot: u32,
+    handle: Vec<u8>,
+}
+
+impl Drop for Export {
+    fn drop(&mut self) {
+        if !self.file.is_own() {
+            // Inherited through fork(): the table is the parent's.
+            return;
+        }
+        let _ = self
+            .file
+            .file()
+            .write_all_at(&[0; SLOT_BYTES as usize], u64::from(self.slot) * SLOT_BYTES);
+        self.file.slots.lock().1.push(self.slot);
+    }
+}
+
+/// An imported mapping: the pages around the exported block, and where the block starts.
+pub(crate) struct Imported {
+    arena: Arena,
+    offset: u64,
+    handle: Vec<u8>,
+    device: usize,
+}
+
+impl Imported {
+    /// The mapping and the offset of the block's byte 0 in it.
+    pub(crate) fn at(&self) -> (&Arena, u64) {
+        (&self.arena, self.offset)
+    }
+}
+
+impl Drop for Imported {
+    fn drop(&mut self) {
+        account(self.device, self.arena.len(), false);
+    }
+}
+
+/// An exported block freed after shutdown (usually during interpreter exit): leave its bytes
+/// to the processes that imported it. A large block is unmapped here without releasing its
+/// pages; a slab slot is left as it is and keeps the slab mapping's pages when it goes.
+pub(super) fn keep_after_shutdown(mem: &DeviceMemory, place: Place) {
+    match place {
+        Place::Large(arena) => arena.keep_content(),
+        Place::Slab(_) => mem.slab_arena.keep_content(),
+        // A plugged block goes back to its allocator, which owns that memory's fate.
+        Place::Empty | Place::Imported(_) | Place::Plugged(_) => {}
+    }
+}
+
+fn invalid(why: impl Into<String>) -> crate::error::Error {
+    DeviceError::InvalidHandle {
+        what: "the IPC memory handle".into(),
+        why: why.into(),
+    }
+    .into()
+}
+
+impl Buffer {
+    /// A handle another process (or this one) opens with [`DeviceMemory::open_ipc_handle`]
+    /// to map this buffer's memory zero-copy. Repeated calls return the same handle; a handle
+    /// of an imported buffer is the one it was opened from.
+    ///
+    /// # Errors
+    /// `InvalidHandle` for a buffer of a shut-down runtime or of the parent process (fork);
+    /// an argument error for a zero-byte buffer, or when [`MAX_EXPORTS`] buffers are exported
+    /// at once.
+    pub fn ipc_handle(&self) -> Result<Vec<u8>> {
+        self.check()?;
+        let a = &self.alloc;
+        if let Place::Imported(m) = &a.place {
+            return Ok(m.handle.clone());
+        }
+        if a.size == 0 {
+            return Err(ArgError::new(
+                "buffer",
+                format!("DeviceBuffer#{} has zero bytes: nothing to share", a.id),
+            )
+            .into());
+        }
+        if let Some(e) = a.export.get() {
+            return Ok(e.handle.clone());
+        }
+        let (arena, base) = a.at();
+        let (file, arena_off) = arena
+            .file_range()
+            .ok_or_else(|| invalid("the buffer has no device memory file"))?;
+        let slot = {
+            let mut s = file.slots.lock();
+            match s.1.pop() {
+                Some(slot) => slot,
+                None if s.0 < MAX_EXPORTS => {
+                    s.0 += 1;
+                    s.0 - 1
+                }
+                None => {
+                    return Err(ArgError::new(
+                        "buffer",
+                        format!(
+                            "{MAX_EXPORTS} buffers are exported already; free some exported \
+                             buffers first"
+                        ),
+                    )
+                    .into())
+                }
+            }
+        };
+        let h = Handle {
+            pid: std::process::id(),
+            start_time: process_start_time(std::process::id()).unwrap_or(0),
+            fd: file.fd(),
+            slot,
+            file_nonce: file.nonce(),
+            nonce: super::host::random_u64(),
+            offset: arena_off + base,
+            len: a.size,
+            device: self.device() as u32,
+        };
+        let mut entry = [0u8; SLOT_BYTES as usize];
+        for (i, v) in [h.offset, h.len, h.nonce, LIVE].into_iter().enumerate() {
+            entry[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        let export = Export {
+            file: file.clone(),
+            slot,
+            handle: h.encode(),
+        };
+        file.file()
+            .write_all_at(&entry, u64::from(slot) * SLOT_BYTES)
+            .map_err(|e| invalid(format!("cannot write the export table: {e}")))?;
+        // Two racing first exports: the loser's `Export` drops and clears its own slot.
+        let _ = a.export.set(export);
+        Ok(a.export.get().expect("set above").handle.clone())
+    }
+
+    /// Whether this buffer maps another process's memory ([`DeviceMemory::open_ipc_handle`]).
+    pub fn is_imported(&self) -> bool {
+        matches!(self.alloc.place, Place::Imported(_))
+    }
+}
+
+impl DeviceMemory {
+    /// Map the buffer `handle` names (made by [`Buffer::ipc_handle`] in another process of
+    /// the same user, or in this one) as a buffer of this device, zero-copy. Only the pages
+    /// covering the exported block are mapped, and the buffer's bounds are exactly the block.
+    ///
+    /// # Errors
+    /// An argument error for bytes that are not a handle; `InvalidHandle` when the exporting
+    /// process has exited, the buffer was freed, or the handle does not match the exporter's
+    /// memory (forged or corrupted); `InvalidHandle` after shutdown.
+    pub fn open_ipc_handle(self: &Arc<Self>, handle: &[u8]) -> Result<Buffer> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(DeviceError::InvalidHandle {
+                what: format!("the memory of device {}", self.device),
+                why: "the runtime was shut down".into(),
+            }
+            .into());
+        }
+        let h = Handle::decode(handle)?;
+        let gone = || {
+            invalid(format!(
+                "the exporting process (pid {}) has exited; a handle is valid only while its \
+                 exporter lives and keeps the buffer",
+                h.pid
+            ))
+        };
+        if h.len == 0 || h.offset < FILE_HEADER || h.slot >= MAX_EXPORTS {
+            return Err(invalid(format!(
+                "it names {} bytes at offset {} in slot {}, which no exporter makes (forged \
+                 or corrupted)",
+                h.len, h.offset, h.slot
+            )));
+        }
+        if process_start_time(h.pid) != Some(h.start_time) {
+            return Err(gone());
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{}/fd/{}", h.pid, h.fd))
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => gone(),
+                _ => invalid(format!(
+                    "cannot open the memory of process {} ({e}); only processes of the same \
+                     user can share memory",
+                    h.pid
+                )),
+            })?;
+        // Identify what was opened (not what the fd number named a moment before).
+        use std::os::fd::AsRawFd;
+        let name = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let expected = format!("/memfd:runtime-mem-{:016x}", h.file_nonce);
+        if !name.starts_with(&expected) {
+            return Err(invalid(format!(
+                "descriptor {} of process {} is not the runtime memory the handle names \
+                 (forged or stale handle)",
+                h.fd, h.pid
+            )));
+        }
+        let mut entry = [0u8; SLOT_BYTES as usize];
+        file.read_exact_at(&mut entry, u64::from(h.slot) * SLOT_BYTES)
+            .map_err(|e| invalid(format!("cannot read the export table: {e}")))?;
+        let field = |i: usize| u64::from_le_bytes(entry[i * 8..i * 8 + 8].try_into().expect("8"));
+        if field(3) != LIVE || field(2) != h.nonce {
+            return Err(invalid(format!(
+                "the exporting process (pid {}) freed the buffer, or never exported it \
+                 (stale or forged handle)",
+                h.pid
+            )));
+        }
+        if field(0) != h.offset || field(1) != h.len {
+            return Err(invalid(format!(
+                "it names {} bytes at offset {}, but the exporter exported {} bytes at offset \
+                 {} (forged or corrupted)",
+                h.len,
+                h.offset,
+                field(1),
+                field(0)
+            )));
+        }
+        let start = h.offset / PAGE * PAGE;
+        let end = h
+            .offset
+            .checked_add(h.len)
+            .and_then(|e| e.checked_next_multiple_of(PAGE))
+            .ok_or_else(|| invalid("its range overflows"))?;
+        let arena = Arena::map_file(&file, start, end - start)
+            .map_err(|e| invalid(format!("cannot map the exported memory: {e}")))?;
+        drop(file);
+        account(self.device, arena.len(), true);
+        let imported = Imported {
+            arena,
+            offset: h.offset - start,
+            handle: handle.to_vec(),
+            device: self.device,
+        };
+        Ok(Buffer {
+            alloc: Arc::new(Allocation {
+                mem: self.clone(),
+                place: Place::Imported(imported),
+                size: h.len,
+                block: 0,
+                id: NEXT_IMPORT_ID.fetch_add(1, Ordering::Relaxed),
+                recorded: parking_lot::Mutex::new(Vec::new()),
+                export: std::sync::OnceLock::new(),
+            }),
+            offset: 0,
+            len: h.len,
+        })
+    }
+}
+
+/// The device index a handle was exported from (informative: it opens on any device).
+///
+/// # Errors
+/// An argument error for bytes that are not a handle.
+pub fn handle_device(handle: &[u8]) -> Result<usize> {
+    Ok(Handle::decode(handle)?.device as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_round_trip_and_reject_other_bytes() {
+        let h = Handle {
+            pid: 7,
+            start_time: 9,
+            fd: 3,
+            slot: 2,
+            file_nonce: 11,
+            nonce: 12,
+            offset: FILE_HEADER,
+            len: 100,
+            device: 1,
+        };
+        assert_eq!(Handle::decode(&h.encode()).unwrap(), h);
+        assert!(Handle::decode(&[0; HANDLE_LEN]).is_err());
+        assert!(Handle::decode(&h.encode()[1..]).is_err());
+    }
+
+    #[test]
+    fn this_process_has_a_start_time() {
+        assert!(process_start_time(std::process::id()).is_some());
+        assert!(process_start_time(u32::MAX).is_none());
+    }
+}

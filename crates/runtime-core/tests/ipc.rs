@@ -1,0 +1,203 @@
+//! Inter-process memory (`memory::ipc`): a buffer exported as a handle maps zero-copy in
+//! another process (this test binary run again as a child, no fork) or in this one (through
+//! `/proc/self/fd`); writes on either side are seen by the other; the importer's bounds are
+//! exactly the block; stale, forged and malformed handles are refused; imported memory is
+//! accounted apart from the allocator; the exporter exiting leaves the importer's view intact.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use runtime_core::config::Options;
+use runtime_core::error::{DeviceError, Error, MemoryError};
+use runtime_core::memory::{ipc, DeviceMemory};
+
+const MIB: u64 = 1 << 20;
+
+fn memory(device: usize) -> Arc<DeviceMemory> {
+    Arc::new(DeviceMemory::new(device, 64 * MIB, Arc::new(Options::default())).unwrap())
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn pattern(n: usize, salt: u8) -> Vec<u8> {
+    (0..n).map(|i| (i % 251) as u8 ^ salt).collect()
+}
+
+fn is_invalid_handle(e: &Error) -> bool {
+    matches!(e, Error::Device(DeviceError::InvalidHandle { .. }))
+}
+
+#[test]
+fn in_process_import_shares_bytes_both_ways_for_small_and_large_buffers() {
+    let (exp, imp) = (memory(0), memory(1));
+    for size in [100u64, 3 * MIB + 5] {
+        let a = exp.allocate(size).unwrap();
+        let data = pattern(size as usize, 1);
+        a.write(0, &data).unwrap();
+        let h = a.ipc_handle().unwrap();
+        assert_eq!(h.len(), ipc::HANDLE_LEN);
+        assert_eq!(a.ipc_handle().unwrap(), h, "the same handle each time");
+        let before = imp.stats();
+        let b = imp.open_ipc_handle(&h).unwrap();
+        assert!(b.is_imported() && !a.is_imported());
+        assert_eq!((b.size(), b.device()), (size, 1));
+        let mut back = vec![0; size as usize];
+        b.read(0, &mut back).unwrap();
+        assert_eq!(back, data);
+        // Zero copy: a write on either side after the import is seen on the other.
+        b.write(size - 3, &[7, 8, 9]).unwrap();
+        let mut tail = [0; 3];
+        a.read(size - 3, &mut tail).unwrap();
+        assert_eq!(tail, [7, 8, 9]);
+        a.write(0, &[42]).unwrap();
+        let mut head = [0];
+        b.read(0, &mut head).unwrap();
+        assert_eq!(head, [42]);
+        // Accounted apart: the importing device's allocator is untouched.
+        assert_eq!(imp.stats(), before);
+        let st = ipc::imported_stats(1);
+        assert!(st.buffers >= 1 && st.bytes >= size);
+        // Bounds are exactly the block, even though whole pages are mapped.
+        for (off, n) in [(size, 1), (size - 1, 2), (u64::MAX, 2)] {
+            let e = b.write(off, &vec![0; n]).unwrap_err();
+            assert!(
+                matches!(e, Error::Memory(MemoryError::OutOfBounds { .. })),
+                "{e}"
+            );
+        }
+        // Re-exporting an imported buffer hands on the original handle.
+        assert_eq!(b.ipc_handle().unwrap(), h);
+        drop(b);
+    }
+}
+
+#[test]
+fn stale_forged_and_malformed_handles_are_refused() {
+    let (exp, imp) = (memory(0), memory(0));
+    let a = exp.allocate(5000).unwrap();
+    let h = a.ipc_handle().unwrap();
+    // Malformed: an argument error.
+    let e = imp.open_ipc_handle(b"hello").unwrap_err();
+    assert!(matches!(e, Error::Arg(_)), "{e}");
+    assert!(
+        e.to_string().contains("not a runtime IPC memory handle"),
+        "{e}"
+    );
+    // Forged: every field that names the block is checked against the exporter's table.
+    for (at, what) in [(40, "nonce"), (48, "offset"), (56, "length"), (32, "file")] {
+        let mut f = h.clone();
+        f[at] ^= 0x10;
+        let e = imp.open_ipc_handle(&f).unwrap_err();
+        assert!(is_invalid_handle(&e), "{what}: {e}");
+    }
+    let mut f = h.clone();
+    f[12..16].copy_from_slice(&u32::MAX.to_le_bytes()); // no such process
+    let e = imp.open_ipc_handle(&f).unwrap_err();
+    assert!(e.to_string().contains("has exited"), "{e}");
+    // Stale: the exporter freed the buffer.
+    drop(a);
+    let e = imp.open_ipc_handle(&h).unwrap_err();
+    assert!(
+        is_invalid_handle(&e) && e.to_string().contains("freed"),
+        "{e}"
+    );
+    // Zero-byte buffers have nothing to share.
+    assert!(matches!(
+        exp.allocate(0).unwrap().ipc_handle(),
+        Err(Error::Arg(_))
+    ));
+}
+
+#[test]
+fn an_import_outlives_the_exporters_buffer_without_faulting() {
+    let (exp, imp) = (memory(0), memory(0));
+    let a = exp.allocate(4 * MIB).unwrap();
+    a.fill(0, 4 * MIB, 5).unwrap();
+    let b = imp.open_ipc_handle(&a.ipc_handle().unwrap()).unwrap();
+    drop(a);
+    drop(exp);
+    // Unspecified content (CUDA: undefined), but mapped and readable.
+    let mut back = vec![0; 4096];
+    b.read(4 * MIB - 4096, &mut back).unwrap();
+}
+
+/// The child half of the cross-process test: runs only when re-executed with the variable set.
+#[test]
+fn child_process_entry() {
+    let Ok(mode) = std::env::var("RUNTIME_IPC_TEST_CHILD") else {
+        return;
+    };
+    let m = memory(0);
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    if mode == "export" {
+        // Export a buffer, tell the parent, check the parent's write, then exit first.
+        let a = m.allocate(3 * MIB).unwrap();
+        a.write(0, &pattern(3 * MIB as usize, 3)).unwrap();
+        println!("HANDLE {}", hex(&a.ipc_handle().unwrap()));
+        std::io::stdout().flush().unwrap();
+        lines.next().unwrap().unwrap(); // parent wrote
+        let mut got = [0u8; 4];
+        a.read(MIB, &mut got).unwrap();
+        println!("SAW {}", hex(&got));
+        std::io::stdout().flush().unwrap();
+        std::process::exit(0);
+    }
+}
+
+#[test]
+fn another_process_exports_and_the_import_survives_its_exit() {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_process_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("RUNTIME_IPC_TEST_CHILD", "export")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let handle = loop {
+        let line = out.next().expect("child output").unwrap();
+        // libtest prints the test's name on the same line.
+        if let Some(i) = line.find("HANDLE ") {
+            break unhex(line[i + 7..].trim());
+        }
+    };
+    let m = memory(0);
+    let b = m.open_ipc_handle(&handle).unwrap();
+    let mut back = vec![0; 3 * MIB as usize];
+    b.read(0, &mut back).unwrap();
+    assert_eq!(back, pattern(3 * MIB as usize, 3));
+    b.write(MIB, &[1, 2, 3, 4]).unwrap();
+    writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
+    let saw = loop {
+        let line = out.next().expect("child output").unwrap();
+        if let Some(i) = line.find("SAW ") {
+            break line[i + 4..].trim().to_string();
+        }
+    };
+    assert_eq!(saw, "01020304", "the exporter sees the importer's write");
+    assert!(child.wait().unwrap().success());
+    // The exporter is gone; its memory stays mapped here with the data.
+    b.read(0, &mut back).unwrap();
+    let mut want = pattern(3 * MIB as usize, 3);
+    want[MIB as usize..MIB as usize + 4].copy_from_slice(&[1, 2, 3, 4]);
+    assert_eq!(back, want);
+    // A new import of the dead process's handle is refused.
+    let e = m.open_ipc_handle(&handle).unwrap_err();
+    assert!(e.to_string().contains("has exited"), "{e}");
+}
