@@ -1,4 +1,4 @@
-"""The ACL face's cost: the seed table's operations through ``runtime.acl`` beside the native
+"""The ACL face's cost: the Ascend 910 reference table's operations through ``runtime.acl`` beside the native
 API, measured in the same process, interleaved.
 
 ``python -m runtime.bench.acl_face [--rounds N] [--batch K] [--json PATH]``
@@ -33,7 +33,7 @@ def _median(v: list[float]) -> float:
 
 
 def _rows(acl, k: int):
-    """(name, seed row, native sample fn, acl sample fn, cleanup); each fn returns ns/call."""
+    """(name, reference-table row, native sample fn, acl sample fn, cleanup); each fn returns ns/call."""
     ok = acl.ACL_SUCCESS
 
     # stream create (destroy outside the timing)
@@ -253,7 +253,7 @@ def measure(rounds: int, batch: int) -> list[dict]:
             results.append(
                 {
                     "row": name,
-                    "seed_row": seed,
+                    "reference_row": seed,
                     "native_ns": mn,
                     "acl_ns": ma,
                     "added_ns": _median([x - y for x, y in zip(ta, tn)]),
