@@ -61,7 +61,7 @@ class Plan:
             thread_counts=[1, 2, 4, 8],
             live_counts=[10, 100, 1000, 10_000, 100_000, 1_000_000],
             event_stream_counts=[1, 10, 100, 1000, 10_000],
-            depths=[0, 4, 16, 64, 256, 1024],
+            depths=[0, 4, 16, 64, 256, 600],  # + gate + 300 records < MAX_QUEUED
             n_launch=20_000,
             objects=10_000,
             budget_s=0.3,
@@ -504,7 +504,11 @@ def sweep_events_streams(plan: Plan, peers: Peers) -> Curve:
 
 
 def sweep_events_depth(plan: Plan, peers: Peers) -> Curve:
-    """Record and query with 0 .. 1,024 commands queued (held behind a host-function gate)."""
+    """Record and query with 0 .. 600 commands queued (held behind a host-function gate).
+
+    The deepest point stays below ``runtime.MAX_QUEUED`` (1,024) with the gate and the
+    records this sweep adds: a full queue makes the next launch wait for the gate, which
+    this thread would only open afterwards."""
     c = Curve(
         "events_depth",
         "event record / query against queue depth",
@@ -515,6 +519,7 @@ def sweep_events_depth(plan: Plan, peers: Peers) -> Curve:
     )
     k = 100
     for d in plan.depths:
+        assert d + 1 + 3 * k < rt.MAX_QUEUED, "the sweep would block on its own gate"
         s = rt.Stream()
         gate = threading.Event()
         s.launch_host_func(gate.wait)
