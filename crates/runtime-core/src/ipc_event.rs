@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use crate::error::{ArgError, DeviceError, Result};
 use crate::event::{Event, EventInner, EventOptions, Shared};
 use crate::memory::host::{shared_file, Arena, PAGE};
-use crate::memory::ipc::process_start_time;
+use crate::memory::ipc::{process_start_time, HandleFields};
 
 /// Length of an event handle in bytes.
 pub const EVENT_HANDLE_LEN: usize = 48;
@@ -207,26 +207,8 @@ impl Shared for Opened {
 /// An argument error for bytes that are not an event handle; `InvalidHandle` when the
 /// exporting process has exited or the handle does not match its event.
 pub fn open(handle: &[u8]) -> Result<Event> {
-    if handle.len() != EVENT_HANDLE_LEN || &handle[..8] != MAGIC {
-        return Err(ArgError::new(
-            "handle",
-            format!(
-                "not a runtime IPC event handle ({} bytes; a handle is the {EVENT_HANDLE_LEN} \
-                 bytes Event.ipc_handle() returns)",
-                handle.len()
-            ),
-        )
-        .into());
-    }
-    let u32_at = |i: usize| u32::from_le_bytes(handle[i..i + 4].try_into().expect("4 bytes"));
-    let u64_at = |i: usize| u64::from_le_bytes(handle[i..i + 8].try_into().expect("8 bytes"));
-    if u32_at(8) != VERSION {
-        return Err(ArgError::new(
-            "handle",
-            format!("IPC event handle version {} is not supported", u32_at(8)),
-        )
-        .into());
-    }
+    let f = HandleFields::check(handle, EVENT_HANDLE_LEN, MAGIC, VERSION, "event", "Event")?;
+    let (u32_at, u64_at) = (|i| f.u32_at(i), |i| f.u64_at(i));
     let (pid, start_time, fd) = (u32_at(12), u64_at(16), u32_at(24));
     let (offset, nonce) = (u64_at(32), u64_at(40));
     if process_start_time(pid) != Some(start_time) {

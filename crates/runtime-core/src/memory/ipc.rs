@@ -115,30 +115,8 @@ impl Handle {
     }
 
     fn decode(b: &[u8]) -> Result<Handle> {
-        if b.len() != HANDLE_LEN || &b[..8] != MAGIC {
-            return Err(ArgError::new(
-                "handle",
-                format!(
-                    "not a runtime IPC memory handle ({} bytes; a handle is the {HANDLE_LEN} \
-                     bytes DeviceBuffer.ipc_handle() returns)",
-                    b.len()
-                ),
-            )
-            .into());
-        }
-        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        if u32_at(8) != VERSION {
-            return Err(ArgError::new(
-                "handle",
-                format!(
-                    "IPC memory handle version {} is not supported (this runtime makes version \
-                     {VERSION})",
-                    u32_at(8)
-                ),
-            )
-            .into());
-        }
+        let f = HandleFields::check(b, HANDLE_LEN, MAGIC, VERSION, "memory", "DeviceBuffer")?;
+        let (u32_at, u64_at) = (|i| f.u32_at(i), |i| f.u64_at(i));
         Ok(Handle {
             pid: u32_at(12),
             start_time: u64_at(16),
@@ -217,6 +195,62 @@ pub(super) fn keep_after_shutdown(mem: &DeviceMemory, place: Place) {
         Place::Slab(_) => mem.slab_arena.keep_content(),
         // A plugged block goes back to its allocator, which owns that memory's fate.
         Place::Empty | Place::Imported(_) | Place::Plugged(_) => {}
+    }
+}
+
+/// The fields of a handle (memory or event) whose length, magic and version were checked:
+/// little-endian integers at byte offsets.
+pub(crate) struct HandleFields<'a>(&'a [u8]);
+
+impl<'a> HandleFields<'a> {
+    /// Check that `b` is a `len`-byte handle starting with `magic` and `version`; `what`
+    /// ("memory", "event") and `maker` (the class whose `ipc_handle()` makes it) name it in
+    /// the errors.
+    ///
+    /// # Errors
+    /// An argument error naming `handle` for other bytes.
+    pub(crate) fn check(
+        b: &'a [u8],
+        len: usize,
+        magic: &[u8; 8],
+        version: u32,
+        what: &str,
+        maker: &str,
+    ) -> Result<HandleFields<'a>> {
+        if b.len() != len || &b[..8] != magic {
+            return Err(ArgError::new(
+                "handle",
+                format!(
+                    "not a runtime IPC {what} handle ({} bytes; a handle is the {len} bytes \
+                     {maker}.ipc_handle() returns)",
+                    b.len()
+                ),
+            )
+            .into());
+        }
+        let f = HandleFields(b);
+        if f.u32_at(8) != version {
+            return Err(ArgError::new(
+                "handle",
+                format!(
+                    "IPC {what} handle version {} is not supported (this runtime makes \
+                     version {version})",
+                    f.u32_at(8)
+                ),
+            )
+            .into());
+        }
+        Ok(f)
+    }
+
+    /// The `u32` at byte `i`.
+    pub(crate) fn u32_at(&self, i: usize) -> u32 {
+        u32::from_le_bytes(self.0[i..i + 4].try_into().expect("4 bytes"))
+    }
+
+    /// The `u64` at byte `i`.
+    pub(crate) fn u64_at(&self, i: usize) -> u64 {
+        u64::from_le_bytes(self.0[i..i + 8].try_into().expect("8 bytes"))
     }
 }
 
