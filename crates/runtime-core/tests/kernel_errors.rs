@@ -212,3 +212,52 @@ fn destroy_reports_a_pending_error() {
     assert!(s.is_destroyed());
     assert!(s.launch(failing_op()).is_err());
 }
+
+/// The barrier looks only at streams with work, errors or captures since it last found them
+/// quiet; a stream it dropped from that list is seen again as soon as it gets new work.
+#[test]
+fn barriers_see_streams_again_after_finding_them_quiet() {
+    let (_g, rt) = init();
+    let dev = rt.device(1).unwrap();
+    let streams: Vec<Stream> = (0..64).map(|_| Stream::new(dev, 0).unwrap()).collect();
+    let ran = Arc::new(AtomicUsize::new(0));
+    for s in &streams {
+        s.launch(count_op(&ran)).unwrap();
+    }
+    dev.synchronize(None).unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 64);
+    for round in 0..3 {
+        // Work behind a gate on one stream, an error on another: both dropped off the list by
+        // the previous barrier, both must be waited for and reported by the next one.
+        let gate = Gate::new();
+        let held = &streams[(round * 7 + 3) % 64];
+        let failing = &streams[(round * 11 + 5) % 64];
+        held.launch(gate.op()).unwrap();
+        held.launch(count_op(&ran)).unwrap();
+        failing.launch(failing_op()).unwrap();
+        let opener = {
+            let gate = Gate(gate.0.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                gate.open();
+            })
+        };
+        expect_kernel_error(runtime::synchronize_all(None), "bad_kernel", failing);
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            64 + round + 1,
+            "the held work ran first"
+        );
+        opener.join().unwrap();
+        runtime::synchronize_all(None).unwrap();
+    }
+    // A capture on a stream the barrier had dropped is seen (refused) too.
+    let s = &streams[9];
+    s.begin_capture().unwrap();
+    assert!(matches!(
+        dev.synchronize(None),
+        Err(Error::Stream(StreamError::Capturing { .. }))
+    ));
+    drop(s.end_capture());
+    dev.synchronize(None).unwrap();
+}

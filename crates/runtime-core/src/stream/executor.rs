@@ -5,6 +5,7 @@
 //! else from their device, so this module, not `device`, is what they depend on.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -26,8 +27,12 @@ pub struct Executor {
     pub(crate) options: Arc<Options>,
     /// Open until shutdown: new work enters through it (see `gate`).
     gate: SubmitGate,
-    /// Every live stream of the device, for the device barrier and shutdown's drain.
+    /// Every live stream of the device, for shutdown's drain and the reclaimer.
     streams: Mutex<HashMap<u64, Weak<StreamInner>>>,
+    /// The streams a barrier must look at: each stream that was submitted to or began a
+    /// capture since a barrier last found it quiet (`StreamInner::listed` says whether it is
+    /// here). Barriers cost O(these), not O(every live stream).
+    active: Mutex<Vec<Weak<StreamInner>>>,
     /// The fork count when the device was made (see [`crate::generation::forks`]): in a
     /// forked child the device is dead and its locks are left alone.
     forks: u64,
@@ -54,6 +59,7 @@ impl Executor {
             options,
             gate: SubmitGate::new(),
             streams: Mutex::new(HashMap::new()),
+            active: Mutex::new(Vec::new()),
             forks: crate::generation::forks(),
         }
     }
@@ -145,6 +151,62 @@ impl Executor {
         self.streams.lock().remove(&id);
     }
 
+    /// Put `s` on the list barriers look at, unless it is there. Called after a submission
+    /// counted itself and before a capture begins. One SeqCst load when already listed.
+    ///
+    /// Against [`Executor::prune`]: the pruner clears `listed` and then re-reads the stream's
+    /// state; a submitter counts its command and then reads `listed`. Both in SeqCst order,
+    /// so either the pruner sees the new command (and keeps the stream), or the submitter
+    /// sees `listed` cleared (and lists the stream again).
+    pub(crate) fn mark_active(&self, s: &Arc<StreamInner>) {
+        if s.listed.load(Ordering::SeqCst) || s.listed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if self.forked_away() {
+            return; // a thread that vanished in the fork may hold the lock
+        }
+        self.active.lock().push(Arc::downgrade(s));
+    }
+
+    /// The listed streams (see [`Executor::streams`] for why they are returned, not dropped,
+    /// outside the lock).
+    fn active_streams(&self) -> Vec<Stream> {
+        if self.forked_away() {
+            return Vec::new();
+        }
+        let all: Vec<Arc<StreamInner>> = self
+            .active
+            .lock()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        all.into_iter().map(Stream).collect()
+    }
+
+    /// Take quiet and dropped streams off the list (after a barrier waited for them).
+    fn prune(&self) {
+        if self.forked_away() {
+            return;
+        }
+        let mut keep_alive = Vec::new(); // dropped after the lock (see `streams`)
+        self.active.lock().retain(|w| {
+            let Some(s) = w.upgrade() else {
+                return false;
+            };
+            let keep = if s.quiet() {
+                s.listed.store(false, Ordering::SeqCst);
+                // Work that arrived meanwhile: keep the entry, unless its submitter saw the
+                // flag cleared and lists the stream itself.
+                !s.quiet() && !s.listed.swap(true, Ordering::SeqCst)
+            } else {
+                true
+            };
+            keep_alive.push(s);
+            keep
+        });
+        drop(keep_alive);
+    }
+
     /// The live streams. Handles are upgraded under the lock but returned, and so dropped,
     /// after it is released: an upgraded handle can be the last one when its owner drops
     /// the stream meanwhile, and dropping a stream takes this lock.
@@ -167,7 +229,7 @@ impl Executor {
     /// # Errors
     /// As said.
     pub fn refuse_if_any_captures(&self) -> Result<()> {
-        for s in self.streams().iter().filter(|s| !s.is_destroyed()) {
+        for s in self.active_streams().iter().filter(|s| !s.is_destroyed()) {
             s.refuse_if_capturing("a device or all-streams synchronize")?;
         }
         Ok(())
@@ -186,7 +248,7 @@ impl Executor {
     pub fn wait_all(&self, timeout: Option<Duration>) -> Result<bool> {
         let deadline = deadline_after(timeout);
         self.refuse_if_any_captures()?;
-        let streams = self.streams();
+        let streams = self.active_streams();
         let mut errors = Vec::new();
         for s in streams {
             if !s.wait_for(s.submitted(), time_left(deadline))? {
@@ -200,6 +262,7 @@ impl Executor {
                 Err(e) => errors.push(e),
             }
         }
+        self.prune();
         Error::collect(errors).map(|()| true)
     }
 

@@ -116,6 +116,9 @@ pub(crate) struct StreamInner {
     /// Whether `capture` is `Some`: read without the lock on every synchronize and blocking
     /// copy (written under it).
     capturing: AtomicBool,
+    /// Whether the stream is on its executor's list of streams a barrier must look at (see
+    /// [`Executor::mark_active`]).
+    pub(crate) listed: AtomicBool,
 }
 
 impl Drop for StreamInner {
@@ -127,10 +130,22 @@ impl Drop for StreamInner {
 impl StreamInner {
     /// Replace the capture this stream takes part in; the old value is returned so that the
     /// caller drops it after the lock (captured steps may own Python objects).
-    fn set_capture(&self, new: Option<Arc<Session>>) -> Option<Arc<Session>> {
+    fn set_capture(self: &Arc<Self>, new: Option<Arc<Session>>) -> Option<Arc<Session>> {
+        if new.is_some() {
+            // A barrier refuses while any stream captures: it must see this one.
+            self.exec.mark_active(self);
+        }
         let mut slot = self.capture.lock();
-        self.capturing.store(new.is_some(), Ordering::Release);
+        self.capturing.store(new.is_some(), Ordering::SeqCst);
         std::mem::replace(&mut *slot, new)
+    }
+
+    /// Nothing for a barrier to wait for or report: no queued work, and no unreported error
+    /// or capture (a destroyed stream's errors are not a barrier's to report).
+    pub(crate) fn quiet(&self) -> bool {
+        self.done.reached(self.done.submitted())
+            && (self.destroyed.load(Ordering::SeqCst)
+                || (!self.failed.load(Ordering::SeqCst) && !self.capturing.load(Ordering::SeqCst)))
     }
 }
 
@@ -234,6 +249,7 @@ impl Stream {
             destroyed: AtomicBool::new(false),
             capture: Mutex::new(None),
             capturing: AtomicBool::new(false),
+            listed: AtomicBool::new(false),
         });
         exec.register(&inner);
         Ok(Stream(inner))
@@ -484,6 +500,7 @@ impl Stream {
     fn submit_raw(&self, cmd: Command) {
         let s = &self.0;
         s.done.submit();
+        s.exec.mark_active(&self.0);
         let kind = cmd.kind();
         if trace::enabled() {
             trace_enqueue(s, &cmd);
@@ -699,8 +716,9 @@ impl Stream {
             ))
             .into());
         }
+        self.0.exec.mark_active(&self.0);
         *c = Some(Session::begin(self.0.id));
-        self.0.capturing.store(true, Ordering::Release);
+        self.0.capturing.store(true, Ordering::SeqCst);
         Ok(())
     }
 
