@@ -889,16 +889,22 @@ impl Communicator {
         Ok(())
     }
 
+    /// The argument checks `send` and `recv` share: a live communicator, the rank's stream,
+    /// the buffer, and a peer that is a rank.
+    fn check_p2p(&self, buf: &Tensor, peer: usize, stream: &Stream) -> Result<()> {
+        self.check()?;
+        self.check_stream(stream)?;
+        self.check_tensor("buf", buf)?;
+        self.check_peer(peer)
+    }
+
     /// Send `buf` to rank `peer` (`ncclSend`); matched with `peer`'s `recv` from this rank in
     /// the order they run. Completes once the data is copied aside.
     ///
     /// # Errors
     /// As for [`Communicator::all_reduce`]; `peer` out of range.
     pub fn send(&self, buf: &Tensor, peer: usize, stream: &Stream) -> Result<()> {
-        self.check()?;
-        self.check_stream(stream)?;
-        self.check_tensor("buf", buf)?;
-        self.check_peer(peer)?;
+        self.check_p2p(buf, peer, stream)?;
         let (shared, rank, t) = (self.shared.clone(), self.rank, buf.clone());
         let op = FnOp::shared("send", OpKind::Compute, move || {
             let bytes = reduce::stage(&t).map_err(|e| failure("send", e))?;
@@ -919,10 +925,7 @@ impl Communicator {
     /// As for [`Communicator::send`]. Through `stream`: `Timeout` when no send arrives in
     /// time, an argument error when the send's dtype or count differ.
     pub fn recv(&self, buf: &Tensor, peer: usize, stream: &Stream) -> Result<()> {
-        self.check()?;
-        self.check_stream(stream)?;
-        self.check_tensor("buf", buf)?;
-        self.check_peer(peer)?;
+        self.check_p2p(buf, peer, stream)?;
         let (shared, rank, t) = (self.shared.clone(), self.rank, buf.clone());
         let op = FnOp::shared("recv", OpKind::Compute, move || {
             let msg = shared.take(peer, rank).map_err(|e| failure("recv", e))?;
