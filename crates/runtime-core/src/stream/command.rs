@@ -88,3 +88,102 @@ impl Command {
         }
     }
 }
+
+/// Commands a [`CommandQueue`] may keep room for once it has drained: a stream that ran a
+/// burst of work gives the rest of its buffer back, so an idle stream costs a few hundred
+/// bytes whatever it ran before.
+const KEEP_WHEN_EMPTY: usize = 16;
+
+/// The commands of one stream not yet taken by a runner, in order: a plain ring buffer under
+/// the stream's lock. No allocation until the first command (an unused stream costs
+/// nothing here), and none per command after the buffer has grown to the stream's depth.
+#[derive(Default)]
+pub(crate) struct CommandQueue(std::collections::VecDeque<Command>);
+
+impl CommandQueue {
+    /// Queue `cmd` behind the others.
+    pub(crate) fn push(&mut self, cmd: Command) {
+        self.0.push_back(cmd);
+    }
+
+    /// Put back a command a runner took but did not run (engine hand-off, time slice, event
+    /// wait): it stays first.
+    pub(crate) fn put_back(&mut self, cmd: Command) {
+        self.0.push_front(cmd);
+    }
+
+    /// Take the first command. The buffer of a queue this leaves empty is freed when it
+    /// holds room for more than [`KEEP_WHEN_EMPTY`] commands (it holds no command, so no
+    /// Python object is dropped here).
+    pub(crate) fn pop(&mut self) -> Option<Command> {
+        let cmd = self.0.pop_front();
+        if self.0.is_empty() && self.0.capacity() > KEEP_WHEN_EMPTY {
+            self.0 = std::collections::VecDeque::new();
+        }
+        cmd
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The engine the first command wants.
+    pub(crate) fn first_kind(&self) -> Option<OpKind> {
+        self.0.front().and_then(Command::kind)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: u64) -> Command {
+        Command::Record(crate::event::Event::new().0, id)
+    }
+
+    fn id_of(c: &Command) -> u64 {
+        match c {
+            Command::Record(_, id) => *id,
+            _ => unreachable!("only records are queued here"),
+        }
+    }
+
+    #[test]
+    fn commands_come_out_in_order_and_a_put_back_one_comes_first() {
+        let mut q = CommandQueue::default();
+        for id in 1..=3 {
+            q.push(record(id));
+        }
+        let first = q.pop().unwrap();
+        assert_eq!(id_of(&first), 1);
+        q.put_back(first);
+        let got: Vec<u64> = std::iter::from_fn(|| q.pop()).map(|c| id_of(&c)).collect();
+        assert_eq!(got, [1, 2, 3]);
+        assert!(q.is_empty());
+        assert_eq!(q.first_kind(), None);
+    }
+
+    #[test]
+    fn a_drained_burst_gives_its_buffer_back_and_a_short_queue_keeps_it() {
+        let mut q = CommandQueue::default();
+        assert_eq!(q.0.capacity(), 0, "an unused queue allocates nothing");
+        for id in 0..1000 {
+            q.push(record(id));
+        }
+        while q.pop().is_some() {}
+        assert_eq!(
+            q.0.capacity(),
+            0,
+            "the burst's buffer was freed once drained"
+        );
+        q.push(record(1));
+        let kept = q.0.capacity();
+        assert!((1..=KEEP_WHEN_EMPTY).contains(&kept));
+        q.pop();
+        assert_eq!(
+            q.0.capacity(),
+            kept,
+            "a buffer of a few commands is kept for reuse"
+        );
+    }
+}

@@ -11,7 +11,8 @@
 //! * [`copy`]: stream-ordered copies and memsets between host memory and device buffers.
 //! * `panics`: a panicking op becomes a `KernelFailure` (message and location), quietly.
 //!
-//! A stream is a crossbeam channel of commands plus a small state machine
+//! A stream is a queue of commands (`command::CommandQueue`, under a lock held only to push
+//! or pop) plus a small state machine
 //! (`IDLE -> QUEUED -> RUNNING -> IDLE`, or `RUNNING -> BLOCKED` while it waits for an event).
 //! Whoever moves a stream to `RUNNING` owns it and runs its commands in order, so work on one
 //! stream is ordered while different streams run on different workers. Completion is two
@@ -45,7 +46,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
 use crate::clock::{deadline_after, now_ns};
@@ -53,7 +53,7 @@ use crate::error::{DeviceError, KernelFailure, Result, StreamError};
 use crate::event::{Event, Wake};
 use crate::trace;
 use capture::Session;
-use command::Command;
+use command::{Command, CommandQueue};
 pub use command::{FnOp, Op, OpKind};
 use completion::Completion;
 use engine::{EngineKind, Engines};
@@ -95,10 +95,9 @@ pub(crate) struct StreamInner {
     is_default: bool,
     /// Never synchronises with the legacy default stream (`cudaStreamNonBlocking`).
     non_blocking: bool,
-    tx: Sender<Command>,
-    rx: Receiver<Command>,
-    /// A command taken from the channel but not yet run (engine hand-off, event wait).
-    head: Mutex<Option<Command>>,
+    /// Commands queued and not yet run; a runner that takes one but cannot run it yet
+    /// (engine hand-off, time slice, event wait) puts it back first.
+    queue: Mutex<CommandQueue>,
     state: AtomicU8,
     done: Completion,
     /// A lower bound of `done.completed()` seen by launchers: the back-pressure check reads
@@ -109,7 +108,8 @@ pub(crate) struct StreamInner {
     /// for the counter, so an event completed as the last command implies an idle stream.
     recording: AtomicU64,
     failed: AtomicBool,
-    error: Mutex<Option<KernelFailure>>,
+    /// Boxed: most streams never fail, and the failure is larger than the rest of the stream.
+    error: Mutex<Option<Box<KernelFailure>>>,
     destroyed: AtomicBool,
     /// The capture this stream takes part in (it began it, or joined it through an event).
     capture: Mutex<Option<Arc<Session>>>,
@@ -228,7 +228,6 @@ impl Stream {
                 ),
             ));
         }
-        let (tx, rx) = crossbeam_channel::unbounded();
         let id = NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed);
         let inner = Arc::new(StreamInner {
             id,
@@ -237,9 +236,7 @@ impl Stream {
             level: (priority - PRIORITY_HIGHEST) as usize,
             is_default,
             non_blocking,
-            tx,
-            rx,
-            head: Mutex::new(None),
+            queue: Mutex::new(CommandQueue::default()),
             state: AtomicU8::new(IDLE),
             done: Completion::new(),
             completed_floor: AtomicU64::new(0),
@@ -389,7 +386,7 @@ impl Stream {
                 return Ok(true);
             }
             let s = &self.0;
-            let releasing = s.done.is_idle() && s.head.lock().is_none() && s.rx.is_empty();
+            let releasing = s.done.is_idle() && s.queue.lock().is_empty();
             if !releasing || Instant::now() >= until {
                 return Ok(false);
             }
@@ -422,7 +419,7 @@ impl Stream {
         {
             return Ok(false);
         }
-        let idle = s.done.is_idle() && s.head.lock().is_none() && s.rx.is_empty();
+        let idle = s.done.is_idle() && s.queue.lock().is_empty();
         if idle {
             s.done.submit();
             run_op(s, op.as_ref());
@@ -505,7 +502,7 @@ impl Stream {
         if trace::enabled() {
             trace_enqueue(s, &cmd);
         }
-        let _ = s.tx.send(cmd);
+        s.queue.lock().push(cmd);
         if s.state
             .compare_exchange(IDLE, QUEUED, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
@@ -570,7 +567,7 @@ impl Stream {
             self.0.failed.store(false, Ordering::SeqCst);
             drop(slot);
             if let Some(e) = e {
-                return Err(StreamError::Kernel(e).into());
+                return Err(StreamError::Kernel(*e).into());
             }
         }
         Ok(())
@@ -902,7 +899,7 @@ fn schedule(s: &Arc<StreamInner>, kind: Option<OpKind>) {
 /// Returns true when the caller owns it again.
 fn release_stream(s: &Arc<StreamInner>) -> bool {
     s.state.store(IDLE, Ordering::SeqCst);
-    if (!s.rx.is_empty() || s.head.lock().is_some())
+    if !s.queue.lock().is_empty()
         && s.state
             .compare_exchange(IDLE, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
@@ -957,7 +954,7 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
     let mut ran = 0u32;
     let began = Instant::now();
     loop {
-        let cmd = s.head.lock().take().or_else(|| s.rx.try_recv().ok());
+        let cmd = s.queue.lock().pop();
         let Some(cmd) = cmd else {
             if release_stream(s) {
                 continue;
@@ -966,9 +963,9 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
         };
         if let Runner::Caller(Some(until)) = runner {
             if Instant::now() >= until {
-                *s.head.lock() = Some(cmd);
+                let kind = cmd.kind();
+                s.queue.lock().put_back(cmd);
                 s.state.store(QUEUED, Ordering::SeqCst);
-                let kind = s.head.lock().as_ref().and_then(Command::kind);
                 schedule(s, kind);
                 return;
             }
@@ -976,7 +973,7 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
         if let Runner::Engine(mine) = runner {
             if let Some(want) = Engines::target(s.exec.options.pipelining(), cmd.kind()) {
                 if want != mine {
-                    *s.head.lock() = Some(cmd);
+                    s.queue.lock().put_back(cmd);
                     s.state.store(QUEUED, Ordering::SeqCst);
                     s.exec.engines.get(want).push(s.clone());
                     return;
@@ -986,7 +983,7 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
             if (ran >= SLICE || began.elapsed() >= TIME_SLICE)
                 && s.exec.engines.get(mine).has_waiting(s.level)
             {
-                *s.head.lock() = Some(cmd);
+                s.queue.lock().put_back(cmd);
                 s.state.store(QUEUED, Ordering::SeqCst);
                 s.exec.engines.get(mine).push(s.clone());
                 return;
@@ -1009,7 +1006,7 @@ fn fail(s: &StreamInner, mut e: KernelFailure) {
     e.stream = s.id;
     let mut slot = s.error.lock();
     if slot.is_none() {
-        *slot = Some(e);
+        *slot = Some(Box::new(e));
     }
     s.failed.store(true, Ordering::SeqCst);
     drop(slot);
@@ -1070,7 +1067,7 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
         }
         Command::Wait(ev, id) => {
             if ev.park_unless_complete(id, s.clone(), || {
-                *s.head.lock() = Some(Command::Wait(ev.clone(), id));
+                s.queue.lock().put_back(Command::Wait(ev.clone(), id));
                 s.state.store(BLOCKED, Ordering::SeqCst);
             }) {
                 check_wait(s, &ev);
@@ -1091,7 +1088,7 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
                         let id = ev.recorded();
                         if id != 0
                             && !ev.park_unless_complete(id, s.clone(), || {
-                                *s.head.lock() = Some(Command::Graph(g.clone(), i));
+                                s.queue.lock().put_back(Command::Graph(g.clone(), i));
                                 s.state.store(BLOCKED, Ordering::SeqCst);
                             })
                         {
@@ -1103,7 +1100,7 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
                     Node::RecordId(ev, id) => ev.complete(*id),
                     Node::WaitId(ev, id) => {
                         if !ev.park_unless_complete(*id, s.clone(), || {
-                            *s.head.lock() = Some(Command::Graph(g.clone(), i));
+                            s.queue.lock().put_back(Command::Graph(g.clone(), i));
                             s.state.store(BLOCKED, Ordering::SeqCst);
                         }) {
                             return Step::Blocked;
@@ -1123,7 +1120,7 @@ pub(crate) fn unblock(s: &Arc<StreamInner>) {
         .compare_exchange(BLOCKED, QUEUED, Ordering::SeqCst, Ordering::SeqCst)
         .is_ok()
     {
-        let kind = s.head.lock().as_ref().and_then(Command::kind);
+        let kind = s.queue.lock().first_kind();
         schedule(s, kind);
     }
 }
