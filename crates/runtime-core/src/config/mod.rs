@@ -15,7 +15,7 @@
 //! | `enablePipelining` | | on |
 //! | `enableAsync` | `RUNTIME_LAUNCH_BLOCKING=1` turns it off | on |
 //! | `legacyDefaultStream` | `RUNTIME_DEFAULT_STREAM=legacy` turns it on | off |
-//! | (largest copy split across helper threads) | `RUNTIME_COPY_SPLIT_MAX` (bytes) | 8 MiB |
+//! | (largest copy split across helper threads) | `RUNTIME_COPY_SPLIT_MAX` (bytes) | no limit |
 //!
 //! * [`profile`]: the device models (`ascend910`, `host`).
 //!
@@ -160,16 +160,18 @@ pub fn get_option(name: &str) -> Result<bool> {
     OPTIONS.get(name)
 }
 
-/// The largest copy split across the copy helper threads (`RUNTIME_COPY_SPLIT_MAX`, default
-/// 8 MiB): splitting pays while the data is largely cache-resident, but for DRAM-bound copies
-/// two threads on two vCPUs measured slower (64 MiB: 8.3 ms split vs 6.8 ms on one thread).
+/// The largest copy split across the copy helper threads (`RUNTIME_COPY_SPLIT_MAX`; by
+/// default every copy from 512 KiB is split, as torch's `copy_` splits across its threads).
+/// On the 2-vCPU machines this project is measured on, two threads move 16–256 MiB at about
+/// twice one thread's rate (`BENCHMARKS.md`, "How cost grows"); a host whose memory bus one
+/// core saturates can cap splitting here.
 pub fn copy_split_max() -> usize {
     static MAX: OnceLock<usize> = OnceLock::new();
     *MAX.get_or_init(|| {
         std::env::var(ENV_COPY_SPLIT_MAX)
             .ok()
             .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(8 << 20)
+            .unwrap_or(usize::MAX)
     })
 }
 
