@@ -617,8 +617,11 @@ struct CopyPool {
     helpers: std::sync::atomic::AtomicUsize,
     /// Helpers asleep (or about to sleep) on `wake`; a poster that sees none skips the lock.
     sleepers: std::sync::atomic::AtomicUsize,
-    sleep: parking_lot::Mutex<()>,
-    wake: parking_lot::Condvar,
+    /// std's futex-based lock and condvar, not parking_lot's, whose process-wide table of
+    /// parked threads a `fork()` can leave locked by a helper that does not exist in the
+    /// child (where a new pool is made).
+    sleep: std::sync::Mutex<()>,
+    wake: std::sync::Condvar,
 }
 
 impl CopyPool {
@@ -634,7 +637,10 @@ impl CopyPool {
         let _ = self.tx.send(job);
         fence(Ordering::SeqCst);
         if self.sleepers.load(Ordering::SeqCst) > 0 {
-            let _g = self.sleep.lock();
+            let _g = self
+                .sleep
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             self.wake.notify_all();
         }
     }
@@ -647,12 +653,20 @@ impl CopyPool {
             if self.spin_for_job() {
                 continue;
             }
-            let mut g = self.sleep.lock();
+            let g = self
+                .sleep
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             self.sleepers.fetch_add(1, Ordering::SeqCst);
             fence(Ordering::SeqCst);
-            if self.rx.is_empty() {
-                self.wake.wait(&mut g);
-            }
+            let g = if self.rx.is_empty() {
+                self.wake
+                    .wait(g)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+            } else {
+                g
+            };
+            drop(g);
             self.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
     }
@@ -720,8 +734,8 @@ fn new_copy_pool() -> &'static CopyPool {
         rx,
         helpers: std::sync::atomic::AtomicUsize::new(0),
         sleepers: std::sync::atomic::AtomicUsize::new(0),
-        sleep: parking_lot::Mutex::new(()),
-        wake: parking_lot::Condvar::new(),
+        sleep: std::sync::Mutex::new(()),
+        wake: std::sync::Condvar::new(),
     }));
     let wanted = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
