@@ -327,12 +327,30 @@ pub fn synchronize_all(timeout: Option<std::time::Duration>) -> Result<()> {
     }
 }
 
+/// Whether an all-streams barrier has anything to wait for or report: on some device, a
+/// stream submitted to, or that began a capture, since a barrier last found it quiet. No
+/// lock and no wait (one load per device): callers that must release a lock to wait (the
+/// Python bindings release the GIL) skip the release when this is false.
+///
+/// # Errors
+/// `NotInitialized`.
+pub fn barrier_has_work() -> Result<bool> {
+    Ok(barrier_has_work_on(&*get()?))
+}
+
+fn barrier_has_work_on(rt: &Runtime) -> bool {
+    rt.devices.iter().any(|d| d.executor().has_listed())
+}
+
 /// [`synchronize_all`] for callers that wait in slices: `Ok(false)` on timeout.
 ///
 /// # Errors
 /// As for [`synchronize_all`], without `Timeout`.
 pub fn wait_all(timeout: Option<std::time::Duration>) -> Result<bool> {
     let rt = get()?;
+    if !barrier_has_work_on(&rt) {
+        return Ok(true);
+    }
     // Refused before anything is waited for or any stream's error is taken.
     for d in &rt.devices {
         d.executor().refuse_if_any_captures()?;

@@ -413,7 +413,10 @@ impl PyGraph {
 #[pyo3(signature = (timeout=None))]
 pub fn stream_synchronize(py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
     let timeout = timeout_obj(timeout)?;
-    rt::get().map_err(RtErr)?;
+    if !runtime_core::runtime::barrier_has_work().map_err(RtErr)? {
+        crate::convert::timeout_arg(timeout)?;
+        return Ok(()); // nothing to wait for: the GIL is not released
+    }
     wait::wait_result(
         py,
         || "stream_synchronize".to_string(),

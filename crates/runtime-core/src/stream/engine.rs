@@ -30,6 +30,14 @@ use crate::error::{DeviceError, Result};
 /// How long an idle worker spins before parking.
 pub const SPIN: Duration = Duration::from_micros(200);
 
+/// How long a worker whose stream ran dry keeps it and watches for the next command before
+/// letting it go (see [`Engine::linger`]).
+pub const LINGER: Duration = Duration::from_micros(20);
+/// Spin-loop hints between a lingering worker's first two looks at its stream, doubling up
+/// to [`LINGER_PAUSE_MAX`].
+const LINGER_PAUSE_MIN: u32 = 8;
+const LINGER_PAUSE_MAX: u32 = 512;
+
 /// Workers allowed to spin at once, process wide: half the host's cores, at least one.
 pub fn max_spinners() -> usize {
     static N: OnceLock<usize> = OnceLock::new();
@@ -209,6 +217,47 @@ impl Engine {
         self.queues[..=level].iter().any(|(_, rx)| !rx.is_empty())
     }
 
+    /// For a worker whose stream just ran dry: keep it for up to [`LINGER`] while
+    /// `arrived()` is false, so that a launcher submitting one command after another finds
+    /// the stream still running and only queues its command (no hand-off through the ready
+    /// queue, no engine hop per launch). Counts as spinning (a spinner slot, and this
+    /// engine's `spinning`, so a push elsewhere wakes nobody): it gives up at once when
+    /// another stream is waiting on this engine, and then wakes a sleeper if it keeps its
+    /// stream. Returns whether `arrived()` became true.
+    pub(crate) fn linger(&self, arrived: impl Fn() -> bool) -> bool {
+        if SPINNERS.fetch_add(1, Ordering::AcqRel) >= max_spinners() {
+            SPINNERS.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        self.spinning.fetch_add(1, Ordering::SeqCst);
+        let start = Instant::now();
+        // Look less often the longer nothing comes: each look pulls the cache line the
+        // launcher writes, so a launcher in a tight loop gets several launches in between
+        // (and they run as one batch), while a command right after the last still starts
+        // within a few hundred nanoseconds.
+        let mut pause = LINGER_PAUSE_MIN;
+        let got = loop {
+            if arrived() {
+                break true;
+            }
+            if self.has_waiting(PRIORITY_LEVELS - 1) || start.elapsed() >= LINGER {
+                break false;
+            }
+            for _ in 0..pause {
+                std::hint::spin_loop();
+            }
+            pause = (pause * 2).min(LINGER_PAUSE_MAX);
+        };
+        self.spinning.fetch_sub(1, Ordering::SeqCst);
+        SPINNERS.fetch_sub(1, Ordering::AcqRel);
+        // A push that saw us spinning woke nobody: if we go back to our stream, someone else
+        // must take its work (without the stream, the worker loop takes it next).
+        if got && self.has_waiting(PRIORITY_LEVELS - 1) {
+            self.wake_one();
+        }
+        got
+    }
+
     fn spin_pop(&self) -> Option<Msg> {
         if SPINNERS.fetch_add(1, Ordering::AcqRel) >= max_spinners() {
             SPINNERS.fetch_sub(1, Ordering::AcqRel);
@@ -287,6 +336,9 @@ pub(crate) struct Engines {
     compute: Arc<Engine>,
     copy: Arc<Engine>,
     serial: Arc<Engine>,
+    /// Every engine started: what each submission reads. Kept apart from the engines' own
+    /// flags, which share a cache line with the counters idle workers write as they spin.
+    all_started: AtomicBool,
 }
 
 impl Engines {
@@ -295,6 +347,7 @@ impl Engines {
             compute: Engine::new(EngineKind::Compute, device, compute_workers),
             copy: Engine::new(EngineKind::Copy, device, 2),
             serial: Engine::new(EngineKind::Serial, device, 1),
+            all_started: AtomicBool::new(false),
         }
     }
 
@@ -326,15 +379,20 @@ impl Engines {
     /// # Errors
     /// `ThreadSpawn` when the OS refuses a worker thread; engines started fully stay started.
     pub(crate) fn ensure_started(&self) -> Result<()> {
+        if self.all_started.load(Ordering::Acquire) {
+            return Ok(());
+        }
         for e in [&self.compute, &self.copy, &self.serial] {
             if !e.started.load(Ordering::Acquire) {
                 e.start()?;
             }
         }
+        self.all_started.store(true, Ordering::Release);
         Ok(())
     }
 
     pub(crate) fn stop(&self) {
+        self.all_started.store(false, Ordering::Release);
         self.compute.stop();
         self.copy.stop();
         self.serial.stop();

@@ -5,7 +5,7 @@
 //! else from their device, so this module, not `device`, is what they depend on.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -33,6 +33,9 @@ pub struct Executor {
     /// capture since a barrier last found it quiet (`StreamInner::listed` says whether it is
     /// here). Barriers cost O(these), not O(every live stream).
     active: Mutex<Vec<Weak<StreamInner>>>,
+    /// The length of `active`, written under its lock and read without it: a barrier on a
+    /// device with nothing listed returns after one load.
+    listed: AtomicUsize,
     /// The fork count when the device was made (see [`crate::generation::forks`]): in a
     /// forked child the device is dead and its locks are left alone.
     forks: u64,
@@ -60,6 +63,7 @@ impl Executor {
             gate: SubmitGate::new(),
             streams: Mutex::new(HashMap::new()),
             active: Mutex::new(Vec::new()),
+            listed: AtomicUsize::new(0),
             forks: crate::generation::forks(),
         }
     }
@@ -165,7 +169,16 @@ impl Executor {
         if self.forked_away() {
             return; // a thread that vanished in the fork may hold the lock
         }
-        self.active.lock().push(Arc::downgrade(s));
+        let mut active = self.active.lock();
+        active.push(Arc::downgrade(s));
+        self.listed.store(active.len(), Ordering::SeqCst);
+    }
+
+    /// Whether a barrier has anything to look at on this device: a stream submitted to, or
+    /// that began a capture, since a barrier last found it quiet. One load, no lock. A
+    /// submission that returned before this call is seen (it listed its stream first).
+    pub(crate) fn has_listed(&self) -> bool {
+        !self.forked_away() && self.listed.load(Ordering::SeqCst) > 0
     }
 
     /// The listed streams (see [`Executor::streams`] for why they are returned, not dropped,
@@ -189,7 +202,8 @@ impl Executor {
             return;
         }
         let mut keep_alive = Vec::new(); // dropped after the lock (see `streams`)
-        self.active.lock().retain(|w| {
+        let mut active = self.active.lock();
+        active.retain(|w| {
             let Some(s) = w.upgrade() else {
                 return false;
             };
@@ -204,6 +218,8 @@ impl Executor {
             keep_alive.push(s);
             keep
         });
+        self.listed.store(active.len(), Ordering::SeqCst);
+        drop(active);
         drop(keep_alive);
     }
 
@@ -229,6 +245,9 @@ impl Executor {
     /// # Errors
     /// As said.
     pub fn refuse_if_any_captures(&self) -> Result<()> {
+        if !self.has_listed() {
+            return Ok(()); // a capturing stream is listed when its capture begins
+        }
         for s in self.active_streams().iter().filter(|s| !s.is_destroyed()) {
             s.refuse_if_capturing("a device or all-streams synchronize")?;
         }
@@ -246,6 +265,9 @@ impl Executor {
     /// The first failed stream's error; every error when several failed
     /// (`StreamError::Multiple`).
     pub fn wait_all(&self, timeout: Option<Duration>) -> Result<bool> {
+        if !self.has_listed() {
+            return Ok(true);
+        }
         let deadline = deadline_after(timeout);
         self.refuse_if_any_captures()?;
         let streams = self.active_streams();

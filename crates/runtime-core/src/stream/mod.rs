@@ -503,9 +503,13 @@ impl Stream {
             trace_enqueue(s, &cmd);
         }
         s.queue.lock().push(cmd);
-        if s.state
-            .compare_exchange(IDLE, QUEUED, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
+        // Load first: a stream already running (the common case in a launch loop) is only
+        // read, where a failing compare-exchange would still take its cache line from the
+        // runner.
+        if s.state.load(Ordering::SeqCst) == IDLE
+            && s.state
+                .compare_exchange(IDLE, QUEUED, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
         {
             schedule(&self.0, kind);
         }
@@ -956,6 +960,13 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
     loop {
         let cmd = s.queue.lock().pop();
         let Some(cmd) = cmd else {
+            if let Runner::Engine(mine) = runner {
+                // A command counted (`submitted`) but not yet pushed is microseconds away.
+                let engine = s.exec.engines.get(mine);
+                if engine.linger(|| !s.done.is_idle()) {
+                    continue;
+                }
+            }
             if release_stream(s) {
                 continue;
             }
