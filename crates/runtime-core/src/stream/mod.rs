@@ -682,23 +682,13 @@ impl Stream {
             return Ok(());
         }
         let id = event.0.next_record();
-        // Idle fast path: nothing queued before it, so "reaching" the event is now.
-        let s = &self.0;
-        if s.state
-            .compare_exchange(IDLE, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
-        {
-            let idle = s.done.is_idle();
-            if idle {
-                event.0.complete(id);
-            }
-            if release_stream(s) {
-                s.state.store(QUEUED, Ordering::SeqCst);
-                schedule(s, None);
-            }
-            if idle {
-                return Ok(());
-            }
+        // Idle fast path: everything submitted so far has completed, so "reaching" the event
+        // is now. The counters decide, not the stream's state: a worker keeps a stream that
+        // ran dry for a moment (`Engine::linger`), and a record right after a synchronize
+        // must still complete at once.
+        if self.0.done.is_idle() {
+            event.0.complete(id);
+            return Ok(());
         }
         self.submit_raw(Command::Record(event.0.clone(), id));
         Ok(())
