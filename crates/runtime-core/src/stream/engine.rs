@@ -222,8 +222,8 @@ impl Engine {
     /// the stream still running and only queues its command (no hand-off through the ready
     /// queue, no engine hop per launch). Counts as spinning (a spinner slot, and this
     /// engine's `spinning`, so a push elsewhere wakes nobody): it gives up at once when
-    /// another stream is waiting on this engine, and then wakes a sleeper if it keeps its
-    /// stream. Returns whether `arrived()` became true.
+    /// another stream is waiting on this engine, and on leaving wakes a sleeper whenever a
+    /// stream waits. Returns whether `arrived()` became true.
     pub(crate) fn linger(&self, arrived: impl Fn() -> bool) -> bool {
         if SPINNERS.fetch_add(1, Ordering::AcqRel) >= max_spinners() {
             SPINNERS.fetch_sub(1, Ordering::AcqRel);
@@ -250,9 +250,11 @@ impl Engine {
         };
         self.spinning.fetch_sub(1, Ordering::SeqCst);
         SPINNERS.fetch_sub(1, Ordering::AcqRel);
-        // A push that saw us spinning woke nobody: if we go back to our stream, someone else
-        // must take its work (without the stream, the worker loop takes it next).
-        if got && self.has_waiting(PRIORITY_LEVELS - 1) {
+        // Every push that saw us spinning woke nobody, and several may have come: whether we
+        // go back to our stream or on to one waiting stream, a sleeper must be woken for the
+        // rest. (Waking only when going back left the second of two streams pushed during a
+        // linger queued with every other worker asleep until some later push.)
+        if self.has_waiting(PRIORITY_LEVELS - 1) {
             self.wake_one();
         }
         got
