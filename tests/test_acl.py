@@ -303,6 +303,8 @@ def test_util_converters():
     assert view.tolist() == [[0, 1, 2], [3, 4, 5]]
     view[0, 0] = 99  # wraps, no copy
     assert arr[0] == 99
+    with pytest.warns(Warning), pytest.raises(ValueError, match="object references"):
+        acl.util.numpy_to_ptr(np.array([None, 1], dtype=object))
     d = dev_alloc(64)
     with pytest.raises(ValueError):
         acl.util.ptr_to_bytes(d, 8)  # device memory is not readable from the host

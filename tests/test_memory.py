@@ -320,6 +320,48 @@ def test_memcpy_device_to_host_refuses_read_only_destination(dst):
         runtime.device_free(buf)
 
 
+@pytest.mark.parametrize(
+    "host",
+    [
+        np.array(0, dtype=object),
+        np.array([None, 1, "x"], dtype=object),
+        np.zeros(2, dtype=[("a", "<i4"), ("b", object)]),
+        memoryview(np.array([1, 2], dtype=object)),
+    ],
+    ids=["object-0d", "object-1d", "struct-with-object-field", "memoryview-of-objects"],
+)
+def test_host_memory_holding_python_objects_is_refused(host):
+    # Bytes copied over object references would be dereferenced as objects (a segfault the
+    # argument fuzzer found: memcpy_device_to_host(np.array(0, dtype=object), buf)).
+    before = [repr(x) for x in np.asarray(host).ravel().tolist()]
+    buf = filled(64, seed=5)
+    try:
+        with pytest.raises(TypeError, match="dst holds Python object references"):
+            runtime.memcpy_device_to_host(host, buf)
+        s = runtime.Stream(0)
+        with pytest.raises(TypeError, match="dst holds Python object references"):
+            runtime.memcpy_device_to_host(host, buf, s)
+        with pytest.raises(TypeError, match="src holds Python object references"):
+            runtime.memcpy_host_to_device(buf, host, s)
+        s.synchronize()
+        s.destroy()
+        assert [repr(x) for x in np.asarray(host).ravel().tolist()] == before
+        np.testing.assert_array_equal(read(buf), pattern(64, seed=5))
+    finally:
+        runtime.device_free(buf)
+
+
+def test_struct_field_named_o_is_not_an_object_field():
+    # The format check skips field names: a field called "O" holding int32 is plain bytes.
+    host = np.zeros(4, dtype=[("O", "<i4")])
+    buf = filled(16, seed=6)
+    try:
+        runtime.memcpy_device_to_host(host, buf)
+        assert host.tobytes() == bytes(read(buf))
+    finally:
+        runtime.device_free(buf)
+
+
 def test_non_contiguous_host_destinations_are_refused():
     host = np.arange(64, dtype=np.uint8)
     buf = filled(32, seed=2)

@@ -2,8 +2,10 @@
 //! destination ([`HostBuf`]), and exporting a `DeviceBuffer` view to Python ([`export_view`],
 //! [`release_view`]).
 //!
-//! Imports are raw bytes (`PyBUF_C_CONTIGUOUS`, no format): a copy moves bytes as bytes,
-//! whatever the host object's element type or byte order.
+//! Imports are raw bytes (`PyBUF_C_CONTIGUOUS`): a copy moves bytes as bytes, whatever the
+//! host object's element type or byte order, except Python object references (struct code
+//! `O`, numpy's object dtype), which are refused: bytes written over them would be
+//! dereferenced as objects (a segfault found by the argument fuzzer).
 
 use std::ffi::{c_int, c_void, CStr};
 
@@ -38,8 +40,13 @@ impl HostBuf {
         // SAFETY: Py_buffer is plain data; zeroed is a valid "empty" state before export.
         let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { std::mem::zeroed() });
         // SAFETY: valid object and a writable Py_buffer to fill.
-        let rc =
-            unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, ffi::PyBUF_C_CONTIGUOUS) };
+        let rc = unsafe {
+            ffi::PyObject_GetBuffer(
+                obj.as_ptr(),
+                &mut *view,
+                ffi::PyBUF_C_CONTIGUOUS | ffi::PyBUF_FORMAT,
+            )
+        };
         if rc != 0 {
             let e = PyErr::fetch(py);
             // SAFETY: `obj` is a valid, live object; the check only reads its type slots.
@@ -54,6 +61,17 @@ impl HostBuf {
             });
         }
         let hb = HostBuf { view };
+        if !hb.view.format.is_null() {
+            // SAFETY: a non-null format is a NUL-terminated string owned by the export, which
+            // `hb` holds.
+            let format = unsafe { CStr::from_ptr(hb.view.format) };
+            if holds_objects(format.to_bytes()) {
+                return Err(PyTypeError::new_err(format!(
+                    "{arg} holds Python object references (buffer format {:?}, e.g. numpy's object dtype): they cannot be copied as bytes",
+                    format.to_string_lossy()
+                )));
+            }
+        }
         if writable && hb.view.readonly != 0 {
             return Err(PyValueError::new_err(format!(
                 "{arg} is read-only; a copy destination must be writable"
@@ -61,6 +79,18 @@ impl HostBuf {
         }
         Ok(hb)
     }
+}
+
+/// Whether a struct-module format string has an object field (`O`), field names (`:name:`)
+/// aside.
+fn holds_objects(format: &[u8]) -> bool {
+    let mut in_name = false;
+    format.iter().any(|&c| {
+        if c == b':' {
+            in_name = !in_name;
+        }
+        !in_name && c == b'O'
+    })
 }
 
 impl Drop for HostBuf {

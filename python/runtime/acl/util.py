@@ -64,6 +64,12 @@ def numpy_to_ptr(array: np.ndarray) -> int:
             stacklevel=2,
         )
         raise ValueError("acl.util.numpy_to_ptr: the array is not C-contiguous")
+    if array.dtype.hasobject:
+        # Bytes copied into it would be dereferenced as Python objects.
+        raise ValueError(
+            f"acl.util.numpy_to_ptr: a {array.dtype} array holds Python object references, "
+            "not data a copy may read or write"
+        )
     addr = array.ctypes.data
     n = array.nbytes
     arr = (
