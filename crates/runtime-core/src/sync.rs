@@ -20,6 +20,17 @@ pub(crate) fn mark_runtime_thread() {
     RUNTIME_THREAD.with(|w| w.set(true));
 }
 
+/// The CPU the calling thread runs on (a hint: it may move at once), or `u32::MAX` when the
+/// OS does not say. Spinning waits use it to tell whether the thread they wait for shares
+/// their core, where spinning would only keep it off (glibc reads it from the thread's
+/// `rseq` area: a few nanoseconds, no system call).
+pub(crate) fn current_cpu() -> u32 {
+    // SAFETY: `sched_getcpu` takes no arguments and touches no memory of ours; it returns a
+    // CPU number or -1.
+    let cpu = unsafe { libc::sched_getcpu() };
+    u32::try_from(cpu).unwrap_or(u32::MAX)
+}
+
 /// Thread starts still to fail on purpose (the `testing` feature's `inject_spawn_failures`).
 static SPAWN_FAILURES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 

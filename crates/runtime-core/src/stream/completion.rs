@@ -6,12 +6,16 @@
 //! Both sides use sequentially consistent operations, so either the completer sees the
 //! waiter or the waiter sees the new count: no wake-up is lost (checked by the loom model in
 //! `loom_tests`). Idle streams are answered from the counters alone.
+//!
+//! It also keeps where the last submitter and the last runner ran (CPU numbers): a spinning
+//! waiter, or a worker lingering for the next command, yields its core when the thread it
+//! waits for ran on that very core last, and spins otherwise (see [`Completion::spin`]).
 
 #[cfg(not(loom))]
 use std::time::Duration;
 use std::time::Instant;
 
-use crate::sync::{AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
+use crate::sync::{current_cpu, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
 
 pub(crate) struct Completion {
     submitted: AtomicU64,
@@ -19,6 +23,10 @@ pub(crate) struct Completion {
     waiters: AtomicUsize,
     lock: Mutex<()>,
     cv: Condvar,
+    /// CPU of the thread that submitted last (`u32::MAX`: none yet); a hint, never ordered.
+    submitter_cpu: std::sync::atomic::AtomicU32,
+    /// CPU of the engine worker that began running the stream last; a hint, never ordered.
+    runner_cpu: std::sync::atomic::AtomicU32,
 }
 
 impl Completion {
@@ -29,11 +37,29 @@ impl Completion {
             waiters: AtomicUsize::new(0),
             lock: Mutex::new(()),
             cv: Condvar::new(),
+            submitter_cpu: std::sync::atomic::AtomicU32::new(u32::MAX),
+            runner_cpu: std::sync::atomic::AtomicU32::new(u32::MAX),
         }
+    }
+
+    /// Note that an engine worker on the calling thread begins running the stream.
+    pub(crate) fn note_runner(&self) {
+        self.runner_cpu
+            .store(current_cpu(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the last submitter ran on the calling thread's core: a worker lingering for
+    /// its next command must then yield, or the submitter cannot run to send it.
+    pub(crate) fn submitter_shares_core(&self) -> bool {
+        self.submitter_cpu
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == current_cpu()
     }
 
     /// Count one more submitted command; returns the new total.
     pub(crate) fn submit(&self) -> u64 {
+        self.submitter_cpu
+            .store(current_cpu(), std::sync::atomic::Ordering::Relaxed);
         self.submitted.fetch_add(1, Ordering::SeqCst) + 1
     }
 
@@ -96,11 +122,14 @@ impl Completion {
         ok
     }
 
-    /// Spin (yielding every 8th turn) for up to `limit`: most waits on a running stream end
-    /// within microseconds, much sooner than a sleep and wake-up round trip. (Not
-    /// `Backoff::snooze`, which yields on every turn after a few: on a loaded 2-core machine
-    /// each yield can hand the core away for a whole time slice, and a no-op launch +
-    /// synchronize measured 2-3x slower with it.)
+    /// Spin for up to `limit`: most waits on a running stream end within microseconds, much
+    /// sooner than a sleep and wake-up round trip. While the stream's runner last ran on
+    /// this core, yield every turn: on two cores with a third busy thread (a BLAS or OpenMP
+    /// thread spinning after its call) the runner can be queued behind this very waiter, and
+    /// a graph replay + synchronize measured 4 us yielding every 8th turn against 2.4 us
+    /// yielding every other turn. Otherwise yield only every 8th turn: each yield can hand the core
+    /// to an unrelated busy thread for a whole time slice (`Backoff::snooze`, which yields on
+    /// every turn, measured a no-op launch + synchronize 2-3x slower on a loaded machine).
     #[cfg(not(loom))]
     fn spin(&self, target: u64, limit: Duration) -> bool {
         let until = Instant::now() + limit;
@@ -111,7 +140,9 @@ impl Completion {
                 return true;
             }
             n += 1;
-            if n.is_multiple_of(8) {
+            if n.is_multiple_of(8)
+                || self.runner_cpu.load(std::sync::atomic::Ordering::Relaxed) == current_cpu()
+            {
                 std::thread::yield_now();
             } else {
                 backoff.spin();

@@ -945,6 +945,9 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
         }
     }
     let _running = RunningGuard::enter(s.id);
+    if let Runner::Engine(_) = runner {
+        s.done.note_runner();
+    }
     let mut ran = 0u32;
     let began = Instant::now();
     loop {
@@ -953,7 +956,7 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
             if let Runner::Engine(mine) = runner {
                 // A command counted (`submitted`) but not yet pushed is microseconds away.
                 let engine = s.exec.engines.get(mine);
-                if engine.linger(|| !s.done.is_idle()) {
+                if engine.linger(s.done.submitter_shares_core(), || !s.done.is_idle()) {
                     continue;
                 }
             }
