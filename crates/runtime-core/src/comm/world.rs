@@ -384,11 +384,13 @@ impl World {
 
     fn native(&self, dtype: DType, op: ReduceOp) -> bool {
         let (d, o) = transport_form(dtype, op);
-        *self
-            .reduces
-            .lock()
-            .entry((d, o))
-            .or_insert_with(|| self.transport.reduces(d, o))
+        if let Some(&known) = self.reduces.lock().get(&(d, o)) {
+            return known;
+        }
+        // Asked without the lock held: the transport is user code.
+        let answer = self.transport.reduces(d, o);
+        self.reduces.lock().insert((d, o), answer);
+        answer
     }
 
     /// Processes other than this one, and their ranks, for a timeout message.
