@@ -107,7 +107,7 @@ def _parser():
         "--mpi",
         action="store_true",
         help="instead: all_reduce over MPI beside raw mpi4py, 4 KiB..256 MiB, under mpiexec "
-        "(needs mpi4py: pip install 'runtime[mpi]'); honours --quick and --json",
+        "(needs mpi4py and mpiexec: pip install mpi4py mpich, the 'mpi' extra); honours --quick and --json",
     )
     ap.add_argument("--np", type=_positive_int, default=2, help="processes for --mpi (default 2)")
     return ap
