@@ -62,7 +62,10 @@ def _parser():
         help="write a PNG bar chart of runtime / best peer (needs matplotlib)",
     )
     ap.add_argument(
-        "--quick", action="store_true", help="smoke run (< 30 s): fewer repetitions, smaller sizes"
+        "--quick",
+        action="store_true",
+        help="smoke run (under 30 s; a few seconds on 2 cores): fewer repetitions, smaller "
+        "sizes; its verdicts only call ratios 2x or more from a goal (NEAR otherwise)",
     )
     ap.add_argument(
         "--rows",

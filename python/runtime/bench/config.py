@@ -40,7 +40,7 @@ class Config:
         self.min_reps = 15 if quick else 5
         self.batch = 8  # ops per sample in latency rows
         self.big = (16 if quick else 64) * MiB  # the "large copy" size
-        self.big_reps = 15 if quick else 40
+        self.big_reps = 30 if quick else 40
         self.n_launch = 1000 if quick else 10_000  # native no-op launches per sample
         self.n_pylaunch = 250 if quick else 2000  # Python-callable launches per sample
         self.loop_reps = 15 if quick else 10  # samples of the N-launch rows
