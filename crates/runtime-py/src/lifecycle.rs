@@ -28,18 +28,22 @@ pub fn init(
         Some(o) => {
             // The core checks the range and owns its wording, for every int of any size or
             // sign alike (as it does for RUNTIME_DEVICE_COUNT).
-            let text = if o.is_instance_of::<PyBool>() {
-                None
-            } else if let Ok(n) = o.extract::<i128>() {
-                Some(n.to_string())
+            if o.is_instance_of::<PyBool>() {
+                return Err(PyTypeError::new_err(
+                    "device_count must be an int, got bool",
+                ));
+            }
+            let text = if let Ok(n) = o.extract::<i128>() {
+                n.to_string()
             } else if o.is_instance_of::<PyInt>() {
-                Some(o.str()?.to_string()) // beyond i128: out of range all the same
+                o.str()?.to_string() // beyond i128: out of range all the same
             } else {
-                None
+                // ValueError, as this binding has always raised for a non-int count.
+                return Err(PyValueError::new_err(format!(
+                    "device_count must be an int, got {}",
+                    type_name(o)
+                )));
             };
-            let text = text.ok_or_else(|| {
-                PyTypeError::new_err(format!("device_count must be an int, got {}", type_name(o)))
-            })?;
             Some(config::parse_device_count("device_count", &text).map_err(|e| RtErr(e.into()))?)
         }
     };
