@@ -296,7 +296,11 @@ impl Wake for Callback {
                 .event
                 .upgrade()
                 .and_then(|e| e.failure().map(str::to_string));
-            f(failure);
+            // User code, on whichever thread completed the event (an engine worker running a
+            // record, a host thread setting a user event): a panic stays in the callback
+            // (the panic hook reports it) and the completing thread goes on, so the stream
+            // completes its record and the worker lives.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(failure)));
         }
     }
 }
@@ -466,7 +470,9 @@ impl Event {
     /// on the calling thread, when it already has (or the event was never recorded);
     /// otherwise on the thread that completes it. `f` gets the failure of a failed user
     /// event ([`Event::failure`]) and must not block. The event does not keep itself alive
-    /// through `f`'s registration.
+    /// through `f`'s registration. A panic in `f` is contained: it is reported by the panic
+    /// hook and goes no further (the completing thread, a stream worker for instance, goes
+    /// on).
     pub fn on_complete(&self, f: CompletionFn) -> Result<()> {
         self.check()?;
         let target = self.0.recorded();

@@ -157,6 +157,11 @@ pub(crate) fn shared_file() -> io::Result<Arc<SharedFile>> {
     Ok(f)
 }
 
+/// The nonce of this process's device memory file, if it has made one.
+pub(crate) fn own_file_nonce() -> Option<u64> {
+    SHARED.lock().as_ref().map(|f| f.nonce)
+}
+
 /// A random 64-bit number (not for cryptography: it tells files and handles apart).
 pub(crate) fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
