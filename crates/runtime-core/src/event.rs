@@ -40,6 +40,20 @@ static NEXT_EVENT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 static USER_EVENTS: parking_lot::Mutex<Vec<std::sync::Weak<EventInner>>> =
     parking_lot::Mutex::new(Vec::new());
 
+static FORK: crate::sync::ForkGuarded<parking_lot::Mutex<Vec<std::sync::Weak<EventInner>>>> =
+    crate::sync::ForkGuarded::new(|| &USER_EVENTS);
+
+/// Around `fork()`: hold the list of user events (see `runtime::install_fork_handlers`).
+pub(crate) fn before_fork(wait: std::time::Duration) {
+    FORK.before_fork(wait);
+}
+
+/// After `fork()`: release what [`before_fork`] took (in the child also a hold of a thread
+/// that vanished in the fork).
+pub(crate) fn after_fork(child: bool) {
+    FORK.after_fork(child);
+}
+
 /// What parks on an event until one of its records completes: a stream blocked on a wait.
 /// Events sit below streams, so they only know this much about them.
 pub(crate) trait Wake: Send + Sync {

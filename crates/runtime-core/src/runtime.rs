@@ -281,31 +281,33 @@ fn install_fork_handlers() {
 /// by threads that vanished.
 const FORK_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Whether [`before_fork`] holds the runtime slot's lock.
-static FORK_HELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// The runtime slot's lock, as the fork handlers take and release it.
+static RUNTIME_FORK: crate::sync::ForkGuarded<RwLock<Option<Arc<Runtime>>>> =
+    crate::sync::ForkGuarded::new(|| &RUNTIME);
 
 /// `pthread_atfork` prepare handler: take the runtime's process-wide locks so that no other
 /// thread is inside one when the process is copied, and the child finds each consistent.
 fn before_fork() {
-    if let Some(guard) = RUNTIME.try_write_for(FORK_LOCK_WAIT) {
-        std::mem::forget(guard);
-        FORK_HELD.store(true, Ordering::SeqCst);
-    }
+    RUNTIME_FORK.before_fork(FORK_LOCK_WAIT);
     crate::kernel::before_fork(FORK_LOCK_WAIT);
     crate::trace::before_fork(FORK_LOCK_WAIT);
     crate::memory::before_fork(FORK_LOCK_WAIT);
+    crate::event::before_fork(FORK_LOCK_WAIT);
+    crate::ipc_event::before_fork(FORK_LOCK_WAIT);
+    crate::stream::before_fork(FORK_LOCK_WAIT);
+    crate::comm::before_fork(FORK_LOCK_WAIT);
 }
 
 /// `pthread_atfork` parent handler: release exactly what [`before_fork`] took.
 fn after_fork_in_parent() {
+    crate::comm::after_fork(false);
+    crate::stream::after_fork(false);
+    crate::ipc_event::after_fork(false);
+    crate::event::after_fork(false);
     crate::memory::after_fork(false);
     crate::trace::after_fork(false);
     crate::kernel::after_fork(false);
-    if FORK_HELD.swap(false, Ordering::SeqCst) {
-        // SAFETY: `before_fork` took the write lock on this thread (the one that forked) and
-        // forgot the guard; no guard of it exists.
-        unsafe { RUNTIME.force_unlock_write() };
-    }
+    RUNTIME_FORK.after_fork(false);
 }
 
 /// `pthread_atfork` child handler.
@@ -320,20 +322,16 @@ fn after_fork_in_parent() {
 fn after_fork_in_child() {
     crate::generation::after_fork_in_child();
     crate::sync::after_fork_in_child();
+    crate::comm::after_fork(true);
+    crate::stream::after_fork(true);
+    crate::ipc_event::after_fork(true);
+    crate::event::after_fork(true);
     crate::memory::after_fork(true);
     crate::trace::after_fork(true);
     crate::kernel::after_fork(true);
-    FORK_HELD.store(false, Ordering::SeqCst);
     // Whoever holds the slot's lock (the forking thread after `before_fork`, or a thread that
     // vanished) does not exist as a holder any more.
-    if RUNTIME.is_locked_exclusive() {
-        // SAFETY: the child has one thread, which holds no guard of the lock.
-        unsafe { RUNTIME.force_unlock_write() };
-    }
-    while RUNTIME.is_locked() {
-        // SAFETY: as above, for read locks held by threads that vanished in the fork.
-        unsafe { RUNTIME.force_unlock_read() };
-    }
+    RUNTIME_FORK.after_fork(true);
     std::mem::forget(RUNTIME.write().take());
     crate::memory::after_fork_in_child();
     crate::stream::after_fork_in_child();

@@ -355,12 +355,12 @@ fn a_panicking_completion_callback_leaves_the_worker_and_the_stream_running() {
         }))
         .unwrap();
         gate.open();
-        s.synchronize(Some(Duration::from_secs(10))).unwrap();
+        s.synchronize(Some(Duration::from_secs(120))).unwrap();
         assert!(called.load(Ordering::SeqCst) && e.query().unwrap());
         // The same workers run the next work.
         let flag = Arc::new(AtomicBool::new(false));
         s.launch(flag_op(&flag)).unwrap();
-        s.synchronize(Some(Duration::from_secs(10))).unwrap();
+        s.synchronize(Some(Duration::from_secs(120))).unwrap();
         assert!(flag.load(Ordering::SeqCst));
     }
 }

@@ -119,3 +119,54 @@ fn forks_while_kernels_are_registered_leave_the_child_a_usable_runtime() {
     stop.store(true, Ordering::Relaxed);
     registrar.join().unwrap();
 }
+
+/// Every process-wide lock of the core is held across a fork by the handlers: a `static`
+/// mutex or reader-writer lock without a `ForkGuarded` companion would be left locked in a
+/// child forked while another thread held it (the child would hang on it).
+#[test]
+fn every_process_wide_lock_is_fork_guarded() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    let mut dirs = vec![src];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                files.push(p);
+            }
+        }
+    }
+    let text: Vec<(String, String)> = files
+        .iter()
+        .map(|p| (p.display().to_string(), std::fs::read_to_string(p).unwrap()))
+        .collect();
+    let mut unguarded = Vec::new();
+    for (path, code) in &text {
+        for line in code.lines() {
+            let l = line.trim_start();
+            let Some(rest) = l
+                .strip_prefix("static ")
+                .or_else(|| l.strip_prefix("pub(crate) static "))
+            else {
+                continue;
+            };
+            let Some((name, ty)) = rest.split_once(':') else {
+                continue;
+            };
+            let lock = ["Mutex<", "RwLock<"].iter().any(|m| ty.contains(m));
+            if !lock || ty.contains("ForkGuarded") {
+                continue;
+            }
+            let guard = format!("ForkGuarded::new(|| &{})", name.trim());
+            if !text.iter().any(|(_, c)| c.contains(&guard)) {
+                unguarded.push(format!("{path}: {}", name.trim()));
+            }
+        }
+    }
+    assert!(
+        unguarded.is_empty(),
+        "locks without fork handling: {unguarded:?}"
+    );
+}

@@ -244,6 +244,20 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// Live communicators, so that shutdown can release their pending collectives.
 static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
 
+static FORK: crate::sync::ForkGuarded<Mutex<Vec<Weak<Shared>>>> =
+    crate::sync::ForkGuarded::new(|| &LIVE);
+
+/// Around `fork()`: hold the list of live communicators (see `runtime::install_fork_handlers`).
+pub(crate) fn before_fork(wait: std::time::Duration) {
+    FORK.before_fork(wait);
+}
+
+/// After `fork()`: release what [`before_fork`] took (in the child also a hold of a thread
+/// that vanished in the fork).
+pub(crate) fn after_fork(child: bool) {
+    FORK.after_fork(child);
+}
+
 /// One rank of a communicator. Cheap to clone; clones are the same rank.
 #[derive(Clone)]
 pub struct Communicator {

@@ -2,7 +2,7 @@
 //! the lock that keeps stream work, host copies and other host threads from touching the same
 //! allocation at once.
 //!
-//! Every allocation has a [`Tracker`]:
+//! Every allocation has a tracker:
 //!
 //! * **Pending work.** When a command that declares its buffers ([`AccessSet`], carried by
 //!   every op the core builds: kernels, copies, memsets, collectives, Python kernels) is
@@ -24,7 +24,7 @@
 //!   read is refused (`NotPermitted`), as is a lock taken out of order that does not come
 //!   within [`OUT_OF_ORDER_WAIT`].
 //!
-//! What stays unordered is explicit: [`Buffer`](super::Buffer)'s `unsafe fn …_unsynchronized`
+//! What stays unordered is explicit: [`Buffer`]'s `unsafe fn …_unsynchronized`
 //! methods (and raw pointers), whose callers promise no conflicting access. The Python
 //! package's numpy views are such a path, documented as numpy's semantics over device memory.
 

@@ -78,11 +78,13 @@ static OPEN_FORK: crate::sync::ForkGuarded<OpenTable> = crate::sync::ForkGuarded
 /// is copied; released by [`after_fork`].
 pub(crate) fn before_fork(wait: std::time::Duration) {
     OPEN_FORK.before_fork(wait);
+    IMPORTED_FORK.before_fork(wait);
 }
 
 /// After `fork()`, in the parent or the child: release what [`before_fork`] took. The
 /// child's entries are the parent's allocations, which it refuses anyway: it forgets them.
 pub(crate) fn after_fork(child: bool) {
+    IMPORTED_FORK.after_fork(child);
     OPEN_FORK.after_fork(child);
     if child {
         std::mem::forget(std::mem::take(&mut *OPEN.lock()));
@@ -91,6 +93,9 @@ pub(crate) fn after_fork(child: bool) {
 
 /// Imported buffers and their bytes, by device.
 static IMPORTED: parking_lot::Mutex<Vec<(u64, u64)>> = parking_lot::const_mutex(Vec::new());
+
+static IMPORTED_FORK: crate::sync::ForkGuarded<parking_lot::Mutex<Vec<(u64, u64)>>> =
+    crate::sync::ForkGuarded::new(|| &IMPORTED);
 
 /// Live imported buffers on a device and their bytes (mapped pages, whole pages).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -863,15 +863,20 @@ fn scrub_loop(mem: std::sync::Weak<DeviceMemory>) {
 }
 
 /// Around `fork()` (see `runtime::install_fork_handlers`): hold the memory layer's
-/// process-wide locks (the pinned cache, managed memory, the table of IPC blocks).
+/// process-wide locks (the pinned cache, managed memory, the IPC tables, defer scopes, the
+/// device memory file and the copy pool's start).
 pub(crate) fn before_fork(wait: std::time::Duration) {
     pinned::before_fork(wait);
     managed::before_fork(wait);
     ipc::before_fork(wait);
+    defer::before_fork(wait);
+    host::before_fork(wait);
 }
 
 /// After `fork()`, in the parent or the child: release what [`before_fork`] took.
 pub(crate) fn after_fork(child: bool) {
+    host::after_fork(child);
+    defer::after_fork(child);
     ipc::after_fork(child);
     managed::after_fork(child);
     pinned::after_fork(child);

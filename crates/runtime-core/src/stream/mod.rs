@@ -893,10 +893,19 @@ fn trace_enqueue(s: &StreamInner, cmd: &Command) {
     });
 }
 
-/// After `fork()`, in the child (see `runtime::after_fork_in_child`).
+/// Around `fork()` (see `runtime::install_fork_handlers`): hold the capture registry's lock.
+pub(crate) fn before_fork(wait: Duration) {
+    capture::before_fork(wait);
+}
+
+/// After `fork()`, in the parent or the child: release what [`before_fork`] took.
+pub(crate) fn after_fork(child: bool) {
+    capture::after_fork(child);
+}
+
+/// After `fork()`, in the child (see `runtime::install_fork_handlers`).
 pub(crate) fn after_fork_in_child() {
     engine::after_fork_in_child();
-    capture::after_fork_in_child();
     RUNNING_HERE.with(|r| std::mem::forget(r.take()));
 }
 
