@@ -9,8 +9,8 @@
 # CI (.ci/run) relies on the wheel being installed there afterwards.
 #
 # Build products stay in target/ (cargo's cache, so the next run is fast): 1.2 GB in a fresh
-# a project report measured 2 GB without that). `cargo clean` removes it.
-# the issue that asked for this measured 2 GB before). `cargo clean` removes it.
+# clone with the workspace's dev profile (line tables only, no debug info for dependencies).
+# `cargo clean` removes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=$(python3 -c 'import sys; print(sys.executable)')
