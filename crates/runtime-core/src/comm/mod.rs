@@ -52,10 +52,11 @@ use std::time::Duration;
 use crate::device::Device;
 use crate::error::{arg_error, DeviceError, Result};
 use crate::kernel::{DType, Tensor};
+use crate::memory::access::{Access, AccessSet};
 use crate::stream::graph::LaunchBound;
 use crate::stream::{FnOp, Op, OpKind, Stream};
 
-pub(crate) use protocol::abort_all;
+pub(crate) use protocol::{abort_all, after_fork, before_fork};
 use protocol::{failure, Message, Part, Shared};
 pub use world::{connect, Connecting, Exchange, Pending, Region, Transport, TransportError};
 
@@ -276,13 +277,14 @@ struct Collective {
     shared: Arc<Shared>,
     local: usize,
     part: Arc<Part>,
+    uses: AccessSet,
 }
 
 impl Collective {
     fn op(&self, seq: u64) -> Arc<dyn Op> {
         let (shared, local, part) = (self.shared.clone(), self.local, self.part.clone());
         let name = part.kind.name();
-        FnOp::shared(name, OpKind::Compute, move || {
+        FnOp::with_accesses(name, OpKind::Compute, self.uses.clone(), move || {
             shared
                 .run(local, seq, part.clone())
                 .map_err(|e| failure(name, e))
@@ -297,6 +299,10 @@ impl LaunchBound for Collective {
 
     fn name(&self) -> &str {
         self.part.kind.name()
+    }
+
+    fn accesses(&self) -> &AccessSet {
+        &self.uses
     }
 }
 
@@ -439,6 +445,7 @@ impl Communicator {
         let op = Collective {
             shared: self.shared.clone(),
             local: self.local,
+            uses: part.accesses(),
             part: Arc::new(part),
         };
         stream.enqueue_bound(Arc::new(op))?;
@@ -677,19 +684,24 @@ impl Communicator {
         let name = if sending { "send" } else { "recv" };
         let (shared, local, t) = (self.shared.clone(), self.local, buf.clone());
         let rank = self.rank();
+        let uses = buf
+            .buffer()
+            .access(if sending { Access::Read } else { Access::Write });
         let op = match self.shared.local_of(peer) {
-            Some(peer_local) if sending => FnOp::shared(name, OpKind::Compute, move || {
-                let bytes = reduce::stage(&t).map_err(|e| failure(name, e))?;
-                let msg = Message {
-                    dtype: t.dtype(),
-                    count: t.len(),
-                    bytes,
-                };
-                shared
-                    .post(local, peer_local, msg)
-                    .map_err(|e| failure(name, e))
-            }),
-            Some(peer_local) => FnOp::shared(name, OpKind::Compute, move || {
+            Some(peer_local) if sending => {
+                FnOp::with_accesses(name, OpKind::Compute, uses, move || {
+                    let bytes = reduce::stage(&t).map_err(|e| failure(name, e))?;
+                    let msg = Message {
+                        dtype: t.dtype(),
+                        count: t.len(),
+                        bytes,
+                    };
+                    shared
+                        .post(local, peer_local, msg)
+                        .map_err(|e| failure(name, e))
+                })
+            }
+            Some(peer_local) => FnOp::with_accesses(name, OpKind::Compute, uses, move || {
                 let msg = shared
                     .take(peer_local, local)
                     .map_err(|e| failure(name, e))?;
@@ -722,7 +734,7 @@ impl Communicator {
                 } else {
                     w.tag(peer_local, local)
                 };
-                FnOp::shared(name, OpKind::Compute, move || {
+                FnOp::with_accesses(name, OpKind::Compute, uses, move || {
                     let w = shared.world.as_ref().expect("spans processes");
                     let what = format!(
                         "{name} of {} x {} {} rank {peer} (rank {rank} of Communicator#{})",

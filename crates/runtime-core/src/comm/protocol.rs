@@ -23,6 +23,7 @@ use crate::clock::deadline_after;
 use crate::device::Device;
 use crate::error::{arg_error, Error, KernelFailure, Result, StreamError};
 use crate::kernel::{DType, Tensor};
+use crate::memory::access::{Access, AccessSet};
 
 use super::reduce;
 use super::world::World;
@@ -39,6 +40,15 @@ pub(super) struct Part {
 }
 
 impl Part {
+    /// The device memory this rank's part touches: its send tensor read, its recv written
+    /// (one allocation in place: written). Other local ranks (or the leader) reach these
+    /// buffers only while this rank's op runs inside the collective, holding them.
+    pub(super) fn accesses(&self) -> AccessSet {
+        let send = self.send.iter().map(|t| (t.buffer(), Access::Read));
+        let recv = self.recv.iter().map(|t| (t.buffer(), Access::Write));
+        AccessSet::new(send.chain(recv))
+    }
+
     fn describe(&self) -> String {
         match self.dtype {
             Some(d) => format!("{} of {} x {}", self.kind.describe(), self.count, d.name()),
@@ -99,6 +109,20 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Live communicators, so that shutdown can release their pending collectives.
 static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+static FORK: crate::sync::ForkGuarded<Mutex<Vec<Weak<Shared>>>> =
+    crate::sync::ForkGuarded::new(|| &LIVE);
+
+/// Around `fork()`: hold the list of live communicators (see `runtime::install_fork_handlers`).
+pub(crate) fn before_fork(wait: Duration) {
+    FORK.before_fork(wait);
+}
+
+/// After `fork()`: release what [`before_fork`] took (in the child also a hold of a thread
+/// that vanished in the fork).
+pub(crate) fn after_fork(child: bool) {
+    FORK.after_fork(child);
+}
 
 /// Abort every live communicator (shutdown calls this first, so that no collective waiting
 /// for a rank keeps the drain waiting until its timeout).

@@ -196,17 +196,18 @@ pub(crate) fn range(count: usize, r: usize, n: usize) -> (usize, usize) {
 /// A shared view of elements `[lo, hi)` of `t`.
 fn view<T: Num>(t: &Tensor, lo: usize, hi: usize) -> &[T] {
     let off = t.offset() + (lo * size_of::<T>()) as u64;
-    // SAFETY: `Buffer::slice` checks bounds and alignment itself (panicking otherwise). No
-    // exclusive view of these bytes exists meanwhile: within a collective only this rank
-    // touches this element range of any participating tensor (disjoint shares; spanning
-    // processes, only the leader touches the local tensors and its staging, and an exchange's
-    // regions only under their step's lock while the leader waits for it), each tile's shared
-    // view is dropped before any exclusive view of the same bytes is made, and inputs and
-    // outputs of one rank are identical or disjoint (checked at issue; `copy_bytes` copies
-    // overlapping ranges through a temporary). The ranks' streams are all inside this
-    // collective, so they do not touch these buffers; other streams' accesses are ordered by
-    // the caller, as for kernels.
-    unsafe { t.buffer().slice::<T>(off, hi - lo) }
+    // SAFETY: `Buffer::slice_unsynchronized` checks bounds and alignment itself (panicking
+    // otherwise). No exclusive view of these bytes exists meanwhile: within a collective only
+    // this rank touches this element range of any participating tensor (disjoint shares;
+    // spanning processes, only the leader touches the local tensors and its staging, and an
+    // exchange's regions only under their step's lock while the leader waits for it), each
+    // tile's shared view is dropped before any exclusive view of the same bytes is made, and
+    // inputs and outputs of one rank are identical or disjoint (checked at issue; `copy_bytes`
+    // copies overlapping ranges through a temporary). Every local rank's op is running inside
+    // this collective and holds its tensors' allocations (`Part::accesses`) until the
+    // collective is done, so no other op or host thread touches these buffers meanwhile;
+    // staging allocations are the step's own.
+    unsafe { t.buffer().slice_unsynchronized::<T>(off, hi - lo) }
 }
 
 /// An exclusive view of elements `[lo, hi)` of `t`.
@@ -215,7 +216,7 @@ fn view_mut<T: Num>(t: &Tensor, lo: usize, hi: usize) -> &mut [T] {
     let off = t.offset() + (lo * size_of::<T>()) as u64;
     // SAFETY: as for `view`; in addition the view is the only one of these bytes alive (each
     // is made, written and dropped within one statement of the tile loop).
-    unsafe { t.buffer().slice_mut::<T>(off, hi - lo) }
+    unsafe { t.buffer().slice_mut_unsynchronized::<T>(off, hi - lo) }
 }
 
 fn tile_elems<T>() -> usize {
@@ -489,9 +490,12 @@ pub(crate) fn write_bytes(t: &Tensor, at: usize, src: &[u8]) {
 
 /// A shared view of `len` bytes at byte `at` of `t`.
 fn bytes(t: &Tensor, at: usize, len: usize) -> &[u8] {
-    // SAFETY: as for `view` (bytes have no alignment requirement; `Buffer::slice` checks the
-    // bounds).
-    unsafe { t.buffer().slice::<u8>(t.offset() + at as u64, len) }
+    // SAFETY: as for `view` (bytes have no alignment requirement;
+    // `Buffer::slice_unsynchronized` checks the bounds).
+    unsafe {
+        t.buffer()
+            .slice_unsynchronized::<u8>(t.offset() + at as u64, len)
+    }
 }
 
 /// An exclusive view of `len` bytes at byte `at` of `t`.
@@ -499,5 +503,8 @@ fn bytes(t: &Tensor, at: usize, len: usize) -> &[u8] {
 fn bytes_mut(t: &Tensor, at: usize, len: usize) -> &mut [u8] {
     // SAFETY: as for `view_mut`: the view is the only one of these bytes alive (made, written
     // and dropped within one statement of its caller).
-    unsafe { t.buffer().slice_mut::<u8>(t.offset() + at as u64, len) }
+    unsafe {
+        t.buffer()
+            .slice_mut_unsynchronized::<u8>(t.offset() + at as u64, len)
+    }
 }

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use crate::event::EventInner;
+use crate::memory::access::AccessSet;
 use crate::stream::command::Op;
 
 /// A captured operation that takes something at each launch: a collective takes its sequence
@@ -16,6 +17,8 @@ pub(crate) trait LaunchBound: Send + Sync {
     fn bind(&self) -> Arc<dyn Op>;
     /// Name shown by [`Graph::node_names`].
     fn name(&self) -> &str;
+    /// The device memory every bound op touches (see [`Op::accesses`]).
+    fn accesses(&self) -> &AccessSet;
 }
 
 /// One captured step.
@@ -36,6 +39,8 @@ pub(crate) enum Node {
 
 pub(crate) struct GraphInner {
     pub(crate) nodes: Vec<Node>,
+    /// Every allocation its ops touch: noted as one use when a replay is queued.
+    pub(crate) accesses: AccessSet,
     /// The device it was captured on.
     pub(crate) device: usize,
     /// The runtime generation it was captured under.
@@ -76,6 +81,7 @@ impl GraphInner {
             .collect();
         Arc::new(GraphInner {
             nodes,
+            accesses: self.accesses.clone(),
             device: self.device,
             generation: self.generation,
         })
@@ -94,8 +100,14 @@ impl std::fmt::Debug for Graph {
 
 impl Graph {
     pub(crate) fn new(nodes: Vec<Node>, device: usize, generation: u64) -> Graph {
+        let accesses = AccessSet::union(nodes.iter().filter_map(|n| match n {
+            Node::Op(op) => Some(op.accesses()),
+            Node::Launch(l) => Some(l.accesses()),
+            _ => None,
+        }));
         Graph(Arc::new(GraphInner {
             nodes,
+            accesses,
             device,
             generation,
         }))
