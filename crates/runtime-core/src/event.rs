@@ -37,10 +37,10 @@ static NEXT_EVENT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 
 /// Every user event made and not yet dropped (weakly), so that `shutdown` can fail the ones
 /// still unset instead of leaving streams blocked on them.
-static USER_EVENTS: parking_lot::Mutex<Vec<std::sync::Weak<EventInner>>> =
-    parking_lot::Mutex::new(Vec::new());
+static USER_EVENTS: crate::sync::StaticMutex<Vec<std::sync::Weak<EventInner>>> =
+    crate::sync::StaticMutex::new(Vec::new());
 
-static FORK: crate::sync::ForkGuarded<parking_lot::Mutex<Vec<std::sync::Weak<EventInner>>>> =
+static FORK: crate::sync::ForkGuarded<crate::sync::StaticMutex<Vec<std::sync::Weak<EventInner>>>> =
     crate::sync::ForkGuarded::new(|| &USER_EVENTS);
 
 /// Around `fork()`: hold the list of user events (see `runtime::install_fork_handlers`).

@@ -269,9 +269,9 @@ struct Watcher {
 
 /// The watcher of this process (with the fork count it was started under: a forked child
 /// starts its own).
-static WATCHER: WatcherSlot = parking_lot::const_mutex(None);
+static WATCHER: WatcherSlot = crate::sync::StaticMutex::new(None);
 
-type WatcherSlot = parking_lot::Mutex<Option<(u64, Arc<Watcher>)>>;
+type WatcherSlot = crate::sync::StaticMutex<Option<(u64, Arc<Watcher>)>>;
 
 static WATCHER_FORK: crate::sync::ForkGuarded<WatcherSlot> =
     crate::sync::ForkGuarded::new(|| &WATCHER);

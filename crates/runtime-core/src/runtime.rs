@@ -19,8 +19,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
-
 use crate::config::{Config, ConfigBuilder};
 use crate::device::{Device, DeviceProperties};
 use crate::error::{arg_error, DeviceError, Error, Result, StreamError};
@@ -61,7 +59,8 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
-static RUNTIME: RwLock<Option<Arc<Runtime>>> = RwLock::new(None);
+static RUNTIME: crate::sync::StaticRwLock<Option<Arc<Runtime>>> =
+    crate::sync::StaticRwLock::new(None);
 /// The generation of the runtime installed now (0 when not initialised). A handle made under
 /// another generation belongs to a runtime that was shut down.
 pub fn live_generation() -> u64 {
@@ -282,7 +281,7 @@ fn install_fork_handlers() {
 const FORK_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The runtime slot's lock, as the fork handlers take and release it.
-static RUNTIME_FORK: crate::sync::ForkGuarded<RwLock<Option<Arc<Runtime>>>> =
+static RUNTIME_FORK: crate::sync::ForkGuarded<crate::sync::StaticRwLock<Option<Arc<Runtime>>>> =
     crate::sync::ForkGuarded::new(|| &RUNTIME);
 
 /// `pthread_atfork` prepare handler: take the runtime's process-wide locks so that no other

@@ -59,86 +59,122 @@ where
     std::thread::Builder::new().name(name).spawn(f)
 }
 
+/// A process-wide mutex (a `static` of the core): std's futex mutex, whose state is the lock
+/// word alone. parking_lot's locks are not used for these: parking_lot queues waiters in a
+/// process-wide table, so a child forked while threads waited on a lock inherits their
+/// entries, and its unlocks then wake (or hand the lock to) threads that do not exist there:
+/// the child's own waiters sleep for ever. Poisoning is ignored (as parking_lot has none): a
+/// panic under these locks leaves bookkeeping whole.
+#[derive(Debug, Default)]
+pub(crate) struct StaticMutex<T>(std::sync::Mutex<T>);
+
+impl<T> StaticMutex<T> {
+    pub(crate) const fn new(t: T) -> Self {
+        StaticMutex(std::sync::Mutex::new(t))
+    }
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, T> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A process-wide reader-writer lock (a `static` of the core); see [`StaticMutex`].
+#[derive(Debug, Default)]
+pub(crate) struct StaticRwLock<T>(std::sync::RwLock<T>);
+
+impl<T> StaticRwLock<T> {
+    pub(crate) const fn new(t: T) -> Self {
+        StaticRwLock(std::sync::RwLock::new(t))
+    }
+    pub(crate) fn read(&self) -> std::sync::RwLockReadGuard<'_, T> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+    pub(crate) fn write(&self) -> std::sync::RwLockWriteGuard<'_, T> {
+        self.0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The locks [`ForkGuarded`] handles: the process-wide [`StaticMutex`] and [`StaticRwLock`].
+pub(crate) trait ForkLock: Sync + 'static {
+    /// Take the lock exclusively within `wait`; its guard, boxed, if it was taken.
+    fn take_for(&'static self, wait: std::time::Duration) -> Option<Box<dyn std::any::Any>>;
+}
+
+/// Try `take` until it succeeds or `wait` has passed (std's locks have no timed lock).
+fn retry_for<G>(wait: std::time::Duration, mut take: impl FnMut() -> Option<G>) -> Option<G> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        if let Some(g) = take() {
+            return Some(g);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    }
+}
+
+impl<T: Send + 'static> ForkLock for StaticMutex<T> {
+    fn take_for(&'static self, wait: std::time::Duration) -> Option<Box<dyn std::any::Any>> {
+        retry_for(wait, || match self.0.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        })
+        .map(|g| Box::new(g) as Box<dyn std::any::Any>)
+    }
+}
+
+impl<T: Send + Sync + 'static> ForkLock for StaticRwLock<T> {
+    fn take_for(&'static self, wait: std::time::Duration) -> Option<Box<dyn std::any::Any>> {
+        retry_for(wait, || match self.0.try_write() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        })
+        .map(|g| Box::new(g) as Box<dyn std::any::Any>)
+    }
+}
+
+std::thread_local! {
+    /// The guards the prepare handler took, in the order it took them (`None` for a lock it
+    /// could not take in time). The handlers of one fork all run on the forking thread.
+    static FORK_HOLDS: std::cell::RefCell<Vec<Option<Box<dyn std::any::Any>>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// A process-wide lock the `fork()` handlers take around the fork (see
 /// `runtime::install_fork_handlers`): [`ForkGuarded::before_fork`] takes it (waiting at most
-/// a bound) and remembers whether it did; [`ForkGuarded::after_fork`] releases exactly that
-/// in the parent, and in the child also a hold of a thread that vanished in the fork.
+/// a bound) and keeps its guard; [`ForkGuarded::after_fork`] drops that guard, in the parent
+/// and in the child alike (the handlers release in the reverse order of taking). Nothing is
+/// force-unlocked: a guard is an ordinary guard, and std's unlock copes with waiters that
+/// vanished in the fork. A lock the prepare handler could not take in time (another thread
+/// held it past the bound) stays held in the child by a thread that does not exist there.
 pub(crate) struct ForkGuarded<T: 'static> {
     lock: fn() -> &'static T,
-    held: std::sync::atomic::AtomicBool,
-}
-
-/// The locks [`ForkGuarded`] handles: parking_lot's mutex and reader-writer lock.
-pub(crate) trait ForkLock {
-    /// Take the lock (exclusively) within `wait` and forget the guard; whether it was taken.
-    fn take_for(&self, wait: std::time::Duration) -> bool;
-    /// Release a hold whose guard was forgotten.
-    ///
-    /// # Safety
-    /// The lock is held (exclusively, or shared by threads that no longer exist) and no guard
-    /// of it is alive.
-    unsafe fn release(&self);
-    /// Whether it is held at all.
-    fn is_held(&self) -> bool;
-}
-
-impl<T> ForkLock for parking_lot::Mutex<T> {
-    fn take_for(&self, wait: std::time::Duration) -> bool {
-        self.try_lock_for(wait).map(std::mem::forget).is_some()
-    }
-    unsafe fn release(&self) {
-        // SAFETY: the caller's contract.
-        unsafe { self.force_unlock() }
-    }
-    fn is_held(&self) -> bool {
-        self.is_locked()
-    }
-}
-
-impl<T> ForkLock for parking_lot::RwLock<T> {
-    fn take_for(&self, wait: std::time::Duration) -> bool {
-        self.try_write_for(wait).map(std::mem::forget).is_some()
-    }
-    unsafe fn release(&self) {
-        if self.is_locked_exclusive() {
-            // SAFETY: the caller's contract.
-            unsafe { self.force_unlock_write() };
-        }
-        while self.is_locked() {
-            // SAFETY: the caller's contract (readers that vanished in the fork).
-            unsafe { self.force_unlock_read() };
-        }
-    }
-    fn is_held(&self) -> bool {
-        self.is_locked()
-    }
 }
 
 impl<T: ForkLock> ForkGuarded<T> {
     pub(crate) const fn new(lock: fn() -> &'static T) -> Self {
-        ForkGuarded {
-            lock,
-            held: std::sync::atomic::AtomicBool::new(false),
-        }
+        ForkGuarded { lock }
     }
 
     /// Prepare handler: take the lock within `wait`.
     pub(crate) fn before_fork(&self, wait: std::time::Duration) {
-        let took = (self.lock)().take_for(wait);
-        self.held.store(took, std::sync::atomic::Ordering::SeqCst);
+        let guard = (self.lock)().take_for(wait);
+        FORK_HOLDS.with(|h| h.borrow_mut().push(guard));
     }
 
-    /// Parent or child handler.
-    pub(crate) fn after_fork(&self, child: bool) {
-        let mine = self.held.swap(false, std::sync::atomic::Ordering::SeqCst);
-        let lock = (self.lock)();
-        if mine || (child && lock.is_held()) {
-            // SAFETY: in the parent, the prepare handler took the lock on this thread (the
-            // one that forked) and forgot its guard. In the child, the calling thread is the
-            // only one: whoever holds the lock is that hold of the prepare handler or a
-            // thread that did not survive the fork, and no guard of it is alive here.
-            unsafe { lock.release() };
-        }
+    /// Parent or child handler: release what [`ForkGuarded::before_fork`] took (the last
+    /// hold not yet released: handlers release in the reverse order of taking).
+    pub(crate) fn after_fork(&self, _child: bool) {
+        let guard = FORK_HOLDS.with(|h| h.borrow_mut().pop());
+        drop(guard);
     }
 }
 

@@ -8,10 +8,8 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use parking_lot::Mutex;
-
 static ON: AtomicBool = AtomicBool::new(false);
-static LOG: Mutex<Vec<Record>> = Mutex::new(Vec::new());
+static LOG: crate::sync::StaticMutex<Vec<Record>> = crate::sync::StaticMutex::new(Vec::new());
 
 /// Around `fork()`: hold the log's lock so no other thread is inside it when the process
 /// is copied (see `runtime::before_fork`).
@@ -24,7 +22,7 @@ pub(crate) fn after_fork(child: bool) {
     LOG_FORK.after_fork(child);
 }
 
-static LOG_FORK: crate::sync::ForkGuarded<parking_lot::Mutex<Vec<Record>>> =
+static LOG_FORK: crate::sync::ForkGuarded<crate::sync::StaticMutex<Vec<Record>>> =
     crate::sync::ForkGuarded::new(|| &LOG);
 
 /// What happened.

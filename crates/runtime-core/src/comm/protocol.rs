@@ -108,9 +108,10 @@ pub(super) struct Shared {
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Live communicators, so that shutdown can release their pending collectives.
-static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+static LIVE: crate::sync::StaticMutex<Vec<Weak<Shared>>> =
+    crate::sync::StaticMutex::new(Vec::new());
 
-static FORK: crate::sync::ForkGuarded<Mutex<Vec<Weak<Shared>>>> =
+static FORK: crate::sync::ForkGuarded<crate::sync::StaticMutex<Vec<Weak<Shared>>>> =
     crate::sync::ForkGuarded::new(|| &LIVE);
 
 /// Around `fork()`: hold the list of live communicators (see `runtime::install_fork_handlers`).

@@ -18,8 +18,6 @@ pub use dtype::DType;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 
-use parking_lot::RwLock;
-
 use crate::error::{arg_error, ArgError, KernelFailure, Result};
 use crate::memory::access::{Access, AccessSet};
 use crate::memory::{Buffer, Element, MemorySpan};
@@ -257,16 +255,18 @@ pub trait Kernel: Send + Sync {
     fn run(&self, args: &Args) -> Result<(), KernelFailure>;
 }
 
-static REGISTRY: LazyLock<RwLock<HashMap<String, Arc<dyn Kernel>>>> = LazyLock::new(|| {
-    let mut m: HashMap<String, Arc<dyn Kernel>> = HashMap::new();
-    for k in builtin::all() {
-        m.insert(k.name().to_string(), k);
-    }
-    RwLock::new(m)
-});
+static REGISTRY: LazyLock<crate::sync::StaticRwLock<HashMap<String, Arc<dyn Kernel>>>> =
+    LazyLock::new(|| {
+        let mut m: HashMap<String, Arc<dyn Kernel>> = HashMap::new();
+        for k in builtin::all() {
+            m.insert(k.name().to_string(), k);
+        }
+        crate::sync::StaticRwLock::new(m)
+    });
 
-static REGISTRY_FORK: crate::sync::ForkGuarded<RwLock<HashMap<String, Arc<dyn Kernel>>>> =
-    crate::sync::ForkGuarded::new(|| &REGISTRY);
+static REGISTRY_FORK: crate::sync::ForkGuarded<
+    crate::sync::StaticRwLock<HashMap<String, Arc<dyn Kernel>>>,
+> = crate::sync::ForkGuarded::new(|| &REGISTRY);
 
 /// Around `fork()`: hold the registry's lock so no other thread is inside it when the
 /// process is copied (see `runtime::install_fork_handlers`).

@@ -11,14 +11,13 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use parking_lot::Mutex;
-
 use super::Buffer;
 
 /// Open scopes, and the buffers held until the last one closes.
-static STATE: Mutex<(usize, Vec<Buffer>)> = Mutex::new((0, Vec::new()));
+static STATE: crate::sync::StaticMutex<(usize, Vec<Buffer>)> =
+    crate::sync::StaticMutex::new((0, Vec::new()));
 
-static FORK: crate::sync::ForkGuarded<Mutex<(usize, Vec<Buffer>)>> =
+static FORK: crate::sync::ForkGuarded<crate::sync::StaticMutex<(usize, Vec<Buffer>)>> =
     crate::sync::ForkGuarded::new(|| &STATE);
 
 /// Around `fork()`: hold the defer scopes' state (see `runtime::install_fork_handlers`).

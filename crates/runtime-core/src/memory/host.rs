@@ -143,7 +143,8 @@ impl SharedFile {
 }
 
 /// The device memory file of this process (made on first use, and again in a forked child).
-static SHARED: parking_lot::Mutex<Option<Arc<SharedFile>>> = parking_lot::const_mutex(None);
+static SHARED: crate::sync::StaticMutex<Option<Arc<SharedFile>>> =
+    crate::sync::StaticMutex::new(None);
 
 /// This process's device memory file.
 pub(crate) fn shared_file() -> io::Result<Arc<SharedFile>> {
@@ -689,7 +690,7 @@ impl CopyPool {
 /// helpers did not survive the fork; the parent's pool is leaked there).
 static POOL: std::sync::atomic::AtomicPtr<CopyPool> =
     std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
-static POOL_INIT: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+static POOL_INIT: crate::sync::StaticMutex<()> = crate::sync::StaticMutex::new(());
 
 fn copy_pool() -> &'static CopyPool {
     use std::sync::atomic::Ordering;
@@ -717,9 +718,9 @@ pub(crate) fn after_fork_in_child() {
     POOL.store(std::ptr::null_mut(), std::sync::atomic::Ordering::Release);
 }
 
-static SHARED_FORK: crate::sync::ForkGuarded<parking_lot::Mutex<Option<Arc<SharedFile>>>> =
+static SHARED_FORK: crate::sync::ForkGuarded<crate::sync::StaticMutex<Option<Arc<SharedFile>>>> =
     crate::sync::ForkGuarded::new(|| &SHARED);
-static POOL_INIT_FORK: crate::sync::ForkGuarded<parking_lot::Mutex<()>> =
+static POOL_INIT_FORK: crate::sync::ForkGuarded<crate::sync::StaticMutex<()>> =
     crate::sync::ForkGuarded::new(|| &POOL_INIT);
 
 /// Around `fork()`: hold the device memory file's slot and the copy pool's start lock (see

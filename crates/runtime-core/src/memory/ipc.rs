@@ -52,7 +52,7 @@ static NEXT_IMPORT_ID: AtomicU64 = AtomicU64::new(1 << 48);
 /// imported. Opening a handle whose block is here returns that allocation, so one process
 /// never holds two allocations over the same memory (an alias would have its own lock, and
 /// its own idea of which bytes overlap).
-static OPEN: OpenTable = parking_lot::const_mutex(Vec::new());
+static OPEN: OpenTable = crate::sync::StaticMutex::new(Vec::new());
 
 /// Note `alloc` as the allocation of the memory `key` (dropping entries whose allocation is
 /// gone).
@@ -70,7 +70,7 @@ fn find_open(key: (u64, u64)) -> Option<Arc<Allocation>> {
         .find_map(|(_, a)| a.upgrade())
 }
 
-type OpenTable = parking_lot::Mutex<Vec<((u64, u64), std::sync::Weak<Allocation>)>>;
+type OpenTable = crate::sync::StaticMutex<Vec<((u64, u64), std::sync::Weak<Allocation>)>>;
 
 static OPEN_FORK: crate::sync::ForkGuarded<OpenTable> = crate::sync::ForkGuarded::new(|| &OPEN);
 
@@ -92,9 +92,10 @@ pub(crate) fn after_fork(child: bool) {
 }
 
 /// Imported buffers and their bytes, by device.
-static IMPORTED: parking_lot::Mutex<Vec<(u64, u64)>> = parking_lot::const_mutex(Vec::new());
+static IMPORTED: crate::sync::StaticMutex<Vec<(u64, u64)>> =
+    crate::sync::StaticMutex::new(Vec::new());
 
-static IMPORTED_FORK: crate::sync::ForkGuarded<parking_lot::Mutex<Vec<(u64, u64)>>> =
+static IMPORTED_FORK: crate::sync::ForkGuarded<crate::sync::StaticMutex<Vec<(u64, u64)>>> =
     crate::sync::ForkGuarded::new(|| &IMPORTED);
 
 /// Live imported buffers on a device and their bytes (mapped pages, whole pages).

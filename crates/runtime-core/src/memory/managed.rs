@@ -17,8 +17,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
-
 use super::{Allocation, Buffer, DeviceMemory};
 use crate::clock::now_ns;
 use crate::error::{arg_error, Result};
@@ -141,7 +139,8 @@ struct Entry {
     state: ManagedState,
 }
 
-static REGISTRY: Mutex<Option<HashMap<usize, Entry>>> = Mutex::new(None);
+static REGISTRY: crate::sync::StaticMutex<Option<HashMap<usize, Entry>>> =
+    crate::sync::StaticMutex::new(None);
 
 fn key(b: &Buffer) -> usize {
     Arc::as_ptr(&b.alloc) as usize
@@ -246,7 +245,7 @@ pub(crate) fn note_prefetch(b: &Buffer, location: Location) {
     update(b, |s| s.last_prefetch = Some(location));
 }
 
-static FORK: crate::sync::ForkGuarded<Mutex<Option<HashMap<usize, Entry>>>> =
+static FORK: crate::sync::ForkGuarded<crate::sync::StaticMutex<Option<HashMap<usize, Entry>>>> =
     crate::sync::ForkGuarded::new(|| &REGISTRY);
 
 /// Around `fork()`: hold the lock so that no other thread is inside it when the process is

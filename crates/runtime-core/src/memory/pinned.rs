@@ -30,8 +30,6 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
-
 use crate::error::{DeviceError, MemoryError, Result};
 
 /// Requests up to this many bytes are rounded up to a power of two; larger ones to whole pages.
@@ -139,7 +137,7 @@ struct Pool {
     next_id: u64,
 }
 
-static POOL: Mutex<Pool> = Mutex::new(Pool {
+static POOL: crate::sync::StaticMutex<Pool> = crate::sync::StaticMutex::new(Pool {
     cache: BTreeMap::new(),
     live: BTreeMap::new(),
     stats: HostMemoryStats {
@@ -427,7 +425,8 @@ impl PinnedBuffer {
     }
 }
 
-static FORK: crate::sync::ForkGuarded<Mutex<Pool>> = crate::sync::ForkGuarded::new(|| &POOL);
+static FORK: crate::sync::ForkGuarded<crate::sync::StaticMutex<Pool>> =
+    crate::sync::ForkGuarded::new(|| &POOL);
 
 /// Around `fork()`: hold the lock so that no other thread is inside it when the process is
 /// copied (see `runtime::install_fork_handlers`).

@@ -37,11 +37,12 @@ use crate::event::EventInner;
 static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 
 /// Event id -> the session whose capture recorded it last.
-static RECORDED_IN: LazyLock<Mutex<HashMap<u64, Weak<Session>>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
+static RECORDED_IN: LazyLock<crate::sync::StaticMutex<HashMap<u64, Weak<Session>>>> =
+    LazyLock::new(|| crate::sync::StaticMutex::new(HashMap::new()));
 
-static RECORDED_FORK: crate::sync::ForkGuarded<Mutex<HashMap<u64, Weak<Session>>>> =
-    crate::sync::ForkGuarded::new(|| &RECORDED_IN);
+static RECORDED_FORK: crate::sync::ForkGuarded<
+    crate::sync::StaticMutex<HashMap<u64, Weak<Session>>>,
+> = crate::sync::ForkGuarded::new(|| &RECORDED_IN);
 
 /// Around `fork()`: hold the record map's lock (see `runtime::install_fork_handlers`).
 pub(crate) fn before_fork(wait: std::time::Duration) {
