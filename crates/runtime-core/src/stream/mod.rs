@@ -1016,13 +1016,22 @@ fn fail(s: &StreamInner, mut e: KernelFailure) {
     drop(slot);
 }
 
-/// A wait on a user event that was completed as failed fails the waiting stream.
+/// A wait whose event completed without its work having run fails the waiting stream: a user
+/// event completed as failed, or an interprocess event whose exporter (or recorder) died. The
+/// work behind the wait is skipped until the error is reported, as behind a failing kernel.
 fn check_wait(s: &StreamInner, ev: &crate::event::EventInner) {
     if let Some(why) = ev.failure() {
         fail(
             s,
             KernelFailure::new(format!("wait(UserEvent#{})", ev.id), why.to_string()),
         );
+    } else if ev.shared.get().is_some() {
+        if let Some(e) = ev.wait_failure() {
+            let mut f = KernelFailure::new(format!("wait(Event#{})", ev.id), e.to_string());
+            // Reported as the error itself (`InvalidHandle`), as a wait on the event would.
+            f.payload = Some(Arc::new(e));
+            fail(s, f);
+        }
     }
 }
 
