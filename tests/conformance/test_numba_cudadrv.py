@@ -113,6 +113,26 @@ def test_memcpy():
     np.testing.assert_array_equal(hst, hst2)
 
 
+# numba: numba/cuda/tests/cudadrv/test_cuda_driver.py::TestCudaDriver::test_cuda_driver_stream_operations
+def test_cuda_driver_stream_operations():
+    # host_to_device, a kernel writing each index, then device_to_host(stream=) into a ctypes
+    # array that is read at once: into pageable memory the queued copy is complete on return.
+    array = (ctypes.c_int * 100)()
+    stream = runtime.Stream()
+    with stream.auto_synchronize():
+        memory = runtime.device_malloc(0, ctypes.sizeof(array))
+        runtime.memcpy_host_to_device(memory, array, stream, count=ctypes.sizeof(array))
+
+        def helloworld(a):
+            a[:] = np.arange(100, dtype=np.int32)
+
+        stream.launch_kernel(helloworld, (memory.view("int32"),))
+    stream.launch_kernel(lambda: threading.Event().wait(0.05))  # still busy at the copy
+    runtime.memcpy_device_to_host(array, memory, stream, count=ctypes.sizeof(array))
+    for i, v in enumerate(array):
+        assert i == v
+
+
 # numba: numba/cuda/tests/cudadrv/test_cuda_memory.py::TestCudaMemoryFunctions::test_memset
 def test_memset():
     n = 10
