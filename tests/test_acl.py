@@ -821,3 +821,76 @@ def test_threads_allocate_copy_and_free_concurrently():
     for t in threads:
         t.join(60)
     assert errors == []
+
+
+def test_wrong_types_raise_type_error_before_any_lookup():
+    # A list or array where pyACL parses an int is a TypeError, as every other wrong type of
+    # the face, never a return code (a table lookup of the unhashable value ran first).
+    p = dev_alloc(64)
+    for call in (
+        lambda: acl.rt.free([p]),
+        lambda: acl.rt.free(np.array([p])),
+        lambda: acl.rt.synchronize_stream([0]),
+        lambda: acl.rt.record_event([1], 0),
+        lambda: acl.rt.record_event(1, [0]),
+        lambda: acl.op.cast([0], 0, 0, 0, 0, 0),
+        lambda: acl.op.execute_with_handle(0, [], [], [0]),
+    ):
+        with pytest.raises(TypeError, match="args parse failed"):
+            call()
+    assert acl.rt.free(p) == ACL_SUCCESS  # untouched by the refused calls
+
+
+def test_wrong_argument_counts_raise_type_error():
+    # pyACL's own unit test expects the exception for acl.util.start_thread() (the face's
+    # wrapper turned argument-count errors into return codes).
+    with pytest.raises(TypeError, match="acl.util.start_thread args parse failed"):
+        acl.util.start_thread()
+    with pytest.raises(TypeError):
+        acl.rt.malloc(64)
+    with pytest.raises(TypeError, match="acl.rt.destroy_stream args parse failed"):
+        acl.rt.destroy_stream()
+    with pytest.raises(TypeError, match="acl.rt.stream_query args parse failed"):
+        acl.rt.stream_query(1, 2)
+    with pytest.raises(TypeError):
+        acl.rt.create_stream(1)
+    with pytest.raises(TypeError):
+        acl.rt.memcpy(0, 0, 0, 0)  # a plain function: Python's own TypeError
+    # A TypeError raised inside a call is still the call's failure code.
+    tid, ret = acl.util.start_thread(lambda: None, None)
+    assert ret == ACL_SUCCESS
+    assert acl.util.stop_thread(tid) == ACL_SUCCESS
+
+
+def test_memcpy_async_into_pageable_host_memory_is_complete_on_return():
+    # aclrtMemcpyAsync follows CUDA's rule: into pageable memory (bytes_to_ptr) the copy is
+    # done when the call returns; into acl.rt.malloc_host memory it runs in stream order.
+    from runtime.acl import _state
+
+    n = 64
+    want = np.arange(n, dtype=np.uint8)
+    d = dev_alloc(n)
+    src = want.tobytes()
+    assert acl.rt.memcpy(d, n, acl.util.bytes_to_ptr(src), n, H2D) == ACL_SUCCESS
+    stream, ret = acl.rt.create_stream()
+    assert ret == ACL_SUCCESS
+    held = _state.handles[stream].stream  # hold the stream with a host function (no timing)
+    gate = threading.Event()
+    held.launch_host_func(gate.wait, 10)
+    threading.Timer(0.02, gate.set).start()
+    host = bytes(n)  # pyACL's idiom: copy into a bytes object's own buffer
+    assert acl.rt.memcpy_async(acl.util.bytes_to_ptr(host), n, d, n, D2H, stream) == 0
+    assert host == want.tobytes()
+    pinned = host_alloc(n)
+    assert acl.rt.memset(pinned, n, 0, n) == ACL_SUCCESS
+    gate2 = threading.Event()
+    held.launch_host_func(gate2.wait, 10)
+    assert acl.rt.memcpy_async(pinned, n, d, n, D2H, stream) == ACL_SUCCESS
+    assert acl.rt.stream_query(stream) == (1, ACL_SUCCESS)  # ACL_STREAM_STATUS_NOT_READY
+    assert np.frombuffer(acl.util.ptr_to_bytes(pinned, n), np.uint8).tolist() == [0] * n
+    gate2.set()
+    assert acl.rt.synchronize_stream(stream) == ACL_SUCCESS
+    assert np.frombuffer(acl.util.ptr_to_bytes(pinned, n), np.uint8).tolist() == want.tolist()
+    acl.rt.free_host(pinned)
+    acl.rt.free(d)
+    assert acl.rt.destroy_stream(stream) == ACL_SUCCESS
