@@ -3,7 +3,8 @@
 //! (`RUSTFLAGS="--cfg loom" cargo test -p runtime-core --lib loom`).
 //!
 //! The mutex and condvar share one by-value API on both sides (`wait` takes and returns the
-//! guard, as loom's does).
+//! guard, as loom's does). `SleepMutex` / `SleepCondvar` are std's futex-based pair (for
+//! locks idle threads sleep on; see there), loom's under `cfg(loom)`.
 
 std::thread_local! {
     static RUNTIME_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -113,6 +114,47 @@ mod imp {
             g
         }
     }
+
+    pub(crate) type SleepGuard<'a, T> = std::sync::MutexGuard<'a, T>;
+
+    /// std's futex-based mutex, for locks that idle threads sleep on: parking_lot keeps one
+    /// process-wide table of parked threads, which a `fork()` can copy locked by a thread
+    /// that does not exist in the child. Poisoning is ignored (nothing is left half-done
+    /// under these locks).
+    #[derive(Debug, Default)]
+    pub(crate) struct SleepMutex<T>(std::sync::Mutex<T>);
+
+    impl<T> SleepMutex<T> {
+        pub(crate) fn new(t: T) -> Self {
+            SleepMutex(std::sync::Mutex::new(t))
+        }
+        pub(crate) fn lock(&self) -> SleepGuard<'_, T> {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        }
+    }
+
+    /// std's condvar, paired with [`SleepMutex`].
+    #[derive(Debug, Default)]
+    pub(crate) struct SleepCondvar(std::sync::Condvar);
+
+    impl SleepCondvar {
+        pub(crate) fn new() -> Self {
+            SleepCondvar(std::sync::Condvar::new())
+        }
+        pub(crate) fn notify_one(&self) {
+            self.0.notify_one();
+        }
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+        pub(crate) fn wait<'a, T>(&self, g: SleepGuard<'a, T>) -> SleepGuard<'a, T> {
+            self.0
+                .wait(g)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        }
+    }
 }
 
 #[cfg(loom)]
@@ -154,7 +196,14 @@ mod imp {
         ) -> MutexGuard<'a, T> {
             self.wait(g)
         }
+        pub(crate) fn notify_one(&self) {
+            self.0.notify_one();
+        }
     }
+
+    pub(crate) type SleepGuard<'a, T> = MutexGuard<'a, T>;
+    pub(crate) type SleepMutex<T> = Mutex<T>;
+    pub(crate) type SleepCondvar = Condvar;
 }
 
-pub(crate) use imp::{Condvar, Mutex};
+pub(crate) use imp::{Condvar, Mutex, SleepCondvar, SleepMutex};
