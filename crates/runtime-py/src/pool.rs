@@ -270,7 +270,8 @@ impl PyMemoryPool {
 
     /// Give back a buffer `malloc` returned (`device_free`): the `free` of
     /// `set_allocator(pool.malloc, pool.free)`, called as `free(buf, nbytes, device)` once
-    /// the runtime no longer uses the buffer.
+    /// the runtime no longer uses the buffer (also after a shutdown, when the buffer's
+    /// runtime is gone: its memory is let go of all the same). Freeing twice is refused.
     #[pyo3(signature = (buf, nbytes=None, device=None))]
     fn free(
         &self,
@@ -286,7 +287,7 @@ impl PyMemoryPool {
         if let Some(d) = device.filter(|d| !d.is_none()) {
             device_arg(d, "device")?;
         }
-        h.get().free(py)?;
+        h.get().release(py)?;
         drain_frees(py);
         Ok(())
     }

@@ -1057,8 +1057,12 @@ impl Buffer {
     /// Torch's `record_stream`: when the allocation is freed (its last handle dropped), its
     /// block is not reused until the work queued on `stream` at that moment has completed.
     /// Recording the same stream twice records it once.
+    ///
+    /// # Errors
+    /// `InvalidHandle` for a buffer of a shut-down runtime, or a destroyed stream.
     pub fn record_stream(&self, stream: Arc<dyn StreamFence>) -> Result<()> {
         self.check()?;
+        stream.check()?;
         let mut rec = self.alloc.recorded.lock();
         if !rec.iter().any(|s| s.fence_id() == stream.fence_id()) {
             rec.push(stream);

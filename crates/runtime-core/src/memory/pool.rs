@@ -37,6 +37,11 @@ pub trait StreamFence: Send + Sync {
     fn submitted(&self) -> u64;
     /// Whether the stream has completed its first `target` operations.
     fn reached(&self, target: u64) -> bool;
+    /// Fails when the stream cannot take work any more (destroyed, or its runtime shut
+    /// down): recording it would name a stream no later work can use.
+    fn check(&self) -> crate::error::Result<()> {
+        Ok(())
+    }
 }
 
 /// A freed block waiting for streams.

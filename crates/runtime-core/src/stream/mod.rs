@@ -1162,4 +1162,8 @@ impl crate::memory::StreamFence for Stream {
     fn reached(&self, target: u64) -> bool {
         Stream::reached(self, target)
     }
+
+    fn check(&self) -> Result<()> {
+        Stream::check(self)
+    }
 }
