@@ -37,8 +37,8 @@ static NEXT_EVENT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 
 /// Every user event made and not yet dropped (weakly), so that `shutdown` can fail the ones
 /// still unset instead of leaving streams blocked on them.
-static USER_EVENTS: parking_lot::Mutex<Vec<std::sync::Weak<EventInner>>> =
-    parking_lot::Mutex::new(Vec::new());
+static USER_EVENTS: crate::sync::lock::Mutex<Vec<std::sync::Weak<EventInner>>> =
+    crate::sync::lock::Mutex::new(Vec::new());
 
 /// What parks on an event until one of its records completes: a stream blocked on a wait.
 /// Events sit below streams, so they only know this much about them.
@@ -368,7 +368,7 @@ pub type CompletionFn = Box<dyn FnOnce(Result<()>) + Send>;
 
 /// A completion callback parked on an event ([`Event::on_complete`]).
 struct Callback {
-    f: parking_lot::Mutex<Option<CompletionFn>>,
+    f: crate::sync::lock::Mutex<Option<CompletionFn>>,
     /// Weak: the event's gate holds this callback while it waits.
     event: std::sync::Weak<EventInner>,
 }
@@ -595,7 +595,7 @@ impl Event {
         self.check()?;
         let target = self.0.recorded();
         let cb = Arc::new(Callback {
-            f: parking_lot::Mutex::new(Some(f)),
+            f: crate::sync::lock::Mutex::new(Some(f)),
             event: Arc::downgrade(&self.0),
         });
         let waiter: Arc<dyn Wake> = cb.clone();

@@ -153,7 +153,7 @@ struct Link {
     dead: AtomicBool,
     /// The latest record abandoned because its recorder died: (number, recorder's pid, 0 if
     /// unknown).
-    abandoned: parking_lot::Mutex<Option<(u64, u32)>>,
+    abandoned: crate::sync::lock::Mutex<Option<(u64, u32)>>,
 }
 
 impl Link {
@@ -199,7 +199,7 @@ struct Participant {
     handle: Option<Vec<u8>>,
     me: std::sync::OnceLock<Weak<EventInner>>,
     /// Taking up remote records, one thread at a time.
-    pulling: parking_lot::Mutex<()>,
+    pulling: crate::sync::lock::Mutex<()>,
 }
 
 impl Participant {
@@ -209,11 +209,11 @@ impl Participant {
                 page,
                 exporter,
                 dead: AtomicBool::new(false),
-                abandoned: parking_lot::Mutex::new(None),
+                abandoned: crate::sync::lock::Mutex::new(None),
             }),
             handle,
             me: std::sync::OnceLock::new(),
-            pulling: parking_lot::Mutex::new(()),
+            pulling: crate::sync::lock::Mutex::new(()),
         })
     }
 }

@@ -44,7 +44,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::lock::{Condvar, Mutex};
 
 use crate::device::Device;
 use crate::error::{arg_error, DeviceError, Error, KernelFailure, Result, StreamError};

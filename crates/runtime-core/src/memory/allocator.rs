@@ -180,7 +180,7 @@ impl DeviceMemory {
                 size,
                 block: 0,
                 id,
-                recorded: parking_lot::Mutex::new(Vec::new()),
+                recorded: crate::sync::lock::Mutex::new(Vec::new()),
                 export: std::sync::OnceLock::new(),
             }),
             offset: 0,

@@ -11,7 +11,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use parking_lot::Mutex;
+use crate::sync::lock::Mutex;
 
 use super::Buffer;
 

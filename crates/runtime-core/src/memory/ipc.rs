@@ -48,7 +48,8 @@ const LIVE: u64 = 0x4556_494c_4350_4952; // "RIPCLIVE"
 static NEXT_IMPORT_ID: AtomicU64 = AtomicU64::new(1 << 48);
 
 /// Imported buffers and their bytes, by device.
-static IMPORTED: parking_lot::Mutex<Vec<(u64, u64)>> = parking_lot::const_mutex(Vec::new());
+static IMPORTED: crate::sync::lock::Mutex<Vec<(u64, u64)>> =
+    crate::sync::lock::Mutex::new(Vec::new());
 
 /// Live imported buffers on a device and their bytes (mapped pages, whole pages).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -463,7 +464,7 @@ impl DeviceMemory {
                 size: h.len,
                 block: 0,
                 id: NEXT_IMPORT_ID.fetch_add(1, Ordering::Relaxed),
-                recorded: parking_lot::Mutex::new(Vec::new()),
+                recorded: crate::sync::lock::Mutex::new(Vec::new()),
                 export: std::sync::OnceLock::new(),
             }),
             offset: 0,

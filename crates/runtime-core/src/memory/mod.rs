@@ -88,7 +88,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use crate::sync::lock::Mutex;
 
 use crate::clock::now_ns;
 use crate::config::Options;

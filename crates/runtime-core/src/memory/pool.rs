@@ -24,7 +24,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use crate::sync::lock::Mutex;
 
 use super::{DeviceMemory, Place};
 use crate::error::{ArgError, Result};

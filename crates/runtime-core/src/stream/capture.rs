@@ -67,7 +67,7 @@ struct State {
 /// The capture shared by the streams taking part in it.
 pub(crate) struct Session {
     origin: u64,
-    state: Mutex<State>,
+    state: crate::sync::lock::Mutex<State>,
 }
 
 impl Drop for Session {
@@ -82,7 +82,7 @@ impl Session {
         ACTIVE.fetch_add(1, Ordering::AcqRel);
         Arc::new(Session {
             origin,
-            state: Mutex::new(State::default()),
+            state: crate::sync::lock::Mutex::new(State::default()),
         })
     }
 

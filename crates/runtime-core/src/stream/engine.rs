@@ -20,8 +20,8 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::sync::lock::Mutex;
 use crossbeam_channel::{Receiver, Sender};
-use parking_lot::Mutex;
 
 use super::command::OpKind;
 use super::{run_stream, Runner, StreamInner, PRIORITY_LEVELS};

@@ -46,7 +46,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use crate::sync::lock::Mutex;
 
 use crate::clock::{deadline_after, now_ns};
 use crate::error::{DeviceError, KernelFailure, Result, StreamError};
