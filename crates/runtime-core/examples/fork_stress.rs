@@ -3,8 +3,8 @@
 //!
 //! Eight threads of the parent launch small ops on four shared streams and synchronise them,
 //! so its threads contend on locks and park and wake all the time; the parent forks `N`
-//! times (default 200), and each child, after `after_fork_in_child`, builds its own runtime,
-//! does the same with three threads for 60 ms and synchronises. A child that has not exited
+//! times (default 200), and each child builds its own runtime, does the same with three
+//! threads for 60 ms and synchronises. A child that has not exited
 //! after 15 s is counted as hung and killed.
 //!
 //! `cargo run --release -p runtime-core --example fork_stress -- 800`
@@ -30,7 +30,7 @@ fn busy(streams: Arc<Vec<Stream>>, k: usize, until: Option<Instant>) {
     while until.is_none_or(|u| Instant::now() < u) {
         let s = &streams[(i + k) % streams.len()];
         let _ = s.launch(FnOp::shared("noop", OpKind::Compute, || Ok(())));
-        if i % 3 == 0 {
+        if i.is_multiple_of(3) {
             let _ = s.synchronize(Some(Duration::from_secs(20)));
         }
         i += 1;
@@ -45,9 +45,9 @@ fn streams(rt: &runtime::Runtime, n: usize) -> Arc<Vec<Stream>> {
     )
 }
 
-/// The child: its own runtime, three busy threads for 60 ms, then a synchronisation.
+/// The child (the runtime's own fork handlers abandoned the parent's runtime): its own
+/// runtime, three busy threads for 60 ms, then a synchronisation.
 fn child() -> ! {
-    runtime::after_fork_in_child();
     let rt = runtime::init(&config()).unwrap();
     let ss = streams(&rt, 3);
     let until = Instant::now() + Duration::from_millis(60);
@@ -79,14 +79,13 @@ fn main() {
     }
     let (mut hung, mut failed) = (0, 0);
     for i in 0..forks {
-        runtime::before_fork();
-        // SAFETY: the child only calls the runtime's after-fork hook and async-signal-unsafe
-        // code of its own fresh runtime, as the Python bindings' children do.
+        // SAFETY: the runtime's `pthread_atfork` handlers (installed by `init`) make the
+        // child consistent; the child then only uses a fresh runtime of its own, as the
+        // Python bindings' children do.
         let pid = unsafe { libc::fork() };
         if pid == 0 {
             child();
         }
-        runtime::after_fork_in_parent();
         let start = Instant::now();
         loop {
             let mut status = 0;

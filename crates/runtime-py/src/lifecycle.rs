@@ -3,8 +3,8 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyString};
-use runtime_core::config::ConfigBuilder;
+use pyo3::types::{PyBool, PyDict, PyInt, PyString};
+use runtime_core::config::{self, ConfigBuilder};
 use runtime_core::runtime as rt;
 
 use crate::convert::type_name;
@@ -26,17 +26,25 @@ pub fn init(
         None => None,
         Some(o) if o.is_none() => None,
         Some(o) => {
+            // The core checks the range and owns its wording, for every int of any size or
+            // sign alike (as it does for RUNTIME_DEVICE_COUNT).
             if o.is_instance_of::<PyBool>() {
                 return Err(PyTypeError::new_err(
                     "device_count must be an int, got bool",
                 ));
             }
-            Some(o.extract::<u64>().map_err(|_| {
-                PyValueError::new_err(format!(
-                    "device_count must be a positive int, got {}",
-                    o.repr().map(|r| r.to_string()).unwrap_or_default()
-                ))
-            })?)
+            let text = if let Ok(n) = o.extract::<i128>() {
+                n.to_string()
+            } else if o.is_instance_of::<PyInt>() {
+                o.str()?.to_string() // beyond i128: out of range all the same
+            } else {
+                // ValueError, as this binding has always raised for a non-int count.
+                return Err(PyValueError::new_err(format!(
+                    "device_count must be an int, got {}",
+                    type_name(o)
+                )));
+            };
+            Some(config::parse_device_count("device_count", &text).map_err(|e| RtErr(e.into()))?)
         }
     };
     let memory = match memory {
@@ -98,7 +106,8 @@ pub fn shutdown(py: Python<'_>) -> PyResult<()> {
     Ok(())
 }
 
-/// Register the process-life hooks: at interpreter exit, and around `os.fork()`.
+/// Register the process-life hooks: at interpreter exit, and after `os.fork()` in the
+/// child (the core's own `fork()` handlers do the rest, for every fork).
 pub fn register_process_hooks(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_function(wrap_pyfunction!(_shutdown_at_exit, m)?)?;
@@ -107,15 +116,8 @@ pub fn register_process_hooks(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Registered at the extension's import, before the package registers `shutdown`: atexit
     // runs this one after it.
     py.import("atexit")?.call_method1("register", (at_exit,))?;
-    let before = wrap_pyfunction!(_before_fork, m)?;
-    let parent = wrap_pyfunction!(_after_fork_in_parent, m)?;
-    let child = wrap_pyfunction!(_after_fork_in_child, m)?;
-    m.add_function(before.clone())?;
-    m.add_function(parent.clone())?;
-    m.add_function(child.clone())?;
+    let child = wrap_pyfunction!(_forget_thread_state, m)?;
     let kw = PyDict::new(py);
-    kw.set_item("before", before)?;
-    kw.set_item("after_in_parent", parent)?;
     kw.set_item("after_in_child", child)?;
     py.import("os")?
         .call_method("register_at_fork", (), Some(&kw))?;
@@ -174,24 +176,11 @@ fn end_on_ctrl_c(py: Python<'_>) -> PyResult<()> {
     Ok(())
 }
 
-/// `os.register_at_fork(before=...)`: take the runtime's process-wide locks across the fork.
-/// The interpreter lock stays held: no thread waits for it while holding one of them.
+/// `os.register_at_fork(after_in_child=...)`: the bindings' per-thread state (current
+/// streams) belongs to the parent's runtime, which the core abandoned in its own fork
+/// handler; it touches no lock.
 #[pyfunction]
-pub fn _before_fork() {
-    rt::before_fork();
-}
-
-/// `os.register_at_fork(after_in_parent=...)`.
-#[pyfunction]
-pub fn _after_fork_in_parent() {
-    rt::after_fork_in_parent();
-}
-
-/// `os.register_at_fork(after_in_child=...)`: abandon the parent's runtime (its threads did
-/// not survive the fork); every inherited handle now fails, and `init()` builds a new one.
-#[pyfunction]
-pub fn _after_fork_in_child() {
-    rt::after_fork_in_child();
+fn _forget_thread_state() {
     stream::clear_thread_state();
 }
 

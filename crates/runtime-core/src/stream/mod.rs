@@ -51,6 +51,7 @@ use crate::sync::lock::Mutex;
 use crate::clock::{deadline_after, now_ns};
 use crate::error::{DeviceError, KernelFailure, Result, StreamError};
 use crate::event::{Event, Wake};
+use crate::memory::access::PendingWork;
 use crate::trace;
 use capture::Session;
 use command::{Command, CommandQueue};
@@ -376,6 +377,20 @@ impl Stream {
         Err(self.busy_from_runtime_thread("a synchronous-mode launch"))
     }
 
+    /// Queue an operation that binds at launch (a collective taking its sequence number): bound
+    /// now and queued, or captured unbound so that each replay binds it at its launch. Never
+    /// runs inline and never waits (in synchronous mode too): a collective must return so that
+    /// the same thread can issue the other ranks' calls. Returns true when queued.
+    pub(crate) fn enqueue_bound(&self, op: Arc<dyn graph::LaunchBound>) -> Result<bool> {
+        let _submitting = self.enter()?;
+        if let Some(session) = self.session() {
+            session.push(self.0.id, Node::Launch(op));
+            return Ok(false);
+        }
+        self.submit(Command::Op(op.bind()));
+        Ok(true)
+    }
+
     /// [`Stream::try_run_inline`] for a blocking submission from a runtime thread: when the
     /// stream has nothing pending but its worker has not let it go yet (it is between its
     /// last command and going idle, or lingering for the next), wait out that moment instead
@@ -429,10 +444,17 @@ impl Stream {
         {
             return Ok(false);
         }
-        let idle = s.done.is_idle() && s.queue.lock().is_empty();
-        if idle {
+        // The op's allocations must be free now: the caller may hold a lock of its own (the
+        // Python bindings hold the interpreter's, which a kernel holding them may need), so
+        // it never blocks here; contended, the op is queued and waited for instead.
+        let held = (s.done.is_idle() && s.queue.lock().is_empty())
+            .then(|| op.accesses().try_acquire())
+            .flatten();
+        let idle = held.is_some();
+        if let Some(held) = held {
             s.done.submit();
-            run_op(s, op.as_ref());
+            run_held(s, op.as_ref());
+            drop(held);
             complete_one(s);
         }
         if release_stream(s) {
@@ -506,7 +528,16 @@ impl Stream {
     /// [`Stream::submit`] without the legacy default stream barrier.
     fn submit_raw(&self, cmd: Command) {
         let s = &self.0;
-        s.done.submit();
+        let target = s.done.submit();
+        let uses = match &cmd {
+            Command::Op(op) => Some(op.accesses()),
+            Command::Graph(g, _) => Some(&g.accesses),
+            Command::Record(..) | Command::Wait(..) => None,
+        };
+        if let Some(uses) = uses.filter(|u| !u.is_empty()) {
+            let me: Arc<dyn PendingWork> = self.0.clone();
+            uses.note(&me, target);
+        }
         s.exec.mark_active(&self.0);
         let kind = cmd.kind();
         if trace::enabled() {
@@ -886,10 +917,19 @@ fn trace_enqueue(s: &StreamInner, cmd: &Command) {
     });
 }
 
-/// After `fork()`, in the child (see `runtime::after_fork_in_child`).
+/// Around `fork()` (see `runtime::install_fork_handlers`): hold the capture registry's lock.
+pub(crate) fn before_fork(wait: Duration) {
+    capture::before_fork(wait);
+}
+
+/// After `fork()`, in the parent or the child: release what [`before_fork`] took.
+pub(crate) fn after_fork(child: bool) {
+    capture::after_fork(child);
+}
+
+/// After `fork()`, in the child (see `runtime::install_fork_handlers`).
 pub(crate) fn after_fork_in_child() {
     engine::after_fork_in_child();
-    capture::after_fork_in_child();
     RUNNING_HERE.with(|r| std::mem::forget(r.take()));
 }
 
@@ -1049,6 +1089,17 @@ fn run_op(s: &StreamInner, op: &dyn Op) {
     if s.failed.load(Ordering::SeqCst) {
         return; // skipped behind an unreported error
     }
+    match op.accesses().acquire() {
+        Ok(_held) => run_held(s, op),
+        Err(e) => fail(s, KernelFailure::new(op.name(), e.to_string())),
+    }
+}
+
+/// Run `op`, whose allocations the caller holds (see [`crate::memory::access`]).
+fn run_held(s: &StreamInner, op: &dyn Op) {
+    if s.failed.load(Ordering::SeqCst) {
+        return;
+    }
     let t0 = trace::enabled().then(now_ns);
     let result = panics::run_caught(op.name(), || op.run());
     if let Some(t0) = t0 {
@@ -1103,6 +1154,8 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
             for (i, node) in g.nodes.iter().enumerate().skip(start) {
                 match node {
                     Node::Op(op) => run_op(s, op.as_ref()),
+                    // Not reached: every launch binds these (`GraphInner::bind`).
+                    Node::Launch(l) => run_op(s, l.bind().as_ref()),
                     Node::Record(ev) => {
                         let id = ev.next_record();
                         ev.complete(id);
@@ -1150,6 +1203,20 @@ pub(crate) fn unblock(s: &Arc<StreamInner>) {
 
 /// A stream as the allocator sees it for `record_stream`: its submission and completion
 /// counters (two atomics; no lock, so a free on any thread may read them).
+impl PendingWork for StreamInner {
+    fn work_id(&self) -> u64 {
+        self.id
+    }
+    fn work_reached(&self, target: u64) -> bool {
+        self.done.reached(target)
+    }
+    fn work_wait(self: Arc<Self>, target: u64) -> Result<()> {
+        Stream(self).wait_for(target, None).map(|_| ())
+    }
+}
+
+impl crate::memory::pool::sealed::Sealed for Stream {}
+
 impl crate::memory::StreamFence for Stream {
     fn fence_id(&self) -> u64 {
         self.id()
