@@ -306,8 +306,8 @@ pub(crate) use imp::{Condvar, Mutex, SleepCondvar, SleepMutex};
 /// contend on a lock hashed to it. A test program forking a process whose four threads
 /// contend on a parking_lot mutex had 6 of 300 children hang; with std's locks, none. std's
 /// locks keep their state in the lock itself, so a child's fresh runtime shares nothing with
-/// the parent's threads. (The few process-wide locks that `runtime::before_fork` takes across
-/// a fork stay parking_lot's: the child releases them by force.)
+/// the parent's threads. (The process-wide locks the fork handlers take across a fork,
+/// [`ForkGuarded`], stay parking_lot's: the child releases them by force.)
 pub(crate) mod lock {
     use std::ops::{Deref, DerefMut};
     use std::sync::PoisonError;
