@@ -20,6 +20,9 @@ else
   echo "scripts/test.sh: installing the test tools and the wheel into the virtualenv of $py"
 fi
 python3 -m pip install -q "maturin>=1.5,<2" numpy pytest hypothesis
+# Required, not optional: the per-test timeout (a deadlock fails the run instead of hanging
+# it) and matplotlib (trace-plot drawing is tested). A failed install fails the run here.
+python3 -m pip install -q pytest-timeout matplotlib
 # Optional: atheris runs the 10 s argument fuzz; without it that one test is skipped.
 python3 -m pip install -q atheris 2>/dev/null || echo "atheris not installable: its fuzz test will be skipped"
 # Required: mpi4py and the mpich wheel (its mpiexec) run the MPI tests under mpiexec -n 1/2/3

@@ -7,8 +7,10 @@ Hypothesis profiles: ``ci`` (default) and ``slow`` (``HYPOTHESIS_PROFILE=slow``)
 
 from __future__ import annotations
 
+import faulthandler
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -22,3 +24,54 @@ settings.register_profile(
     "slow", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# A per-test timeout, so that a deadlock fails the run (with every thread's stack) instead of
+# hanging it: pytest-timeout (scripts/test.sh installs it) with its thread method, which works
+# whatever the hung thread is doing; without it, faulthandler ends the process the same way.
+# RUNTIME_TEST_TIMEOUT sets the seconds (0: none); the long reliability runs get their own
+# length on top, and the slow Hypothesis profile none.
+TEST_TIMEOUT = float(os.environ.get("RUNTIME_TEST_TIMEOUT", "300"))
+
+
+def _timeout_for(item) -> float:
+    if TEST_TIMEOUT <= 0:
+        return 0.0
+    path = str(item.path)
+    if path.endswith("test_stateful.py") and os.environ.get("HYPOTHESIS_PROFILE") == "slow":
+        return 0.0
+    extra = 0.0
+    if path.endswith("test_stress.py"):
+        extra = float(os.environ.get("RUNTIME_STRESS_SECONDS", "10"))
+    if path.endswith("test_fuzz_args.py"):
+        extra = float(os.environ.get("FUZZ_SECONDS", "10"))
+    return TEST_TIMEOUT + extra
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("timeout"):
+        return
+    for item in items:
+        seconds = _timeout_for(item)
+        if seconds > 0 and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(seconds, method="thread"))
+
+
+@pytest.fixture(autouse=True)
+def _deadlock_watchdog(request):
+    """Without pytest-timeout: end the process with every thread's stack after the timeout."""
+    seconds = _timeout_for(request.node)
+    if request.config.pluginmanager.hasplugin("timeout") or seconds <= 0:
+        yield
+        return
+    faulthandler.dump_traceback_later(seconds, exit=True, file=_real_stderr(request.config))
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+def _real_stderr(config) -> int:
+    """The terminal's stderr while pytest captures fd 2 (its saved copy), else fd 2."""
+    try:
+        capture = config.pluginmanager.getplugin("capturemanager")._global_capturing
+        return int(capture.err.targetfd_save)
+    except (AttributeError, TypeError, ValueError):
+        return 2

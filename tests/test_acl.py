@@ -821,3 +821,197 @@ def test_threads_allocate_copy_and_free_concurrently():
     for t in threads:
         t.join(60)
     assert errors == []
+
+
+def test_wrong_types_raise_type_error_before_any_lookup():
+    # A list or array where pyACL parses an int is a TypeError, as every other wrong type of
+    # the face, never a return code (a table lookup of the unhashable value ran first).
+    p = dev_alloc(64)
+    for call in (
+        lambda: acl.rt.free([p]),
+        lambda: acl.rt.free(np.array([p])),
+        lambda: acl.rt.synchronize_stream([0]),
+        lambda: acl.rt.record_event([1], 0),
+        lambda: acl.rt.record_event(1, [0]),
+        lambda: acl.op.cast([0], 0, 0, 0, 0, 0),
+        lambda: acl.op.execute_with_handle(0, [], [], [0]),
+    ):
+        with pytest.raises(TypeError, match="args parse failed"):
+            call()
+    assert acl.rt.free(p) == ACL_SUCCESS  # untouched by the refused calls
+
+
+def test_wrong_argument_counts_raise_type_error():
+    # pyACL's own unit test expects the exception for acl.util.start_thread() (the face's
+    # wrapper turned argument-count errors into return codes).
+    with pytest.raises(TypeError, match="acl.util.start_thread args parse failed"):
+        acl.util.start_thread()
+    with pytest.raises(TypeError):
+        acl.rt.malloc(64)
+    with pytest.raises(TypeError, match="acl.rt.destroy_stream args parse failed"):
+        acl.rt.destroy_stream()
+    with pytest.raises(TypeError, match="acl.rt.stream_query args parse failed"):
+        acl.rt.stream_query(1, 2)
+    with pytest.raises(TypeError):
+        acl.rt.create_stream(1)
+    with pytest.raises(TypeError):
+        acl.rt.memcpy(0, 0, 0, 0)  # a plain function: Python's own TypeError
+    # A TypeError raised inside a call is still the call's failure code.
+    tid, ret = acl.util.start_thread(lambda: None, None)
+    assert ret == ACL_SUCCESS
+    assert acl.util.stop_thread(tid) == ACL_SUCCESS
+
+
+def test_memcpy_async_into_pageable_host_memory_is_complete_on_return():
+    # aclrtMemcpyAsync follows CUDA's rule: into pageable memory (bytes_to_ptr) the copy is
+    # done when the call returns; into acl.rt.malloc_host memory it runs in stream order.
+    from runtime.acl import _state
+
+    n = 64
+    want = np.arange(n, dtype=np.uint8)
+    d = dev_alloc(n)
+    src = want.tobytes()
+    assert acl.rt.memcpy(d, n, acl.util.bytes_to_ptr(src), n, H2D) == ACL_SUCCESS
+    stream, ret = acl.rt.create_stream()
+    assert ret == ACL_SUCCESS
+    held = _state.handles[stream].stream  # hold the stream with a host function (no timing)
+    gate = threading.Event()
+    held.launch_host_func(gate.wait, 10)
+    threading.Timer(0.02, gate.set).start()
+    host = bytes(n)  # pyACL's idiom: copy into a bytes object's own buffer
+    assert acl.rt.memcpy_async(acl.util.bytes_to_ptr(host), n, d, n, D2H, stream) == 0
+    assert host == want.tobytes()
+    pinned = host_alloc(n)
+    assert acl.rt.memset(pinned, n, 0, n) == ACL_SUCCESS
+    gate2 = threading.Event()
+    held.launch_host_func(gate2.wait, 10)
+    assert acl.rt.memcpy_async(pinned, n, d, n, D2H, stream) == ACL_SUCCESS
+    assert acl.rt.stream_query(stream) == (1, ACL_SUCCESS)  # ACL_STREAM_STATUS_NOT_READY
+    assert np.frombuffer(acl.util.ptr_to_bytes(pinned, n), np.uint8).tolist() == [0] * n
+    gate2.set()
+    assert acl.rt.synchronize_stream(stream) == ACL_SUCCESS
+    assert np.frombuffer(acl.util.ptr_to_bytes(pinned, n), np.uint8).tolist() == want.tolist()
+    acl.rt.free_host(pinned)
+    acl.rt.free(d)
+    assert acl.rt.destroy_stream(stream) == ACL_SUCCESS
+
+
+# -- every public function of the face is called by a test ----------------------------------
+
+
+def test_versions_contexts_and_stream_variants():
+    assert acl.get_version_str("runtime") == (runtime.__version__, ACL_SUCCESS)
+    assert acl.rt.ctx_get_current_default_stream() == (0, ACL_SUCCESS)  # 0 names it
+    lo, hi = sorted(runtime.stream_priority_range())
+    from runtime.acl import _state
+
+    for priority in (lo - 5, lo, hi, hi + 5):
+        s, ret = acl.rt.create_stream_with_config(priority, 0)
+        assert ret == ACL_SUCCESS
+        assert _state.handles[s].stream.priority == min(max(priority, lo), hi)  # clamped
+        ev, ret = acl.rt.create_event_ex_with_flag(0)
+        assert ret == ACL_SUCCESS
+        assert acl.rt.record_event(ev, s) == ACL_SUCCESS
+        assert acl.rt.synchronize_event(ev) == ACL_SUCCESS
+        assert acl.rt.query_event_status(ev) == (acl.ACL_EVENT_RECORDED_STATUS_COMPLETE, 0)
+        assert acl.rt.destroy_event(ev) == ACL_SUCCESS
+        assert acl.rt.destroy_stream_force(s) == ACL_SUCCESS
+        assert err(acl.rt.stream_query(s)) == ACL_ERROR_INVALID_RESOURCE_HANDLE  # gone
+    assert err(acl.rt.create_event_ex_with_flag(1 << 20)) == ACL_ERROR_INVALID_PARAM
+
+
+def test_synchronize_device_with_timeout_times_out_then_waits():
+    from runtime.acl import _state
+
+    s, ret = acl.rt.create_stream()
+    gate = threading.Event()
+    _state.handles[s].stream.launch_host_func(gate.wait, 10)
+    assert err(acl.rt.synchronize_device_with_timeout(20)) == acl.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
+    assert err(acl.rt.synchronize_device_with_timeout(0)) == ACL_ERROR_INVALID_PARAM
+    gate.set()
+    assert acl.rt.synchronize_device_with_timeout(-1) == ACL_SUCCESS
+    assert acl.rt.stream_query(s) == (acl.ACL_STREAM_STATUS_COMPLETE, ACL_SUCCESS)
+    assert acl.rt.destroy_stream(s) == ACL_SUCCESS
+
+
+def test_malloc_variants_and_numpy_contiguous_to_ptr():
+    p, ret = acl.rt.malloc_align32(33, acl.ACL_MEM_MALLOC_HUGE_FIRST)
+    assert ret == ACL_SUCCESS and p % 32 == 0
+    assert acl.rt.memset(p, 33, 0x5A, 33) == ACL_SUCCESS
+    assert bytes(read_back(p, 33)) == b"\x5a" * 33
+    assert err(acl.rt.memset(p, 34, 0, 34)) == ACL_ERROR_INVALID_PARAM  # the size asked for
+    q, ret = acl.rt.malloc_cached(128, acl.ACL_MEM_MALLOC_HUGE_FIRST)
+    assert ret == ACL_SUCCESS
+    strided = np.arange(64, dtype=np.int32)[::2]  # not contiguous
+    ptr, c = acl.util.numpy_contiguous_to_ptr(strided)
+    assert c.flags.c_contiguous and c.tolist() == strided.tolist() and ptr == c.ctypes.data
+    assert acl.rt.memcpy(q, 128, ptr, c.nbytes, H2D) == ACL_SUCCESS
+    assert np.frombuffer(bytes(read_back(q, c.nbytes)), np.int32).tolist() == strided.tolist()
+    for ptr_ in (p, q):
+        assert acl.rt.free(ptr_) == ACL_SUCCESS
+
+
+def test_reset_device_force_releases_that_devices_context_and_streams():
+    assert acl.rt.set_device(1) == ACL_SUCCESS
+    try:
+        s, ret = acl.rt.create_stream()
+        assert ret == ACL_SUCCESS
+        assert acl.rt.reset_device_force(1) == ACL_SUCCESS
+        assert err(acl.rt.stream_query(s)) == ACL_ERROR_INVALID_RESOURCE_HANDLE
+        assert err(acl.rt.get_device()) == ACL_ERROR_RT_CONTEXT_NULL  # no current context
+    finally:
+        assert acl.rt.set_device(0) == ACL_SUCCESS
+    assert acl.rt.get_device() == (0, ACL_SUCCESS)
+
+
+def test_execute_update_params_and_every_attribute_setter():
+    a = np.arange(6, dtype=np.float32)
+    b = np.full(6, 0.5, np.float32)
+    o = Op()
+    da, ba, _, _ = o.tensor(a, acl.ACL_FLOAT)
+    db, bb, _, _ = o.tensor(b, acl.ACL_FLOAT)
+    dc, bc, _, _ = o.tensor((6,), acl.ACL_FLOAT)
+    attr = acl.op.create_attr()
+    setters = {
+        acl.op.set_attr_float: (1.5, "x"),
+        acl.op.set_attr_string: ("NCHW", 3),
+        acl.op.set_attr_list_int: ([1, 2], [1.5]),
+        acl.op.set_attr_list_float: ([0.5, 2], ["a"]),
+        acl.op.set_attr_list_bool: ([True, False], [None]),
+        acl.op.set_attr_list_string: (["a", "b"], [1]),
+    }
+    for i, (setter, (good, bad)) in enumerate(setters.items()):
+        assert setter(attr, f"name{i}", good) == ACL_SUCCESS
+        with pytest.raises(TypeError, match="args parse failed"):
+            setter(attr, f"name{i}", bad)
+        assert err(setter(0x7FFF_FFF0, f"name{i}", good)) == ACL_ERROR_INVALID_RESOURCE_HANDLE
+    assert acl.op.update_params("Add", [da, db], [dc], attr) == ACL_SUCCESS
+    with pytest.raises(TypeError, match="args parse failed"):
+        acl.op.update_params("Add", (da, db), [dc], attr)
+    # aclopExecute (the deprecated form of execute_v2): same operator, same result.
+    assert acl.op.execute("Add", [da, db], [ba, bb], [dc], [bc], attr, 0) == ACL_SUCCESS
+    assert acl.rt.synchronize_stream(0) == ACL_SUCCESS
+    assert np.array_equal(o.read(2, np.float32, (6,)), a + b)
+    assert err(acl.op.execute("Nope", [da], [ba], [dc], [bc], attr, 0)) == ACL_ERROR_OP_NOT_FOUND
+    o.close()
+    acl.op.destroy_attr(attr)
+
+
+def test_every_public_function_of_the_face_is_called_by_a_test():
+    import inspect
+    import pathlib
+    import re
+
+    here = pathlib.Path(__file__).parent
+    text = "\n".join(p.read_text() for p in here.glob("test_acl*.py"))
+    mods = {"acl": acl, "acl.rt": acl.rt, "acl.util": acl.util, "acl.op": acl.op}
+    mods["acl.media"] = acl.media
+    missing = []
+    for prefix, mod in mods.items():
+        for name in getattr(mod, "__all__", []):
+            f = getattr(mod, name)
+            if not callable(f) or inspect.isclass(f) or inspect.ismodule(f):
+                continue
+            if not re.search(rf"\b{re.escape(prefix)}\.{re.escape(name)}\b", text):
+                missing.append(f"{prefix}.{name}")
+    assert not missing, f"never called by tests/test_acl*.py: {missing}"

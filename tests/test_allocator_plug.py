@@ -7,6 +7,7 @@ test_reuse_between_thread; TestAllocatorDefault.test / test_none) and modelled o
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import numpy as np
@@ -217,3 +218,35 @@ def test_reinit_restores_the_pool(pool):
     runtime.init(device_count=2, memory="64MiB")
     assert runtime.get_allocator() is None
     runtime.device_malloc(0, 10)
+
+
+def test_our_own_memory_pool_plugs_in(pool):
+    # runtime.set_allocator(pool.malloc, pool.free) with the runtime's own MemoryPool, and
+    # CuPy's idiom set_allocator(MemoryPool().malloc) (cupy/cuda/memory.pyx: the allocator is
+    # called with the size only; ours is called as alloc(nbytes, device, stream), which the
+    # pool's malloc takes), on every device.
+    p = runtime.MemoryPool()
+    runtime.set_allocator(p.malloc, p.free)
+    assert runtime.get_allocator() == (p.malloc, p.free)
+    for dev in (0, 1):
+        used = runtime.MemoryPool(dev).used_bytes()
+        x = runtime.to_device(np.arange(1000, dtype=np.float32), device=dev)
+        assert x.device == runtime.Device(dev)
+        assert x.copy_to_host().tolist() == list(range(1000))
+        assert runtime.MemoryPool(dev).used_bytes() > used
+        del x
+        gc.collect()
+        runtime.device_malloc(dev, 1)  # drains the frees queued for the plugged free
+        assert runtime.MemoryPool(dev).used_bytes() <= used + 512
+    runtime.set_allocator(runtime.MemoryPool().malloc)
+    y = runtime.empty((4, 4), "float64", device=1)
+    assert y.nbytes == 128 and y.device == runtime.Device(1)
+    runtime.set_allocator(None)
+    with pytest.raises(TypeError, match="buf"):
+        p.free(3)
+    with pytest.raises(runtime.InvalidDeviceError):
+        p.malloc(16, 9)
+    z = p.malloc(16, 1)
+    assert z.device == runtime.Device(1)
+    p.free(z, 16, 1)
+    assert z.freed

@@ -4,8 +4,10 @@ thread that sets a user event) through ``loop.call_soon_threadsafe``."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -179,3 +181,73 @@ def test_event_completing_after_its_loop_closed_is_harmless(unraisable):
 def test_async_done_needs_a_running_loop():
     with pytest.raises(RuntimeError, match="no running event loop"):
         runtime.Stream().async_done()
+
+
+# -- issue 22: cancellation, timeouts, many awaiters --------------------------------------
+
+
+def test_cancelled_and_timed_out_awaits_let_go_of_their_callbacks_at_once(unraisable):
+    # Each pending `await` parks a callback on the event; a cancel or a wait_for timeout must
+    # take it back (it held ~700 B and the future until the event completed).
+    async def main():
+        ev = runtime.UserEvent()
+        for _ in range(300):
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(ev, 0.0001)
+        tasks = [asyncio.ensure_future(_await(ev)) for _ in range(300)]
+        await asyncio.sleep(0)
+        assert ev._parked_callbacks == 300
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert ev._parked_callbacks == 0
+        fut = _aio.event_future(ev)
+        ref = weakref.ref(fut)
+        fut.cancel()
+        del fut
+        await asyncio.sleep(0)
+        gc.collect()
+        assert ref() is None  # nothing holds the cancelled future
+        ev.set()
+        await ev
+
+    run(main())
+    assert unraisable == []
+
+
+def test_many_awaiters_of_one_event_all_resolve_once(unraisable):
+    async def main():
+        s = runtime.Stream()
+        gate = threading.Event()
+        s.launch_host_func(gate.wait, WAIT)
+        ev = s.record_event()
+        results = asyncio.gather(*(_await(ev) for _ in range(2000)))
+        dones = asyncio.gather(*(s.async_done() for _ in range(200)))
+        await asyncio.sleep(0)
+        assert ev._parked_callbacks == 2000
+        gate.set()
+        assert await results == [None] * 2000
+        assert await dones == [s] * 200
+        assert ev._parked_callbacks == 0
+
+    run(main())
+    assert unraisable == []
+
+
+def test_awaiters_on_two_loops_in_two_threads(unraisable):
+    ev = runtime.UserEvent()
+    got = []
+
+    def loop_thread():
+        got.append(asyncio.run(asyncio.wait_for(_await(ev), WAIT)))
+
+    threads = [threading.Thread(target=loop_thread) for _ in range(4)]
+    for t in threads:
+        t.start()
+    while ev._parked_callbacks < 4:
+        threading.Event().wait(0.001)
+    ev.set()
+    for t in threads:
+        t.join(WAIT)
+    assert got == [None] * 4
+    assert unraisable == []

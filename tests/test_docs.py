@@ -1,7 +1,10 @@
 """The README and the pages under docs/ say what the code does.
 
 Every ```python block of README.md and docs/*.md runs (write ```py for a fragment that is
-not meant to run on its own). Every docs page is linked from the README and every relative
+not meant to run on its own) and shows what it says: the output written after a `print(...)`
+on the same line (`print(x)  # 0 4 1048576`; `...` stands for any text) is what it printed,
+and a README block checks its results (its own asserts, such expected output, or an output
+check below); a README block that checks nothing fails. Every docs page is linked from the README and every relative
 link resolves. The claims a test can check are checked against the code here: the
 distribution name in the install commands, the words a reader cannot follow, the dtypes MPI
 collectives take, the device-count wording, the quick benchmark's recorded run time, the curve
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -48,20 +52,83 @@ def test_readme_has_python_blocks():
     assert sum(1 for page, _, _ in BLOCKS if page == "README.md") >= 4
 
 
+PRINT_WITH_EXPECTATION = re.compile(r"^\s*print\(.*\)\s+#\s+(.+?)\s*$")
+
+
+def _options(out: str) -> None:
+    assert out.strip() == repr(runtime.option_names())
+
+
+def _profile(out: str) -> None:
+    m = re.fullmatch(r"(\d+) trace records; (\[.*\])", out.splitlines()[0])
+    assert m and int(m.group(1)) > 0, out
+    assert {"run", "alloc"} <= set(json.loads(m.group(2).replace("'", '"')))
+
+
+def _devices(out: str) -> None:
+    lines = out.splitlines()
+    assert len(lines) == 8, lines
+    for i, line in enumerate(lines):
+        assert re.fullmatch(rf"Device {i}: Virtual .+, \d+ GiB, \d+ MHz, \d+ cores", line), line
+
+
+#: Output checks of README blocks that print without asserting, keyed by one of their lines.
+OUTPUT_CHECKS = {
+    "print(runtime.option_names())": _options,
+    'print(len(records), "trace records;", sorted({r["phase"] for r in records}))': _profile,
+    "num_devices = runtime.get_device_count()         # 8 by default": _devices,
+}
+
+
+def _expectations(code: str) -> dict[int, str]:
+    """Line number (1-based) -> the output written after a print on that line."""
+    return {
+        i + 1: m.group(1)
+        for i, line in enumerate(code.splitlines())
+        if (m := PRINT_WITH_EXPECTATION.match(line)) is not None
+    }
+
+
+def _matches(expected: str, printed: str) -> bool:
+    """Whether `printed` is `expected`, each "..." in it standing for any text."""
+    pattern = ".*?".join(re.escape(part.strip()) for part in expected.split("..."))
+    return re.fullmatch(pattern, printed.strip(), re.S) is not None
+
+
 @pytest.mark.parametrize(
     "page, index, code", BLOCKS, ids=[f"{page}-block{i}" for page, i, _ in BLOCKS]
 )
 def test_python_block_runs(page, index, code, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # blocks may write files (trace.json)
+    printed: dict[int, list[str]] = {}
+
+    def recording_print(*args, **kw):
+        text = " ".join(str(a) for a in args)
+        printed.setdefault(sys._getframe(1).f_lineno, []).append(text)
+        print(*args, **kw)
+
     runtime.shutdown()
     try:
-        exec(compile(code, str(ROOT / page), "exec"), {"__name__": "__docs__"})
+        exec(
+            compile(code, str(ROOT / page), "exec"),
+            {"__name__": "__docs__", "print": recording_print},
+        )
     finally:
         runtime.shutdown()
         for name in runtime.option_names():
             runtime.set_option(name, name != "legacyDefaultStream")  # the defaults
+    out = capsys.readouterr().out
+    expectations = _expectations(code)
+    for line, expected in expectations.items():
+        got = "\n".join(printed.get(line, []))
+        assert _matches(expected, got), f"{page} line {line}: printed {got!r}, says {expected!r}"
     if page == "README.md":
-        assert capsys.readouterr().out  # every README block shows something
+        assert out  # every README block shows something
+        checks = [f for key, f in OUTPUT_CHECKS.items() if key in code]
+        for check in checks:
+            check(out)
+        asserts = re.search(r"^\s*assert\b", code, re.M) is not None
+        assert asserts or expectations or checks, "this README block checks nothing"
 
 
 # --- what the README is and links to ---------------------------------------------------------

@@ -9,10 +9,13 @@ Peers are real processes: ``python -c`` children driven line by line over pipes,
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import gc
 import multiprocessing
+import os
 import pickle
+import signal
 import subprocess
 import sys
 import textwrap
@@ -321,3 +324,289 @@ def test_an_interprocess_event_pickles_to_a_child_process():
     assert p.exitcode == 0
     with pytest.raises(ValueError, match="interprocess=True"):
         pickle.dumps(runtime.Event())
+
+
+# -- issue 22: views, empty buffers, importer records, dead and zombie processes ------------
+
+
+def test_pickled_views_open_their_own_bytes_not_the_allocations_first():
+    base = runtime.to_device(np.arange(64, dtype=np.uint8))
+    runtime.stream_synchronize()
+    views = {
+        "slice": base[4:8],
+        "plus": base + 16,
+        "slice of plus": (base + 4)[2:6],
+        "typed slice": base.view("int32")[3:5],
+        "view of slice": base[8:40].view("int16", (4,), 6),
+        "minus": (base + 40) - 8,
+    }
+    for name, v in views.items():
+        w = pickle.loads(pickle.dumps(v))
+        assert (w.dtype, w.shape, w.offset) == (v.dtype, v.shape, v.offset), name
+        assert w.copy_to_host().tobytes() == v.copy_to_host().tobytes(), name
+    # In another process too: it writes through its view, the rest stays as it was.
+    peer = Peer(
+        """
+        import pickle
+        v = pickle.loads(bytes.fromhex(recv()))
+        send(v.offset, v.copy_to_host().tolist())
+        runtime.memset(v, 0xEE)
+        runtime.stream_synchronize()
+        send("done")
+        recv()
+        """
+    )
+    peer.send(pickle.dumps(base[10:13]).hex())
+    assert peer.recv() == ["10", "[10,", "11,", "12]"]
+    assert peer.recv() == ["done"]
+    got = base.copy_to_host()
+    want = np.arange(64, dtype=np.uint8)
+    want[10:13] = 0xEE
+    assert got.tolist() == want.tolist()
+    peer.send("bye")
+    peer.finish()
+
+
+def test_a_zero_byte_buffer_pickles_to_an_empty_buffer():
+    # torch.multiprocessing sends empty tensors (test_empty_tensor_sharing).
+    for b in (runtime.device_malloc(0, 0), runtime.empty((0, 3), "float32")):
+        w = pickle.loads(pickle.dumps(b))
+        assert (w.nbytes, w.shape, w.dtype) == (0, b.shape, b.dtype)
+        assert w.copy_to_host().size == 0
+    # A zero-byte view of a non-empty allocation still shares its allocation.
+    base = runtime.to_device(np.arange(8, dtype=np.uint8))
+    z = pickle.loads(pickle.dumps(base[3:3]))
+    assert (z.nbytes, z.offset) == (0, 3)
+    with pytest.raises(ValueError, match="zero bytes"):
+        runtime.device_malloc(0, 0).ipc_handle()  # the handle itself: nothing to map
+
+
+def test_a_record_made_by_the_importer_is_seen_by_the_exporter():
+    # Translated from torch's test/test_multiprocessing.py::test_event_handle_exporter: the
+    # child opens the parent's event, records it behind slow work on its own stream; the
+    # parent's query says pending and its synchronize waits for the child's record. (The
+    # child's "slow work" is held by a gate the test opens: no timing.)
+    e0 = runtime.Event(enable_timing=False, interprocess=True)
+    peer = Peer(
+        """
+        import threading
+        e1 = runtime.Event.from_ipc(bytes.fromhex(recv()))
+        gate = threading.Event()
+        s = runtime.Stream(0)
+        s.launch_host_func(gate.wait, 60)
+        e1.record(s)
+        send("recorded", e1.query())
+        recv()
+        gate.set()
+        s.synchronize()
+        send("done", e1.query())
+        recv()
+        """
+    )
+    peer.send(e0.ipc_handle().hex())
+    assert peer.recv() == ["recorded", "False"]
+    assert e0.query() is False  # the child's record is pending
+    s = runtime.Stream(0)
+    s.wait_event(e0)  # a stream here waits for the other process's record too
+    log = []
+    s.launch_host_func(log.append, "after")
+    peer.send("go")
+    e0.synchronize(timeout=60)
+    assert e0.query() is True
+    s.synchronize(timeout=60)
+    assert log == ["after"]
+    assert peer.recv() == ["done", "True"]
+    peer.send("bye")
+    peer.finish()
+
+
+def _multiply_two(q, ready, done):
+    runtime.init(device_count=1, memory="64MiB")
+    ready.set()
+    event, tensor = q.get(timeout=60)
+    s = runtime.Stream(0)
+    s.wait_event(event)
+    s.launch_kernel(kernels.scale, (tensor, tensor, 2.0))
+    event.record(s)
+    done.set()
+    s.synchronize()
+
+
+def test_event_orders_the_exporter_after_the_importers_record():
+    # Translated from torch's test/test_multiprocessing.py::test_event (cuda_multiply_two):
+    # the parent adds 1 behind slow work and records; the child waits on that record,
+    # multiplies by 2 and records the same event; the parent's synchronize waits for the
+    # child's record, so it reads 4, never 2 or 1.
+    ctx = multiprocessing.get_context("spawn")
+    q, ready, done = ctx.Queue(), ctx.Event(), ctx.Event()
+    p = ctx.Process(target=_multiply_two, args=(q, ready, done))
+    p.start()
+    assert ready.wait(60)
+    s = runtime.Stream(0)
+    tensor = runtime.to_device(np.ones(4, np.float32), stream=s)
+    event = runtime.Event(interprocess=True)
+    gate = threading.Event()
+    s.launch_host_func(gate.wait, 60)  # "torch.cuda._sleep": held until the child waits
+    s.launch_kernel(kernels.add, (tensor, tensor, runtime.to_device(np.ones(4, np.float32))))
+    event.record(s)
+    q.put((event, tensor))
+    threading.Timer(0.05, gate.set).start()
+    assert done.wait(60)  # the child recorded the event
+    event.synchronize(timeout=60)
+    assert tensor.copy_to_host().tolist() == [4.0, 4.0, 4.0, 4.0]
+    p.join(timeout=60)
+    assert p.exitcode == 0
+
+
+def test_an_importer_dying_with_its_record_pending_fails_the_exporters_wait():
+    ev = runtime.Event(interprocess=True)
+    peer = Peer(
+        """
+        import os, threading
+        e = runtime.Event.from_ipc(bytes.fromhex(recv()))
+        s = runtime.Stream(0)
+        s.launch_host_func(threading.Event().wait, 60)
+        e.record(s)
+        send("recorded")
+        recv()
+        os._exit(0)
+        """
+    )
+    peer.send(ev.ipc_handle().hex())
+    assert peer.recv() == ["recorded"]
+    assert ev.query() is False
+    s = runtime.Stream(0)
+    s.wait_event(ev)
+    log = []
+    s.launch_host_func(log.append, "behind the wait")
+    peer.send("die")
+    peer.finish()
+    with pytest.raises(runtime.InvalidHandleError, match=r"pid \d+\) exited before it completed"):
+        ev.synchronize(timeout=60)
+    # The stream waiting on it reports the same error and skipped the work behind the wait.
+    with pytest.raises(runtime.InvalidHandleError, match="exited before it completed"):
+        s.synchronize(timeout=60)
+    assert log == []
+    # The exporter's event works again with its next record.
+    ev.record(s)
+    ev.synchronize(timeout=60)
+    s.synchronize(timeout=60)
+
+
+def test_an_exporter_killed_but_not_reaped_is_dead_to_its_importers():
+    # A SIGKILLed exporter that its parent has not reaped is a zombie: /proc still shows it
+    # with its start time, but it runs nothing more.
+    code = textwrap.dedent(
+        """
+        import sys, threading, numpy as np, runtime
+        runtime.init(device_count=1, memory="64MiB")
+        s = runtime.Stream(0)
+        ev = runtime.Event(interprocess=True)
+        s.launch_host_func(threading.Event().wait, 600)
+        ev.record(s)
+        buf = runtime.to_device(np.arange(16, dtype=np.uint8))
+        print(ev.ipc_handle().hex(), flush=True)
+        print(buf.ipc_handle().hex(), flush=True)
+        sys.stdin.readline()
+        """
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).parent,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout is not None
+        ev_handle = bytes.fromhex(p.stdout.readline().strip())
+        mem_handle = bytes.fromhex(p.stdout.readline().strip())
+        ev = runtime.Event.from_ipc(ev_handle)
+        assert ev.query() is False
+        async_result = []
+
+        async def waits():
+            try:
+                await ev
+                async_result.append("resolved")
+            except runtime.InvalidHandleError as e:
+                async_result.append(str(e))
+
+        os.kill(p.pid, signal.SIGKILL)
+        # Not reaped: wait until /proc shows the zombie.
+        for _ in range(2000):
+            with open(f"/proc/{p.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            threading.Event().wait(0.005)
+        else:
+            raise AssertionError("the child never became a zombie")
+        with pytest.raises(runtime.InvalidHandleError, match="exited"):
+            ev.synchronize(timeout=60)
+        asyncio.run(asyncio.wait_for(waits(), 60))
+        assert len(async_result) == 1 and "exited" in async_result[0]
+        with pytest.raises(runtime.InvalidHandleError, match="exited"):
+            runtime.Event.from_ipc(ev_handle)
+        with pytest.raises(runtime.InvalidHandleError, match="exited"):
+            runtime.ipc_open(mem_handle)
+    finally:
+        p.kill()
+        p.communicate(timeout=60)  # reaps it and closes the pipes
+
+
+def test_await_on_an_imported_event_whose_exporter_died_raises_as_synchronize_does():
+    peer = Peer(
+        """
+        import os, threading
+        s = runtime.Stream(0)
+        ev = runtime.Event(interprocess=True)
+        s.launch_host_func(threading.Event().wait, 60)
+        ev.record(s)
+        send(ev.ipc_handle().hex())
+        recv()
+        os._exit(0)
+        """
+    )
+    ev = runtime.Event.from_ipc(bytes.fromhex(peer.recv()[0]))
+
+    async def main():
+        fut = asyncio.ensure_future(_await(ev))
+        await asyncio.sleep(0)
+        assert not fut.done()
+        peer.send("die")
+        with pytest.raises(runtime.InvalidHandleError, match="exited"):
+            await fut
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    peer.finish()
+    with pytest.raises(runtime.InvalidHandleError, match="exited"):
+        ev.synchronize(timeout=60)
+
+
+async def _await(ev):
+    return await ev
+
+
+def test_an_imported_event_completing_at_interpreter_exit_never_panics():
+    # The importer parks a Python completion callback on the event and exits; the exporter
+    # completes the record while the importer's interpreter is going away. The watcher thread
+    # must not attach to a finalising interpreter (it panicked "The Python interpreter is
+    # not initialized" in most runs). Several rounds: the timing of the exit varies.
+    for _ in range(6):
+        gate = threading.Event()
+        s = runtime.Stream(0)
+        ev = runtime.Event(interprocess=True)
+        s.launch_host_func(gate.wait, 60)
+        ev.record(s)
+        peer = Peer(
+            """
+            e = runtime.Event.from_ipc(bytes.fromhex(recv()))
+            reg = e._on_complete(lambda err: print("completed", err, flush=True))
+            send("parked", e.query())
+            """
+        )
+        peer.send(ev.ipc_handle().hex())
+        assert peer.recv() == ["parked", "False"]
+        gate.set()  # completes while the peer exits
+        peer.finish()
+        s.synchronize()

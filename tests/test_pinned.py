@@ -65,9 +65,41 @@ def test_malloc_host_bad_size(bad):
         runtime.malloc_host(bad)
 
 
-def test_malloc_host_zero_bytes():
+def test_malloc_host_zero_bytes_is_not_counted_and_can_be_freed():
+    before = runtime.host_memory_stats()
     a = runtime.malloc_host(0)
-    assert a.nbytes == 0
+    b = runtime.pinned_empty((0, 4), "float32")
+    assert a.nbytes == 0 and b.nbytes == 0
+    assert runtime.host_memory_stats() == before  # no memory, no live allocation
+    runtime.free_host(a)
+    runtime.free_host(b)
+    with pytest.raises(runtime.InvalidHandleError, match="freed"):
+        runtime.free_host(a)
+    del a, b
+    gc.collect()
+    assert runtime.host_memory_stats() == before
+
+
+def test_the_pinned_cache_and_its_statistics_start_over_after_shutdown():
+    live = runtime.malloc_host(10000)  # alive across the shutdown: still usable memory
+    live[:] = 7
+    cached = runtime.malloc_host(5000)
+    del cached
+    gc.collect()
+    s = runtime.host_memory_stats()
+    assert s["reserved_bytes.current"] > 0 and s["allocations.allocated"] > 0
+    runtime.shutdown()
+    runtime.init(device_count=2, memory="256MiB")
+    s = runtime.host_memory_stats()
+    assert all(v == 0 for v in s.values()), s  # nothing cached, nothing counted
+    assert (live == 7).all()
+    a = runtime.malloc_host(100)
+    s = runtime.host_memory_stats()
+    assert (s["allocations.current"], s["num_host_alloc"], s["cache_hits"]) == (1, 1, 0)
+    del live  # handed out by the previous runtime: unmapped, not cached or counted
+    gc.collect()
+    assert runtime.host_memory_stats() == s
+    del a
 
 
 def test_pinned_empty_bad_shape():
@@ -114,6 +146,75 @@ def test_block_in_use_by_a_queued_copy_is_not_reused(stream):
     release()
     stream.synchronize(timeout=WAIT)
     assert dev.copy_to_host().tolist() == [1.0]
+
+
+def later(release):
+    """Open a gate from another thread while the caller is inside a call that waits for it."""
+    threading.Timer(0.02, release).start()
+
+
+def test_copies_queued_into_pageable_memory_are_complete_when_the_call_returns(stream):
+    # CUDA's rule (cudaMemcpyAsync into pageable memory returns once the copy is done; Numba's
+    # test_cuda_driver_stream_operations reads its array right after device_to_host(stream=)):
+    # every device-to-host path queued behind held work returns with the bytes there.
+    want = np.arange(64, dtype=np.uint8)
+    dev = runtime.to_device(want)
+    paths = {
+        "memcpy_device_to_host": lambda out: runtime.memcpy_device_to_host(out, dev, stream),
+        "_async": lambda out: runtime.memcpy_device_to_host_async(out, dev, stream),
+        "copy_to_host": lambda out: dev.copy_to_host(out, stream=stream),
+        "offsets": lambda out: runtime.memcpy_device_to_host(
+            out, dev, stream, count=64, dst_offset=0, src_offset=0
+        ),
+        "memcpy_2d d2h": lambda out: runtime.memcpy_2d(out, 8, dev, 8, 8, 8, stream),
+        "memcpy_2d h2h": lambda out: runtime.memcpy_2d(out, 8, want, 8, 8, 8, stream),
+    }
+    for name, copy in paths.items():
+        out = np.zeros(64, np.uint8)
+        later(gate(stream))
+        copy(out)
+        assert out.tolist() == want.tolist(), name
+        if name != "copy_to_host":  # which takes numpy arrays only
+            out = bytearray(64)  # any pageable buffer
+            later(gate(stream))
+            copy(out)
+            assert bytes(out) == want.tobytes(), name
+    # The ACL face's acl.rt.memcpy_async: test_acl.py
+    # test_memcpy_async_into_pageable_host_memory_is_complete_on_return.
+
+
+def test_copies_queued_into_pinned_memory_stay_asynchronous(stream):
+    want = np.arange(64, dtype=np.uint8)
+    dev = runtime.to_device(want)
+    for name, copy in {
+        "memcpy_device_to_host": lambda out: runtime.memcpy_device_to_host(out, dev, stream),
+        "copy_to_host": lambda out: dev.copy_to_host(out, stream=stream),
+        "memcpy_2d d2h": lambda out: runtime.memcpy_2d(out, 8, dev, 8, 8, 8, stream),
+        "memcpy_2d h2h": lambda out: runtime.memcpy_2d(out, 8, want, 8, 8, 8, stream),
+    }.items():
+        out = runtime.malloc_host(64)
+        out[:] = 0
+        release = gate(stream)
+        copy(out)  # returns at once: the stream is held
+        assert (out == 0).all() and not stream.query(), name
+        release()
+        stream.synchronize(timeout=WAIT)
+        assert out.tolist() == want.tolist(), name
+
+
+def test_a_copy_into_pageable_memory_reports_the_streams_error_instead_of_stale_bytes(stream):
+    dev = runtime.to_device(np.arange(8, dtype=np.uint8))
+
+    def boom():
+        raise ValueError("earlier work failed")
+
+    stream.launch_kernel(boom)
+    out = np.zeros(8, np.uint8)
+    with pytest.raises(runtime.KernelError, match="earlier work failed"):
+        runtime.memcpy_device_to_host(out, dev, stream)
+    assert (out == 0).all()  # skipped behind the failure, and the caller is told
+    runtime.memcpy_device_to_host(out, dev, stream)
+    assert out.tolist() == list(range(8))
 
 
 def test_pinned_source_is_read_when_the_copy_runs(stream):

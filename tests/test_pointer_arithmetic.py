@@ -75,6 +75,17 @@ def test_arithmetic_is_bounds_checked():
         buf - 1
     with pytest.raises(ValueError, match="stays inside the allocation"):
         (buf[4:8] + 2) - 7
+    # An integer too large for any allocation is the same ValueError, never a TypeError.
+    for huge in (2**63, 2**64 - 1, -(2**63) - 1, 2**200, np.uint64(2**64 - 1)):
+        with pytest.raises(ValueError, match="stays inside the allocation"):
+            buf + huge
+        with pytest.raises(ValueError, match="stays inside the allocation"):
+            buf - huge
+        if isinstance(huge, int):  # numpy scalars add elementwise over the buffer protocol
+            with pytest.raises(ValueError, match="stays inside the allocation"):
+                huge + buf
+    with pytest.raises(ValueError, match="stays inside the allocation"):
+        buf - (-(2**63))
     with pytest.raises(TypeError):
         buf + 1.5
     with pytest.raises(TypeError):

@@ -414,3 +414,48 @@ def test_scrubber_and_copy_helper_start_failures_fall_back_to_inline_work():
     print("ok")
     """
     assert run(code) == ["zeroed", "True", "ok"]
+
+
+def test_ctrl_c_while_the_exit_time_shutdown_waits_for_a_kernel_that_never_ends():
+    # The interpreter's exit-time shutdown waits for queued work; a kernel that never ends
+    # would hold the process for ever. Ctrl-C there says so in one line and ends the process
+    # as an unhandled Ctrl-C does (killed by SIGINT), without a traceback and without waiting.
+    code = """
+    import threading, time, runtime
+    runtime.init(device_count=1, memory="64MiB")
+    s, probe = runtime.Stream(0), runtime.Stream(0)
+    def forever():
+        told = False
+        while True:
+            time.sleep(0.01)
+            if not told:
+                try:
+                    probe.launch_kernel(lambda: None)
+                except runtime.Error:  # refused: the exit-time shutdown is draining
+                    told = True
+                    print("ready", flush=True)
+    s.launch_kernel(forever)
+    print("main done", flush=True)
+    """
+    p = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=Path(__file__).parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert p.stdout is not None
+        assert p.stdout.readline().strip() == "main done"
+        assert p.stdout.readline().strip() == "ready"  # main returned; shutdown waits
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == -signal.SIGINT, (p.returncode, err)
+    assert err.strip().splitlines() == [
+        "runtime: interrupted while waiting for queued work at exit; the work still queued "
+        "or running is abandoned"
+    ]

@@ -366,10 +366,17 @@ def test_synchronize_bad_timeout(stream):
 
 
 def test_synchronize_idle_stream_with_zero_timeout(stream):
-    stream.synchronize(timeout=0)
-    stream.launch_kernel(lambda: None)
+    # timeout=0 is a poll: an idle stream succeeds at once, a busy one raises at once.
+    assert stream.synchronize(timeout=0) is None and stream.query()
+    gate, log = threading.Event(), []
+    stream.launch_host_func(lambda: (gate.wait(WAIT), log.append("ran")))
+    with pytest.raises(runtime.WaitTimeoutError):
+        stream.synchronize(timeout=0)
+    assert log == [] and not stream.query()
+    gate.set()
     stream.synchronize(timeout=WAIT)
-    stream.synchronize(timeout=0)
+    assert log == ["ran"] and stream.query()
+    assert stream.synchronize(timeout=0) is None
 
 
 # --- cross-stream ordering --------------------------------------------------------------------

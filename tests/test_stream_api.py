@@ -366,20 +366,30 @@ def test_copy_to_host_out_is_checked_and_left_alone_on_error():
 
 
 # numba: numba/cuda/tests/cudadrv/test_streams.py::TestCudaStream::test_parallel_tasks
-def test_copy_to_host_on_a_stream_is_stream_ordered_and_asynchronous():
+def test_copy_to_host_on_a_stream_is_stream_ordered_and_asynchronous_into_pinned_memory():
+    # CUDA's rule: into pageable memory the stream-ordered copy is complete when the call
+    # returns (it waits for the held host function ahead of it); into pinned memory the call
+    # returns at once and the stream writes the array when it reaches the copy.
     s = runtime.Stream()
     d = runtime.to_device(np.full(8, 3.0), stream=s)
     gate = threading.Event()
     gate_on(s, gate)
+    threading.Timer(0.05, gate.set).start()
     out = np.zeros(8)
-    assert d.copy_to_host(out, stream=s) is out  # queued behind the held host function
-    assert (out == 0).all()
-    gate.set()
-    s.synchronize(WAIT)
+    assert d.copy_to_host(out, stream=s) is out
     np.testing.assert_array_equal(out, np.full(8, 3.0))
     fresh = d.copy_to_host(stream=s)
-    s.synchronize(WAIT)
     np.testing.assert_array_equal(fresh, np.full(8, 3.0))
+
+    pinned_gate = threading.Event()
+    gate_on(s, pinned_gate)
+    pinned = runtime.pinned_empty(8, "float64")
+    pinned[:] = 0
+    assert d.copy_to_host(pinned, stream=s) is pinned  # queued behind the held host function
+    assert (pinned == 0).all()
+    pinned_gate.set()
+    s.synchronize(WAIT)
+    np.testing.assert_array_equal(pinned, np.full(8, 3.0))
 
 
 # ---------------------------------------------------------------- defer_cleanup

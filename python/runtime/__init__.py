@@ -40,6 +40,7 @@ from ._runtime import (
     PinnedMemory,
     Stream,
     WaitTimeoutError,
+    _shutdown_at_exit,
     current_stream,
     default_stream,
     defer_cleanup,
@@ -152,7 +153,9 @@ def memcpy_host_to_device_async(dst, src, stream, **kw) -> None:
 
 
 def memcpy_device_to_host_async(dst, src, stream, **kw) -> None:
-    """Stream-ordered device-to-host copy: ``dst`` is written when ``stream`` reaches it."""
+    """Stream-ordered device-to-host copy: a pinned ``dst`` (``malloc_host``, ``pinned_empty``)
+    is written when ``stream`` reaches it; into pageable memory the call returns once the copy
+    is complete (CUDA's rule)."""
     memcpy_device_to_host(dst, src, stream, **kw)
 
 
@@ -166,7 +169,8 @@ def memset_async(buf, value, stream, **kw) -> None:
     memset(buf, value, stream=stream, **kw)
 
 
-_atexit.register(shutdown)
+# At exit: shutdown(), or, on Ctrl-C while it waits for queued work, abandon that work.
+_atexit.register(_shutdown_at_exit)
 
 
 def __getattr__(name: str):

@@ -83,11 +83,17 @@ def at_baseline() -> None:
         assert s["reserved"] == 0, (d, s)
 
 
+#: Faults each test of this module injected (checked by the report at the end).
+INJECTED: dict[str, int] = {}
+
+
 @pytest.fixture(autouse=True)
-def _baseline():
+def _baseline(request):
     if runtime.is_initialized():
         at_baseline()
+    before = sum(FAULTS.values())
     yield
+    INJECTED[request.node.name] = sum(FAULTS.values()) - before
     for d in range(DEVICES):
         runtime._runtime._inject_alloc_failure(d, 0)
     runtime.set_option("enableAsync", True)
@@ -762,5 +768,15 @@ def test_zz_report_fault_kinds():
     print(f"\nfaults: {len(kinds)} kinds, {sum(FAULTS.values())} injections:")
     for k in kinds:
         print(f"  {k:48s} {FAULTS[k]}")
-    if not FAULTS:
+    ran = {name: n for name, n in INJECTED.items() if not name.startswith("test_zz_")}
+    if not ran:
         pytest.skip("no fault test ran in this session")
+    # Every fault test injected its fault (a test whose fault never happened, such as an
+    # interrupt that arrived after the wait, would otherwise pass having checked nothing),
+    # except the control case of the allocation failures: nth past the workload's count.
+    control = f"test_nth_allocation_fails[{N_ALLOCS + 1}-"
+    missed = [name for name, n in ran.items() if n == 0 and not name.startswith(control)]
+    assert not missed, f"tests that injected no fault: {missed}"
+    assert sum(ran.values()) == sum(FAULTS.values())
+    families = {name.split("[")[0] for name in ran}
+    assert len(kinds) >= len(families), (kinds, families)

@@ -141,6 +141,46 @@ impl<W> Gate<W> {
         ready.into_iter().map(|(_, w)| w).collect()
     }
 
+    /// Complete every record up to `id` (with timestamp `ts`), as a semaphore does: an event
+    /// shared between processes (`ipc_event`) completes this way, since records numbered by
+    /// other processes never complete here one by one. Returns the waiters it releases.
+    pub(crate) fn complete_through(&self, id: u64, ts: Option<u64>) -> Vec<W> {
+        let mut st = self.state.lock();
+        if id > st.latest {
+            st.latest = id;
+            st.timestamp_ns = ts;
+            self.latest.store(id, Ordering::SeqCst);
+        }
+        if id > st.done_through {
+            let st = &mut *st;
+            st.done_through = id;
+            st.done_above = st.done_above.split_off(&(id + 1));
+            while st.done_above.remove(&(st.done_through + 1)) {
+                st.done_through += 1;
+            }
+        }
+        let (ready, still): (Vec<_>, Vec<_>) = std::mem::take(&mut st.waiting)
+            .into_iter()
+            .partition(|(w, _)| st.is_done(*w));
+        st.waiting = still;
+        self.cv.notify_all();
+        ready.into_iter().map(|(_, w)| w).collect()
+    }
+
+    /// Take back a waiter parked with [`Gate::park_unless_complete`] before its record
+    /// completed: the first one `is_it` picks. `None` when it was released already. The
+    /// caller drops it, after the gate's lock.
+    pub(crate) fn unpark(&self, mut is_it: impl FnMut(&W) -> bool) -> Option<W> {
+        let mut st = self.state.lock();
+        let i = st.waiting.iter().position(|(_, w)| is_it(w))?;
+        Some(st.waiting.remove(i).1)
+    }
+
+    /// Waiters parked now.
+    pub(crate) fn parked(&self) -> usize {
+        self.state.lock().waiting.len()
+    }
+
     /// If record `id` has completed return true; otherwise run `on_block` and register `w` to
     /// be released by the `complete` that finishes it (atomically with respect to
     /// completion), and return false.
@@ -178,18 +218,21 @@ impl<W> Gate<W> {
     }
 }
 
-/// What an event shared with other processes adds (`ipc_event`): publishing its records and
-/// completions (an exported event), or mirroring the exporter's records as local ones (an
-/// opened event).
+/// What an event shared with other processes adds (`ipc_event`): record numbers taken from
+/// the shared page, so that every process's records are one sequence; completions published
+/// there; and records made by other processes taken up as local ones.
 pub(crate) trait Shared: Send + Sync {
-    /// Record `id` was handed out.
-    fn recorded(&self, id: u64);
-    /// The highest completed record is now `latest`.
+    /// Take the next record number of the shared sequence for a record made here, and
+    /// publish it as the latest.
+    fn take_record(&self) -> u64;
+    /// Record `latest` (and so every record before it) has completed here.
     fn completed(&self, latest: u64);
-    /// Before `recorded` is read: take a local record for a new remote one.
+    /// Before `recorded` is read: take up a newer record another process made.
     fn pull(&self, event: &EventInner);
-    /// An error to report instead of success (the exporting process died).
+    /// An error to report instead of success: the exporting process died (opened events).
     fn check(&self) -> Result<()>;
+    /// Why record `latest` completed without running: the process that made it died first.
+    fn abandoned(&self, latest: u64) -> Option<crate::error::Error>;
     /// The handle another process opens the event with (exported events only).
     fn handle(&self) -> Option<Vec<u8>>;
 }
@@ -226,11 +269,37 @@ impl EventInner {
     }
 
     pub(crate) fn next_record(&self) -> u64 {
-        let id = self.recorded.fetch_add(1, Ordering::SeqCst) + 1;
         if let Some(s) = self.shared.get() {
-            s.recorded(id);
+            let id = s.take_record();
+            self.recorded.fetch_max(id, Ordering::SeqCst);
+            return id;
         }
-        id
+        self.recorded.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Take up record `id`, made by another process, as the latest (`ipc_event`).
+    pub(crate) fn note_remote_record(&self, id: u64) {
+        self.recorded.fetch_max(id, Ordering::SeqCst);
+    }
+
+    /// The latest record number this process took or took up, without looking at other
+    /// processes' records (`ipc_event`).
+    pub(crate) fn latest_taken(&self) -> u64 {
+        self.recorded.load(Ordering::SeqCst)
+    }
+
+    /// Why waiting for the latest record failed once it completed: a failed user event, or
+    /// a shared event whose exporter (or the process that made the record) died. Streams
+    /// that waited on it, `synchronize` and completion callbacks all report this.
+    pub(crate) fn wait_failure(&self) -> Option<crate::error::Error> {
+        if let Some(why) = self.failure() {
+            return Some(
+                crate::error::KernelFailure::new(format!("UserEvent#{}", self.id), why.to_string())
+                    .into(),
+            );
+        }
+        let s = self.shared.get()?;
+        s.check().err().or_else(|| s.abandoned(self.recorded()))
     }
 
     /// Remember the device of the stream recording it (`Event::device`).
@@ -246,11 +315,26 @@ impl EventInner {
     /// Complete record `id` now (stream order reached it).
     pub(crate) fn complete(&self, id: u64) {
         let ts = self.timing.then(now_ns);
-        for w in self.gate.complete(id, ts) {
+        let Some(s) = self.shared.get() else {
+            for w in self.gate.complete(id, ts) {
+                w.wake();
+            }
+            return;
+        };
+        // Published before the local waiters run, so that what they do next (another
+        // process's turn) sees it.
+        s.completed(id);
+        for w in self.gate.complete_through(id, ts) {
             w.wake();
         }
-        if let Some(s) = self.shared.get() {
-            s.completed(self.gate.latest());
+    }
+
+    /// Complete record `id`, made by another process, here only: it completed there (or its
+    /// process died), so nothing is published (`ipc_event`).
+    pub(crate) fn complete_mirrored(&self, id: u64) {
+        let ts = self.timing.then(now_ns);
+        for w in self.gate.complete_through(id, ts) {
+            w.wake();
         }
     }
 
@@ -291,12 +375,14 @@ pub(crate) fn fail_pending_user_events(why: &str) {
     }
 }
 
-/// What [`Event::on_complete`] calls: with the failure of a failed user event.
-pub type CompletionFn = Box<dyn FnOnce(Option<String>) + Send>;
+/// What [`Event::on_complete`] calls: with what a wait for the record reports (`Ok`, the
+/// kernel failure of a failed user event, or `InvalidHandle` for a shared event whose
+/// exporter or recorder died), as [`Event::synchronize`] would.
+pub type CompletionFn = Box<dyn FnOnce(Result<()>) + Send>;
 
 /// A completion callback parked on an event ([`Event::on_complete`]).
 struct Callback {
-    f: parking_lot::Mutex<Option<CompletionFn>>,
+    f: crate::sync::lock::Mutex<Option<CompletionFn>>,
     /// Weak: the event's gate holds this callback while it waits.
     event: std::sync::Weak<EventInner>,
 }
@@ -306,16 +392,53 @@ impl Wake for Callback {
         // Taken out under the lock, run after it.
         let f = self.f.lock().take();
         if let Some(f) = f {
-            let failure = self
-                .event
-                .upgrade()
-                .and_then(|e| e.failure().map(str::to_string));
+            let outcome = match self.event.upgrade() {
+                Some(e) => Event(e).outcome(),
+                None => Ok(()),
+            };
             // User code, on whichever thread completed the event (an engine worker running a
             // record, a host thread setting a user event): a panic stays in the callback
             // (the panic hook reports it) and the completing thread goes on, so the stream
             // completes its record and the worker lives.
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(failure)));
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(outcome)));
         }
+    }
+}
+
+/// A completion callback registered with [`Event::on_complete`]; [`Completion::cancel`]
+/// takes it back before it runs. Dropping this handle leaves the callback registered.
+pub struct Completion {
+    cb: Option<(Arc<Callback>, std::sync::Weak<EventInner>)>,
+}
+
+impl std::fmt::Debug for Completion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.cb.is_some() {
+            "Completion(parked)"
+        } else {
+            "Completion(ran)"
+        })
+    }
+}
+
+impl Completion {
+    /// Take the callback back unless it ran (or is running): it will not be called, and it
+    /// and what it holds are dropped now, on this thread, after the event's lock. Returns
+    /// whether it was taken back.
+    pub fn cancel(self) -> bool {
+        let Some((cb, event)) = self.cb else {
+            return false;
+        };
+        let me = Arc::as_ptr(&cb).cast::<()>();
+        let parked = event.upgrade().and_then(|e| {
+            e.gate
+                .unpark(|w| std::ptr::eq(Arc::as_ptr(w).cast::<()>(), me))
+        });
+        let f = cb.f.lock().take();
+        let taken = f.is_some();
+        drop(f);
+        drop(parked);
+        taken
     }
 }
 
@@ -482,23 +605,42 @@ impl Event {
 
     /// Call `f` once the latest record (at the time of this call) has completed: at once,
     /// on the calling thread, when it already has (or the event was never recorded);
-    /// otherwise on the thread that completes it. `f` gets the failure of a failed user
-    /// event ([`Event::failure`]) and must not block. The event does not keep itself alive
-    /// through `f`'s registration. A panic in `f` is contained: it is reported by the panic
-    /// hook and goes no further (the completing thread, a stream worker for instance, goes
-    /// on).
-    pub fn on_complete(&self, f: CompletionFn) -> Result<()> {
+    /// otherwise on the thread that completes it. `f` gets what a wait would report
+    /// ([`CompletionFn`]) and must not block. The event does not keep itself alive through
+    /// `f`'s registration; the returned [`Completion`] takes it back (a cancelled `await`
+    /// lets go of its callback at once). A panic in `f` is contained: it is reported by the
+    /// panic hook and goes no further (the completing thread, a stream worker for instance,
+    /// goes on).
+    pub fn on_complete(&self, f: CompletionFn) -> Result<Completion> {
         self.check()?;
         let target = self.0.recorded();
         let cb = Arc::new(Callback {
-            f: parking_lot::Mutex::new(Some(f)),
+            f: crate::sync::lock::Mutex::new(Some(f)),
             event: Arc::downgrade(&self.0),
         });
         let waiter: Arc<dyn Wake> = cb.clone();
         if target == 0 || self.0.gate.park_unless_complete(target, waiter, || ()) {
             cb.wake();
+            return Ok(Completion { cb: None });
         }
-        Ok(())
+        Ok(Completion {
+            cb: Some((cb, Arc::downgrade(&self.0))),
+        })
+    }
+
+    /// Completion callbacks parked on this event now (they hold what they capture until
+    /// the event completes or [`Completion::cancel`] takes them back).
+    pub fn parked_callbacks(&self) -> usize {
+        self.0.gate.parked()
+    }
+
+    /// What a wait for the latest record reports once it completed.
+    fn outcome(&self) -> Result<()> {
+        self.check()?;
+        match self.0.wait_failure() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// The runtime generation the event belongs to (0: not yet used under one).
@@ -590,13 +732,7 @@ impl Event {
     pub fn wait(&self, timeout: Option<Duration>) -> Result<bool> {
         let done = self.wait_inner(timeout)?;
         if done {
-            if let Some(why) = self.0.failure() {
-                return Err(crate::error::KernelFailure::new(
-                    format!("UserEvent#{}", self.0.id),
-                    why.to_string(),
-                )
-                .into());
-            }
+            self.outcome()?;
         }
         Ok(done)
     }
@@ -628,12 +764,7 @@ impl Event {
             .into());
         }
         let deadline = crate::clock::deadline_after(timeout);
-        let done = self.0.gate.wait_latest(target, deadline);
-        if done {
-            // An opened event completes when its exporter died too: report that.
-            self.check()?;
-        }
-        Ok(done)
+        Ok(self.0.gate.wait_latest(target, deadline))
     }
 
     /// Timestamp of the latest completed record, in ns of [`now_ns`].

@@ -1,39 +1,54 @@
 //! Interprocess events (CUDA's `cudaEventInterprocess`, `cudaIpcGetEventHandle`,
-//! `cudaIpcOpenEventHandle`): another process waits on this process's records.
+//! `cudaIpcOpenEventHandle`): processes record and wait on one event.
 //!
-//! An exported event ([`create`]) owns one page of the device memory file (`memory::host`)
-//! holding a random nonce, its latest record number and its highest completed record number;
-//! the event publishes both as they change (the `event::Shared` hooks). Its handle
-//! ([`handle`]) names the process, the file and the page.
+//! An exported event ([`create`]) owns one page of the device memory file (`memory::host`);
+//! its handle ([`handle`]) names the process, the file and the page. An opened event
+//! ([`open`]) maps the same page. The page holds the event's one sequence of record numbers,
+//! shared by every process that records it: a record made in any process takes the next
+//! number there and publishes it as the latest, with the recording process named in a ring of
+//! recent records; the highest completed number is published there too. So a record made by
+//! an importer is seen by the exporter (torch's `test_event`, `test_event_handle_exporter`)
+//! exactly as the exporter's records are seen by importers.
 //!
-//! An opened event ([`open`]) is a local event that mirrors the exporter's records: whenever
-//! its latest record is read (query, synchronize, a stream's `wait_event`), a new remote record
-//! takes a local record number, and the process's *watcher* thread completes that local
-//! record once the page shows the remote one completed. So every local way of waiting works
-//! unchanged, stream waits included, and no runtime thread ever blocks on another process.
+//! Whenever an event's latest record is read (query, synchronize, a stream's `wait_event`), a
+//! newer record made by another process is taken up as the local latest, and the process's
+//! *watcher* thread completes it here once the page shows it completed. So every local way of
+//! waiting works unchanged, stream waits included, and no runtime thread ever blocks on
+//! another process. Completion is a semaphore's, as on a GPU: record `n` completing completes
+//! every earlier one too.
+//!
 //! The watcher polls (every 100 µs while something is pending, sleeping otherwise) and checks
-//! every 10 ms that the exporter still lives: when it has died, pending records are completed
-//! and the event reports the death (`InvalidHandle`) on every later query or wait, so nothing
-//! waits forever. Records made on the opened event in this process stay local.
+//! every 10 ms that the processes it waits for live (a zombie counts as dead: it runs no more
+//! work). When the exporter died, an opened event reports it (`InvalidHandle`) on every later
+//! use; when the process that made a pending record died, the record is completed and waits
+//! for it report that (`InvalidHandle`, on streams as their error), so nothing waits forever.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::error::{ArgError, DeviceError, Result};
 use crate::event::{Event, EventInner, EventOptions, Shared};
 use crate::memory::host::{shared_file, Arena, PAGE};
-use crate::memory::ipc::{process_start_time, HandleFields};
+use crate::memory::ipc::{process_alive, process_start_time, HandleFields};
 
 /// Length of an event handle in bytes.
 pub const EVENT_HANDLE_LEN: usize = 48;
 
 const MAGIC: &[u8; 8] = b"RTIPCEVT";
-const VERSION: u32 = 1;
-/// Page layout: nonce, latest record, highest completed record.
+/// Version 2: records of every process share the page's sequence.
+const VERSION: u32 = 2;
+/// Page layout: nonce, latest record published, highest completed record, record numbers
+/// taken, then the ring of recent records (number, recording pid, its start time).
 const NONCE: u64 = 0;
 const RECORDED: u64 = 8;
 const COMPLETED: u64 = 16;
+const TICKETS: u64 = 24;
+const RING: u64 = 64;
+/// Records named in the ring (the recorder of an older record is found by elimination).
+pub(crate) const RING_LEN: u64 = 128;
+const ENTRY: u64 = 24;
+const _: () = assert!(RING + RING_LEN * ENTRY <= PAGE);
 
 fn invalid(why: impl Into<String>) -> crate::error::Error {
     DeviceError::InvalidHandle {
@@ -43,37 +58,233 @@ fn invalid(why: impl Into<String>) -> crate::error::Error {
     .into()
 }
 
-/// The exporting side: the page and the handle.
-struct Exported {
-    page: Arena,
-    handle: Vec<u8>,
+/// A process, named so that a reused pid is not mistaken for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Proc {
+    pid: u32,
+    start_time: u64,
 }
 
-impl Shared for Exported {
-    fn recorded(&self, id: u64) {
-        self.page
-            .atomic_u64(RECORDED)
-            .fetch_max(id, Ordering::SeqCst);
+impl Proc {
+    /// This process (cached per pid, so a forked child names itself).
+    fn me() -> Proc {
+        static PID: AtomicU64 = AtomicU64::new(0);
+        static START: AtomicU64 = AtomicU64::new(0);
+        let pid = std::process::id();
+        if PID.load(Ordering::Acquire) != u64::from(pid) {
+            START.store(process_start_time(pid).unwrap_or(0), Ordering::Relaxed);
+            PID.store(u64::from(pid), Ordering::Release);
+        }
+        Proc {
+            pid,
+            start_time: START.load(Ordering::Relaxed),
+        }
+    }
+
+    fn alive(self) -> bool {
+        process_alive(self.pid, self.start_time)
+    }
+}
+
+/// The shared page of one event, as mapped in this process.
+struct Page {
+    page: Arena,
+}
+
+impl Page {
+    fn at(&self, offset: u64) -> &AtomicU64 {
+        self.page.atomic_u64(offset)
+    }
+
+    fn recorded(&self) -> u64 {
+        self.at(RECORDED).load(Ordering::SeqCst)
+    }
+
+    fn completed(&self) -> u64 {
+        self.at(COMPLETED).load(Ordering::SeqCst)
+    }
+
+    /// Take the next record number for a record `by` makes: name the recorder in the ring,
+    /// then publish the number as the latest.
+    fn take(&self, by: Proc) -> u64 {
+        let n = self.at(TICKETS).fetch_add(1, Ordering::SeqCst) + 1;
+        let e = RING + (n % RING_LEN) * ENTRY;
+        self.at(e + 8).store(u64::from(by.pid), Ordering::SeqCst);
+        self.at(e + 16).store(by.start_time, Ordering::SeqCst);
+        self.at(e).store(n, Ordering::SeqCst);
+        self.at(RECORDED).fetch_max(n, Ordering::SeqCst);
+        n
+    }
+
+    /// Who made record `n`, if the ring still names it.
+    fn recorder(&self, n: u64) -> Option<Proc> {
+        let e = RING + (n % RING_LEN) * ENTRY;
+        if self.at(e).load(Ordering::SeqCst) != n {
+            return None;
+        }
+        let p = Proc {
+            pid: self.at(e + 8).load(Ordering::SeqCst) as u32,
+            start_time: self.at(e + 16).load(Ordering::SeqCst),
+        };
+        (self.at(e).load(Ordering::SeqCst) == n).then_some(p)
+    }
+
+    /// Every process the ring names.
+    fn recorders(&self) -> Vec<Proc> {
+        let mut all = Vec::new();
+        for i in 0..RING_LEN {
+            let n = self.at(RING + i * ENTRY).load(Ordering::SeqCst);
+            if let Some(p) = (n != 0).then(|| self.recorder(n)).flatten() {
+                if !all.contains(&p) {
+                    all.push(p);
+                }
+            }
+        }
+        all
+    }
+}
+
+/// What the watcher needs of one process's side of a shared event.
+struct Link {
+    page: Page,
+    /// The exporting process, on an importing side.
+    exporter: Option<Proc>,
+    /// The exporter died (importing side).
+    dead: AtomicBool,
+    /// The latest record abandoned because its recorder died: (number, recorder's pid, 0 if
+    /// unknown).
+    abandoned: crate::sync::lock::Mutex<Option<(u64, u32)>>,
+}
+
+impl Link {
+    /// Whether pending record `n` is settled: completed, or abandoned because the process
+    /// that would complete it died (looked at only when `check_alive`).
+    fn settled(&self, n: u64, recorder: Option<Proc>, check_alive: bool) -> bool {
+        if self.page.completed() >= n {
+            return true;
+        }
+        if !check_alive {
+            return false;
+        }
+        if let Some(e) = self.exporter {
+            if !e.alive() {
+                self.dead.store(true, Ordering::Release);
+                return true;
+            }
+        }
+        let me = Proc::me();
+        let gone = match recorder {
+            Some(r) => r != me && !r.alive(),
+            // No longer named in the ring: abandoned once every other recorder it names died.
+            None => self
+                .page
+                .recorders()
+                .into_iter()
+                .all(|r| r == me || !r.alive()),
+        };
+        if gone {
+            let mut a = self.abandoned.lock();
+            if a.is_none_or(|(m, _)| m < n) {
+                *a = Some((n, recorder.map_or(0, |r| r.pid)));
+            }
+        }
+        gone
+    }
+}
+
+/// One process's side of a shared event: the exporter's, or an importer's.
+struct Participant {
+    link: Arc<Link>,
+    /// The handle (exporting side only).
+    handle: Option<Vec<u8>>,
+    me: std::sync::OnceLock<Weak<EventInner>>,
+    /// Taking up remote records, one thread at a time.
+    pulling: crate::sync::lock::Mutex<()>,
+}
+
+impl Participant {
+    fn new(page: Page, exporter: Option<Proc>, handle: Option<Vec<u8>>) -> Arc<Participant> {
+        Arc::new(Participant {
+            link: Arc::new(Link {
+                page,
+                exporter,
+                dead: AtomicBool::new(false),
+                abandoned: crate::sync::lock::Mutex::new(None),
+            }),
+            handle,
+            me: std::sync::OnceLock::new(),
+            pulling: crate::sync::lock::Mutex::new(()),
+        })
+    }
+}
+
+impl Shared for Participant {
+    fn take_record(&self) -> u64 {
+        self.link.page.take(Proc::me())
     }
 
     fn completed(&self, latest: u64) {
-        self.page
-            .atomic_u64(COMPLETED)
+        self.link
+            .page
+            .at(COMPLETED)
             .fetch_max(latest, Ordering::SeqCst);
     }
 
-    fn pull(&self, _event: &EventInner) {}
+    fn pull(&self, event: &EventInner) {
+        let page = &self.link.page;
+        let remote = page.recorded();
+        if remote <= event.latest_taken() {
+            return;
+        }
+        let guard = self.pulling.lock();
+        if remote <= event.latest_taken() {
+            return;
+        }
+        event.note_remote_record(remote);
+        drop(guard);
+        if page.completed() >= remote {
+            // Done there already: done here.
+            event.complete_mirrored(remote);
+            return;
+        }
+        if let Some(me) = self.me.get() {
+            watch(Pending {
+                event: me.clone(),
+                link: self.link.clone(),
+                remote,
+                recorder: page.recorder(remote),
+            });
+        }
+    }
 
     fn check(&self) -> Result<()> {
-        Ok(())
+        match self.link.exporter {
+            Some(e) if self.link.dead.load(Ordering::Acquire) => Err(invalid(format!(
+                "the exporting process (pid {}) exited before its record completed",
+                e.pid
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    fn abandoned(&self, latest: u64) -> Option<crate::error::Error> {
+        let a = *self.link.abandoned.lock();
+        match a {
+            Some((n, pid)) if n == latest => Some(invalid(if pid == 0 {
+                format!("the process that made record {n} exited before it completed")
+            } else {
+                format!("the process that made record {n} (pid {pid}) exited before it completed")
+            })),
+            _ => None,
+        }
     }
 
     fn handle(&self) -> Option<Vec<u8>> {
-        Some(self.handle.clone())
+        self.handle.clone()
     }
 }
 
-/// A new event with `options` whose records another process can wait on.
+/// A new event with `options` whose records another process can wait on (and make).
 ///
 /// # Errors
 /// `InvalidHandle` when the shared page cannot be made.
@@ -85,21 +296,29 @@ pub fn create(options: EventOptions) -> Result<Event> {
         .expect("a fresh arena is in the memory file");
     let nonce = crate::memory::host::random_u64() | 1;
     page.atomic_u64(NONCE).store(nonce, Ordering::SeqCst);
-    let pid = std::process::id();
+    let me = Proc::me();
     let mut h = Vec::with_capacity(EVENT_HANDLE_LEN);
     h.extend_from_slice(MAGIC);
     h.extend_from_slice(&VERSION.to_le_bytes());
-    h.extend_from_slice(&pid.to_le_bytes());
-    h.extend_from_slice(&process_start_time(pid).unwrap_or(0).to_le_bytes());
+    h.extend_from_slice(&me.pid.to_le_bytes());
+    h.extend_from_slice(&me.start_time.to_le_bytes());
     h.extend_from_slice(&file.fd().to_le_bytes());
     h.extend_from_slice(&0u32.to_le_bytes());
     h.extend_from_slice(&offset.to_le_bytes());
     h.extend_from_slice(&nonce.to_le_bytes());
     debug_assert_eq!(h.len(), EVENT_HANDLE_LEN);
-    let ev = Event::with_options(options);
-    let shared: Arc<dyn Shared> = Arc::new(Exported { page, handle: h });
+    Ok(attach(
+        Event::with_options(options),
+        Participant::new(Page { page }, None, Some(h)),
+    ))
+}
+
+/// Tie `p` to `ev` (its `shared` hooks) and return `ev`.
+fn attach(ev: Event, p: Arc<Participant>) -> Event {
+    let _ = p.me.set(Arc::downgrade(&ev.0));
+    let shared: Arc<dyn Shared> = p;
     let _ = ev.0.shared.set(shared);
-    Ok(ev)
+    ev
 }
 
 /// Whether `event` was made by [`create`] or [`open`].
@@ -131,87 +350,19 @@ pub fn handle(event: &Event) -> Result<Vec<u8>> {
         })
 }
 
-/// The opening side: the exporter's page mapped here, and the local records mirroring its.
-struct Opened {
-    remote: Arc<Remote>,
-    /// The latest remote record mirrored, and the local record number it got.
-    mirrored: parking_lot::Mutex<(u64, u64)>,
-    me: std::sync::OnceLock<Weak<EventInner>>,
-}
-
-/// The exporter's page and process, as the watcher sees them.
-struct Remote {
-    page: Arena,
-    pid: u32,
-    start_time: u64,
-    dead: AtomicBool,
-}
-
-impl Remote {
-    fn remote_recorded(&self) -> u64 {
-        self.page.atomic_u64(RECORDED).load(Ordering::SeqCst)
-    }
-
-    fn remote_completed(&self) -> u64 {
-        self.page.atomic_u64(COMPLETED).load(Ordering::SeqCst)
-    }
-
-    fn exporter_alive(&self) -> bool {
-        process_start_time(self.pid) == Some(self.start_time)
-    }
-}
-
-impl Shared for Opened {
-    fn recorded(&self, _id: u64) {}
-
-    fn completed(&self, _latest: u64) {}
-
-    fn pull(&self, event: &EventInner) {
-        let remote = self.remote.remote_recorded();
-        let mut m = self.mirrored.lock();
-        if remote <= m.0 {
-            return;
-        }
-        if self.remote.remote_completed() >= remote {
-            // Already done there: nothing to wait for here.
-            m.0 = remote;
-            return;
-        }
-        let local = event.next_record();
-        *m = (remote, local);
-        drop(m);
-        if let Some(me) = self.me.get() {
-            watch(me.clone(), self.remote.clone(), remote, local);
-        }
-    }
-
-    fn check(&self) -> Result<()> {
-        if self.remote.dead.load(Ordering::Acquire) {
-            Err(invalid(format!(
-                "the exporting process (pid {}) exited before its record completed",
-                self.remote.pid
-            )))
-        } else {
-            Ok(())
-        }
-    }
-
-    fn handle(&self) -> Option<Vec<u8>> {
-        None
-    }
-}
-
 /// Open an event handle made by [`handle`] (in another process of the same user, or this one).
+/// Records made on the opened event are seen by the exporter and every other importer.
 ///
 /// # Errors
 /// An argument error for bytes that are not an event handle; `InvalidHandle` when the
-/// exporting process has exited or the handle does not match its event.
+/// exporting process has exited (or is a zombie) or the handle does not match its event.
 pub fn open(handle: &[u8]) -> Result<Event> {
     let f = HandleFields::check(handle, EVENT_HANDLE_LEN, MAGIC, VERSION, "event", "Event")?;
     let (u32_at, u64_at) = (|i| f.u32_at(i), |i| f.u64_at(i));
     let (pid, start_time, fd) = (u32_at(12), u64_at(16), u32_at(24));
     let (offset, nonce) = (u64_at(32), u64_at(40));
-    if process_start_time(pid) != Some(start_time) {
+    let exporter = Proc { pid, start_time };
+    if !exporter.alive() {
         return Err(invalid(format!(
             "the exporting process (pid {pid}) has exited"
         )));
@@ -237,29 +388,18 @@ pub fn open(handle: &[u8]) -> Result<Event> {
             "process {pid} has no such event any more (stale or forged handle)"
         )));
     }
-    let opened = Arc::new(Opened {
-        remote: Arc::new(Remote {
-            page,
-            pid,
-            start_time,
-            dead: AtomicBool::new(false),
-        }),
-        mirrored: parking_lot::Mutex::new((0, 0)),
-        me: std::sync::OnceLock::new(),
-    });
-    let ev = Event::with_options(EventOptions::without_timing());
-    let _ = opened.me.set(Arc::downgrade(&ev.0));
-    let shared: Arc<dyn Shared> = opened;
-    let _ = ev.0.shared.set(shared);
-    Ok(ev)
+    Ok(attach(
+        Event::with_options(EventOptions::without_timing()),
+        Participant::new(Page { page }, Some(exporter), None),
+    ))
 }
 
-/// A local record waiting for a remote one.
+/// A local record waiting for another process's record.
 struct Pending {
     event: Weak<EventInner>,
-    remote_page: Arc<Remote>,
+    link: Arc<Link>,
     remote: u64,
-    local: u64,
+    recorder: Option<Proc>,
 }
 
 struct Watcher {
@@ -287,7 +427,7 @@ pub(crate) fn after_fork(child: bool) {
     WATCHER_FORK.after_fork(child);
 }
 
-fn watch(event: Weak<EventInner>, remote_page: Arc<Remote>, remote: u64, local: u64) {
+fn watch(p: Pending) {
     let forks = crate::generation::forks();
     let w = {
         let mut slot = WATCHER.lock();
@@ -302,10 +442,11 @@ fn watch(event: Weak<EventInner>, remote_page: Arc<Remote>, remote: u64, local: 
                 if crate::sync::spawn_thread("runtime-ipc-events".into(), move || watch_loop(&w2))
                     .is_err()
                 {
+                    drop(slot);
                     // No thread: complete at once, so nothing waits forever (the record is
                     // then not ordered after the remote one).
-                    if let Some(ev) = event.upgrade() {
-                        ev.complete(local);
+                    if let Some(ev) = p.event.upgrade() {
+                        ev.complete_mirrored(p.remote);
                     }
                     return;
                 }
@@ -317,12 +458,7 @@ fn watch(event: Weak<EventInner>, remote_page: Arc<Remote>, remote: u64, local: 
     w.pending
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .push(Pending {
-            event,
-            remote_page,
-            remote,
-            local,
-        });
+        .push(p);
     w.cv.notify_one();
 }
 
@@ -347,29 +483,17 @@ fn watch_loop(w: &Watcher) {
             let Some(ev) = p.event.upgrade() else {
                 return false;
             };
-            let finished = remote_done(&p.remote_page, p.remote, check_alive);
-            if finished {
-                done.push((ev, p.local));
+            let settled = p.link.settled(p.remote, p.recorder, check_alive);
+            if settled {
+                done.push((ev, p.remote));
             }
-            !finished
+            !settled
         });
         drop(pending);
-        // Completed outside the list's lock (completion wakes streams).
-        for (ev, local) in done {
-            ev.complete(local);
+        // Completed outside the list's lock (completion wakes streams and runs callbacks).
+        for (ev, remote) in done {
+            ev.complete_mirrored(remote);
         }
         std::thread::sleep(Duration::from_micros(100));
     }
-}
-
-/// Whether remote record `remote` completed, or its exporter died (then marked dead).
-fn remote_done(o: &Remote, remote: u64, check_alive: bool) -> bool {
-    if o.remote_completed() >= remote {
-        return true;
-    }
-    if check_alive && !o.exporter_alive() {
-        o.dead.store(true, Ordering::Release);
-        return true;
-    }
-    false
 }

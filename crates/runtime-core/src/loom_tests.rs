@@ -1,4 +1,5 @@
-//! loom model checks of the completion and event protocols (`cfg(loom)` only):
+//! loom model checks of the completion, event, submit-gate and engine wake-up protocols
+//! (`cfg(loom)` only):
 //! `RUSTFLAGS="--cfg loom" cargo test -p runtime-core --lib --release loom`.
 //!
 //! loom runs each closure under every interleaving (bounded by `LOOM_MAX_PREEMPTIONS`) and
@@ -130,4 +131,116 @@ fn loom_submit_gate_close_waits_for_admitted_submitters() {
         assert_eq!(seen_by_drain, usize::from(admitted));
         assert!(gate.enter().is_none());
     });
+}
+
+/// The engines' wake-up protocol (`stream::engine::Idle`), with a mutex-guarded queue in
+/// place of the ready queues.
+mod engine_wakeups {
+    use std::collections::VecDeque;
+
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use crate::stream::engine::{linger_on, Idle};
+    use crate::sync::Mutex;
+
+    struct Engine {
+        idle: Idle,
+        queue: Mutex<VecDeque<u32>>,
+    }
+
+    impl Engine {
+        fn new() -> Arc<Engine> {
+            Arc::new(Engine {
+                idle: Idle::new(),
+                queue: Mutex::new(VecDeque::new()),
+            })
+        }
+        fn push(&self, s: u32) {
+            self.queue.lock().push_back(s);
+            self.idle.wake_one();
+        }
+        fn try_pop(&self) -> Option<u32> {
+            self.queue.lock().pop_front()
+        }
+        fn waiting(&self) -> bool {
+            !self.queue.lock().is_empty()
+        }
+    }
+
+    /// The lost wake-up of RELIABILITY.md item 29: a worker lingers on its stream (nothing
+    /// arrives); a launcher pushes two streams meanwhile, each push seeing it spin and waking
+    /// nobody; the worker then takes one of them. The other must reach the sleeping worker:
+    /// loom fails the model as a deadlock if the sleeper is left asleep with work queued.
+    #[test]
+    fn loom_engine_linger_leaves_no_pushed_stream_behind() {
+        loom::model(|| {
+            let e = Engine::new();
+            let sleeper = {
+                let e = e.clone();
+                thread::spawn(move || e.idle.sleep_pop(|| e.try_pop()))
+            };
+            let lingerer = {
+                let e = e.clone();
+                thread::spawn(move || {
+                    let mut looks = 0;
+                    let arrived = linger_on(
+                        &e.idle,
+                        || false,
+                        || e.waiting(),
+                        || {
+                            looks += 1;
+                            looks > 1
+                        },
+                        || thread::yield_now(),
+                    );
+                    assert!(!arrived);
+                    // On to one waiting stream, if any (the rest is the sleeper's).
+                    e.try_pop()
+                })
+            };
+            e.push(1);
+            e.push(2);
+            let a = lingerer.join().unwrap();
+            let b = sleeper.join().unwrap();
+            // Both streams ran, each once: one may go to either worker; the sleeper always
+            // gets one, and the lingerer takes the other or leaves it for a later worker.
+            let mut ran: Vec<u32> = a.into_iter().chain([b]).collect();
+            ran.extend(e.try_pop());
+            ran.sort_unstable();
+            assert_eq!(ran, vec![1, 2]);
+        });
+    }
+
+    /// A spinning worker takes one stream and leaves another behind: the sleeper is woken
+    /// for it.
+    #[test]
+    fn loom_engine_spinner_wakes_a_sleeper_for_work_it_leaves() {
+        loom::model(|| {
+            let e = Engine::new();
+            let sleeper = {
+                let e = e.clone();
+                thread::spawn(move || e.idle.sleep_pop(|| e.try_pop()))
+            };
+            let spinner = {
+                let e = e.clone();
+                thread::spawn(move || {
+                    let found = e.idle.spin(|| e.try_pop(), || false);
+                    let found = found.or_else(|| e.try_pop());
+                    if found.is_some() && e.waiting() {
+                        e.idle.wake_one();
+                    }
+                    found
+                })
+            };
+            e.push(1);
+            e.push(2);
+            let a = spinner.join().unwrap();
+            let b = sleeper.join().unwrap();
+            let mut ran: Vec<u32> = a.into_iter().chain([b]).collect();
+            ran.extend(e.try_pop());
+            ran.sort_unstable();
+            assert_eq!(ran, vec![1, 2]);
+        });
+    }
 }

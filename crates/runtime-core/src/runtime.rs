@@ -247,6 +247,8 @@ pub fn shutdown_within(timeout: Option<std::time::Duration>) -> Result<bool> {
         d.memory().close();
     }
     crate::device::reset_thread_state();
+    // The pinned cache and its statistics belong to this runtime too.
+    crate::memory::pinned::reset();
     Ok(true)
 }
 

@@ -1,9 +1,11 @@
-//! The synchronisation primitives of the completion and event protocols: `parking_lot` and
-//! std atomics normally, loom's under `cfg(loom)` so the protocols can be model-checked
-//! (`RUSTFLAGS="--cfg loom" cargo test -p runtime-core --lib loom`).
+//! The synchronisation primitives of the completion and event protocols: std's locks and
+//! atomics normally, loom's under `cfg(loom)` so the protocols can be model-checked
+//! (`RUSTFLAGS="--cfg loom" cargo test -p runtime-core --lib loom`); and [`lock`], the
+//! runtime's other locks (std's, not parking_lot's: see there why).
 //!
 //! The mutex and condvar share one by-value API on both sides (`wait` takes and returns the
-//! guard, as loom's does).
+//! guard, as loom's does). `SleepMutex` / `SleepCondvar` are std's futex-based pair (for
+//! locks idle threads sleep on; see there), loom's under `cfg(loom)`.
 
 std::thread_local! {
     static RUNTIME_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -59,25 +61,11 @@ where
     std::thread::Builder::new().name(name).spawn(f)
 }
 
-/// A process-wide mutex (a `static` of the core): std's futex mutex, whose state is the lock
-/// word alone. parking_lot's locks are not used for these: parking_lot queues waiters in a
-/// process-wide table, so a child forked while threads waited on a lock inherits their
-/// entries, and its unlocks then wake (or hand the lock to) threads that do not exist there:
-/// the child's own waiters sleep for ever. Poisoning is ignored (as parking_lot has none): a
-/// panic under these locks leaves bookkeeping whole.
-#[derive(Debug, Default)]
-pub(crate) struct StaticMutex<T>(std::sync::Mutex<T>);
-
-impl<T> StaticMutex<T> {
-    pub(crate) const fn new(t: T) -> Self {
-        StaticMutex(std::sync::Mutex::new(t))
-    }
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, T> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
+/// A process-wide mutex (a `static` of the core): one of the runtime's std locks ([`lock`]).
+/// A fork copies parking_lot's process-wide table of parked threads into the child with the
+/// parent's waiters in it, and the child's unlocks then wake (or hand the lock to) threads
+/// that do not exist there; std's lock keeps its whole state in the lock word.
+pub(crate) type StaticMutex<T> = lock::Mutex<T>;
 
 /// A process-wide reader-writer lock (a `static` of the core); see [`StaticMutex`].
 #[derive(Debug, Default)]
@@ -121,12 +109,7 @@ fn retry_for<G>(wait: std::time::Duration, mut take: impl FnMut() -> Option<G>) 
 
 impl<T: Send + 'static> ForkLock for StaticMutex<T> {
     fn take_for(&'static self, wait: std::time::Duration) -> Option<Box<dyn std::any::Any>> {
-        retry_for(wait, || match self.0.try_lock() {
-            Ok(g) => Some(g),
-            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        })
-        .map(|g| Box::new(g) as Box<dyn std::any::Any>)
+        retry_for(wait, || self.try_lock()).map(|g| Box::new(g) as Box<dyn std::any::Any>)
     }
 }
 
@@ -192,44 +175,89 @@ pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(not(loom))]
 mod imp {
+    use std::sync::PoisonError;
     use std::time::Instant;
 
-    pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+    pub(crate) type MutexGuard<'a, T> = std::sync::MutexGuard<'a, T>;
 
+    /// std's mutex (see [`super::lock`] for why not parking_lot's), poisoning ignored.
     #[derive(Debug, Default)]
-    pub(crate) struct Mutex<T>(parking_lot::Mutex<T>);
+    pub(crate) struct Mutex<T>(std::sync::Mutex<T>);
 
     impl<T> Mutex<T> {
         pub(crate) fn new(t: T) -> Self {
-            Mutex(parking_lot::Mutex::new(t))
+            Mutex(std::sync::Mutex::new(t))
         }
         pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
-            self.0.lock()
+            self.0.lock().unwrap_or_else(PoisonError::into_inner)
         }
     }
 
     #[derive(Debug, Default)]
-    pub(crate) struct Condvar(parking_lot::Condvar);
+    pub(crate) struct Condvar(std::sync::Condvar);
 
     impl Condvar {
         pub(crate) fn new() -> Self {
-            Condvar(parking_lot::Condvar::new())
+            Condvar(std::sync::Condvar::new())
         }
         pub(crate) fn notify_all(&self) {
             self.0.notify_all();
         }
-        pub(crate) fn wait<'a, T>(&self, mut g: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
-            self.0.wait(&mut g);
-            g
+        pub(crate) fn wait<'a, T>(&self, g: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0.wait(g).unwrap_or_else(PoisonError::into_inner)
         }
         /// Wait until notified or `deadline`.
         pub(crate) fn wait_until<'a, T>(
             &self,
-            mut g: MutexGuard<'a, T>,
+            g: MutexGuard<'a, T>,
             deadline: Instant,
         ) -> MutexGuard<'a, T> {
-            self.0.wait_until(&mut g, deadline);
-            g
+            let left = deadline.saturating_duration_since(Instant::now());
+            self.0
+                .wait_timeout(g, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0
+        }
+    }
+
+    pub(crate) type SleepGuard<'a, T> = std::sync::MutexGuard<'a, T>;
+
+    /// std's futex-based mutex, for locks that idle threads sleep on: parking_lot keeps one
+    /// process-wide table of parked threads, which a `fork()` can copy locked by a thread
+    /// that does not exist in the child. Poisoning is ignored (nothing is left half-done
+    /// under these locks).
+    #[derive(Debug, Default)]
+    pub(crate) struct SleepMutex<T>(std::sync::Mutex<T>);
+
+    impl<T> SleepMutex<T> {
+        pub(crate) fn new(t: T) -> Self {
+            SleepMutex(std::sync::Mutex::new(t))
+        }
+        pub(crate) fn lock(&self) -> SleepGuard<'_, T> {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        }
+    }
+
+    /// std's condvar, paired with [`SleepMutex`].
+    #[derive(Debug, Default)]
+    pub(crate) struct SleepCondvar(std::sync::Condvar);
+
+    impl SleepCondvar {
+        pub(crate) fn new() -> Self {
+            SleepCondvar(std::sync::Condvar::new())
+        }
+        pub(crate) fn notify_one(&self) {
+            self.0.notify_one();
+        }
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+        pub(crate) fn wait<'a, T>(&self, g: SleepGuard<'a, T>) -> SleepGuard<'a, T> {
+            self.0
+                .wait(g)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
         }
     }
 }
@@ -273,7 +301,115 @@ mod imp {
         ) -> MutexGuard<'a, T> {
             self.wait(g)
         }
+        pub(crate) fn notify_one(&self) {
+            self.0.notify_one();
+        }
     }
+
+    pub(crate) type SleepGuard<'a, T> = MutexGuard<'a, T>;
+    pub(crate) type SleepMutex<T> = Mutex<T>;
+    pub(crate) type SleepCondvar = Condvar;
 }
 
-pub(crate) use imp::{Condvar, Mutex};
+pub(crate) use imp::{Condvar, Mutex, SleepCondvar, SleepMutex};
+
+/// The runtime's locks: std's futex-based mutex, condvar and rwlock behind parking_lot's API
+/// (no poisoning; condvars wait on `&mut` guards), which the runtime used before.
+///
+/// parking_lot parks contended threads in one process-wide table whose buckets have locks of
+/// their own; a `fork()` made while another thread is inside that table (parking or waking,
+/// which the runtime's busy threads do all the time) copies a bucket locked by a thread that
+/// does not exist in the child, and the child's own threads hang for ever the first time they
+/// contend on a lock hashed to it. A test program forking a process whose four threads
+/// contend on a parking_lot mutex had 6 of 300 children hang; with std's locks, none. std's
+/// locks keep their state in the lock itself, so a child's fresh runtime shares nothing with
+/// the parent's threads. The process-wide locks the fork handlers take across a fork
+/// ([`ForkGuarded`]) are these too, held by ordinary guards and released by dropping them.
+/// (The per-allocation locks of `memory::access` stay parking_lot's: they need guards that
+/// own an `Arc` of their lock.)
+pub(crate) mod lock {
+    use std::ops::{Deref, DerefMut};
+    use std::sync::PoisonError;
+    use std::time::{Duration, Instant};
+
+    /// A mutex (std's, poisoning ignored: nothing is left half-done under the runtime's locks).
+    #[derive(Debug, Default)]
+    pub(crate) struct Mutex<T: ?Sized>(std::sync::Mutex<T>);
+
+    /// The guard of a [`Mutex`]; a [`Condvar`] waits on it by reference.
+    pub(crate) struct MutexGuard<'a, T: ?Sized>(Option<std::sync::MutexGuard<'a, T>>);
+
+    impl<T> Mutex<T> {
+        pub(crate) const fn new(t: T) -> Self {
+            Mutex(std::sync::Mutex::new(t))
+        }
+    }
+
+    impl<T: ?Sized> Mutex<T> {
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            MutexGuard(Some(self.0.lock().unwrap_or_else(PoisonError::into_inner)))
+        }
+
+        /// The lock if it is free now.
+        pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            match self.0.try_lock() {
+                Ok(g) => Some(MutexGuard(Some(g))),
+                Err(std::sync::TryLockError::Poisoned(p)) => Some(MutexGuard(Some(p.into_inner()))),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            }
+        }
+
+        pub(crate) fn get_mut(&mut self) -> &mut T {
+            self.0.get_mut().unwrap_or_else(PoisonError::into_inner)
+        }
+    }
+
+    impl<T: ?Sized> Deref for MutexGuard<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            self.0.as_ref().expect("a guard holds its lock")
+        }
+    }
+
+    impl<T: ?Sized> DerefMut for MutexGuard<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            self.0.as_mut().expect("a guard holds its lock")
+        }
+    }
+
+    /// A condition variable for [`Mutex`].
+    #[derive(Debug, Default)]
+    pub(crate) struct Condvar(std::sync::Condvar);
+
+    impl Condvar {
+        pub(crate) const fn new() -> Self {
+            Condvar(std::sync::Condvar::new())
+        }
+
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+
+        pub(crate) fn wait<T>(&self, g: &mut MutexGuard<'_, T>) {
+            let inner = g.0.take().expect("a guard holds its lock");
+            g.0 = Some(self.0.wait(inner).unwrap_or_else(PoisonError::into_inner));
+        }
+
+        /// Wait until notified or `timeout` passed; returns whether it timed out.
+        pub(crate) fn wait_for<T>(&self, g: &mut MutexGuard<'_, T>, timeout: Duration) -> bool {
+            let inner = g.0.take().expect("a guard holds its lock");
+            let (inner, r) = self
+                .0
+                .wait_timeout(inner, timeout)
+                .unwrap_or_else(PoisonError::into_inner);
+            g.0 = Some(inner);
+            r.timed_out()
+        }
+
+        /// Wait until notified or `deadline`; returns whether it timed out.
+        pub(crate) fn wait_until<T>(&self, g: &mut MutexGuard<'_, T>, deadline: Instant) -> bool {
+            let left = deadline.saturating_duration_since(Instant::now());
+            self.wait_for(g, left)
+        }
+    }
+}

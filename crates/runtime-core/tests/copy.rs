@@ -80,6 +80,22 @@ fn rect_checks_name_the_numbers() {
     assert!(rect(0, 10, 0, 10, 4, 3).check(24, "a", 24, "b").is_ok());
 }
 
+/// Whether a rectangle fits both ends, decided apart from the code under test (`Rect::check`):
+/// cudaMemcpy2D's rule. An empty copy (no width or no rows) needs only its offsets inside;
+/// otherwise each end's last row ends at `off + (height - 1) * pitch + width`.
+fn fits_model(r: Rect, dst_len: u64, src_len: u64) -> bool {
+    if r.width > r.dpitch || r.width > r.spitch {
+        return false;
+    }
+    if r.width == 0 || r.height == 0 {
+        return r.dst_off <= dst_len && r.src_off <= src_len;
+    }
+    let end =
+        |off: u128, pitch: u128| off + (u128::from(r.height) - 1) * pitch + u128::from(r.width);
+    end(r.dst_off.into(), r.dpitch.into()) <= dst_len.into()
+        && end(r.src_off.into(), r.spitch.into()) <= src_len.into()
+}
+
 /// The model: numpy-style row copies on plain vectors.
 fn model(dst: &mut [u8], src: &[u8], r: Rect) {
     for i in 0..if r.width == 0 { 0 } else { r.height } {
@@ -97,7 +113,7 @@ fn bytes(h: &HostVec) -> Vec<u8> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(256))]
     /// Every direction matches the model, and a copy that does not fit is refused whole.
     #[test]
     fn copies_2d_match_the_model(
@@ -113,7 +129,8 @@ proptest! {
         let dev = rt.device(0).unwrap();
         let r = rect(dst_off, width + dpad, src_off, width + spad, width, height);
         let src: Vec<u8> = (0..slen).map(|i| (i * 7 + 1) as u8).collect();
-        let fits = r.check(dlen, "dst", slen, "src").is_ok();
+        let fits = fits_model(r, dlen, slen);
+        prop_assert_eq!(r.check(dlen, "dst", slen, "src").is_ok(), fits);
         let mut want = vec![0u8; dlen as usize];
         if fits {
             model(&mut want, &src, r);
@@ -130,18 +147,32 @@ proptest! {
         let d2 = dev.memory().allocate(dlen).unwrap();
         let ds = dev.memory().allocate(slen).unwrap();
         ds.write(0, &src).unwrap();
-        if let Ok(op) = copy::h2d_2d(&d1, hs.clone(), r) { op.run().unwrap(); }
-        if let Ok(op) = copy::d2d_2d(&d2, &ds, r) { op.run().unwrap(); }
+        // Each copy is accepted exactly when the model says it fits, and a refused one
+        // writes nothing (the destinations stay zero, which `want` is then).
+        match copy::h2d_2d(&d1, hs.clone(), r) {
+            Ok(op) => { prop_assert!(fits); op.run().unwrap(); }
+            Err(_) => prop_assert!(!fits),
+        }
+        match copy::d2d_2d(&d2, &ds, r) {
+            Ok(op) => { prop_assert!(fits); op.run().unwrap(); }
+            Err(_) => prop_assert!(!fits),
+        }
         let back = HostVec::new(vec![0u8; dlen as usize]);
         let staged = HostVec::new(src.clone());
-        if let Ok(op) = copy::h2d_2d_async(&d1, staged, r) { op.run().unwrap(); }
+        match copy::h2d_2d_async(&d1, staged, r) {
+            Ok(op) => { prop_assert!(fits); op.run().unwrap(); }
+            Err(_) => prop_assert!(!fits),
+        }
         let mut got = vec![0u8; dlen as usize];
         d1.read(0, &mut got).unwrap();
         prop_assert_eq!(&got, &want);
         d2.read(0, &mut got).unwrap();
         prop_assert_eq!(&got, &want);
         // device -> host, with the source rectangle read from the device copy of `src`
-        if let Ok(op) = copy::d2h_2d(back.clone(), &ds, r) { op.run().unwrap(); }
+        match copy::d2h_2d(back.clone(), &ds, r) {
+            Ok(op) => { prop_assert!(fits); op.run().unwrap(); }
+            Err(_) => prop_assert!(!fits),
+        }
         prop_assert_eq!(bytes(&back), want);
         let _ = Arc::strong_count(&hd);
     }

@@ -44,8 +44,8 @@ fn user_events() {
     s.launch(log_op(&log, "after")).unwrap();
     let called = Arc::new(AtomicUsize::new(0));
     let c = called.clone();
-    ev.on_complete(Box::new(move |failure| {
-        assert_eq!(failure, None);
+    ev.on_complete(Box::new(move |outcome| {
+        assert!(outcome.is_ok());
         c.fetch_add(1, Ordering::SeqCst);
     }))
     .unwrap();
@@ -93,7 +93,13 @@ fn user_events() {
         .on_complete(Box::new(move |failure| ftx.send(failure).unwrap()))
         .unwrap();
     failed.set_failed("sensor unplugged").unwrap();
-    assert_eq!(frx.try_recv().unwrap().as_deref(), Some("sensor unplugged"));
+    match frx.try_recv().unwrap() {
+        Err(Error::Stream(StreamError::Kernel(k))) => {
+            assert_eq!(k.kernel, format!("UserEvent#{}", failed.id()));
+            assert_eq!(k.message, "sensor unplugged");
+        }
+        other => panic!("expected the user event's failure, got {other:?}"),
+    }
     match s.synchronize(Some(WAIT)) {
         Err(Error::Stream(StreamError::Kernel(k))) => {
             assert_eq!(k.kernel, format!("wait(UserEvent#{})", failed.id()));
@@ -110,6 +116,8 @@ fn user_events() {
     ));
     assert_eq!(failed.failure().as_deref(), Some("sensor unplugged"));
 
+    cancelled_completion_callbacks_are_dropped_at_once_and_never_run();
+
     // Shutdown releases a stream waiting on a user event nobody sets.
     let stuck = Stream::new(dev, 0).unwrap();
     let never = Event::user();
@@ -123,4 +131,47 @@ fn user_events() {
     );
     assert!(never.failure().unwrap().contains("shut down"));
     assert!(log3.lock().unwrap().is_empty());
+}
+
+/// A cancelled completion callback (a cancelled or timed-out `await`) is dropped at once,
+/// with everything it holds, and never runs; one that ran cannot be cancelled. (Called by
+/// `user_events`, before its shutdown.)
+fn cancelled_completion_callbacks_are_dropped_at_once_and_never_run() {
+    let ev = Event::user();
+    let held = Arc::new(());
+    let called = Arc::new(AtomicUsize::new(0));
+    let mut regs = Vec::new();
+    for _ in 0..100 {
+        let (h, c) = (held.clone(), called.clone());
+        regs.push(
+            ev.on_complete(Box::new(move |_| {
+                let _keep = h;
+                c.fetch_add(1, Ordering::SeqCst);
+            }))
+            .unwrap(),
+        );
+    }
+    assert_eq!(ev.parked_callbacks(), 100);
+    assert_eq!(Arc::strong_count(&held), 101);
+    let kept = regs.pop().unwrap();
+    for r in regs {
+        assert!(r.cancel());
+    }
+    assert_eq!(ev.parked_callbacks(), 1);
+    assert_eq!(Arc::strong_count(&held), 2);
+    ev.set().unwrap();
+    assert_eq!(called.load(Ordering::SeqCst), 1);
+    assert_eq!(Arc::strong_count(&held), 1);
+    assert!(!kept.cancel(), "a callback that ran cannot be taken back");
+    // Registered on a completed event, it runs at once and there is nothing to cancel.
+    let (h, c) = (held.clone(), called.clone());
+    let ran = ev
+        .on_complete(Box::new(move |_| {
+            let _keep = h;
+            c.fetch_add(1, Ordering::SeqCst);
+        }))
+        .unwrap();
+    assert_eq!(called.load(Ordering::SeqCst), 2);
+    assert!(!ran.cancel());
+    assert_eq!(Arc::strong_count(&held), 1);
 }

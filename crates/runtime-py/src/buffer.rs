@@ -149,8 +149,10 @@ impl PyDeviceBuffer {
     /// numpy array of this view's dtype and element count, as numba's `copy_to_host(ary)`
     /// and CuPy's `get(out=)`), else into a new array of this view's dtype and shape.
     /// Without `stream` the copy is blocking (ordered on the current stream); with one it is
-    /// queued there and the array is written when the stream reaches it (numba): synchronise
-    /// the stream before reading it.
+    /// queued there, and CUDA's rule applies: into pageable memory (a new array, an ordinary
+    /// numpy array) the call returns once the copy is complete; into pinned memory
+    /// (`malloc_host`, `pinned_empty`) the array is written when the stream reaches it, so
+    /// synchronise the stream before reading it.
     #[pyo3(signature = (out=None, stream=None))]
     fn copy_to_host<'py>(
         slf: &Bound<'py, Self>,
@@ -291,11 +293,9 @@ impl PyDeviceBuffer {
     /// Pointer arithmetic (CuPy's `MemoryPointer + int`): a raw byte view starting `offset`
     /// bytes after this one and ending where it ends.
     fn __add__(&self, py: Python<'_>, offset: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        match offset.extract::<i64>() {
-            Ok(d) if !offset.is_instance_of::<pyo3::types::PyBool>() => {
-                crate::views::shifted(py, self, d)
-            }
-            _ => Ok(py.NotImplemented()),
+        match crate::views::delta(offset)? {
+            Some(d) => crate::views::shifted(py, self, d),
+            None => Ok(py.NotImplemented()),
         }
     }
 
@@ -306,14 +306,14 @@ impl PyDeviceBuffer {
     /// `buf - n`: the raw byte view starting `n` bytes before this one (inside the
     /// allocation) and ending where this one ends.
     fn __sub__(&self, py: Python<'_>, offset: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
-        match offset.extract::<i64>() {
-            Ok(d) if !offset.is_instance_of::<pyo3::types::PyBool>() => {
+        match crate::views::delta(offset)? {
+            Some(d) => {
                 let neg = d
                     .checked_neg()
-                    .ok_or_else(|| PyValueError::new_err(format!("offset: {d} is out of range")))?;
+                    .ok_or_else(|| crate::views::out_of_range(offset))?;
                 crate::views::shifted(py, self, neg)
             }
-            _ => Ok(py.NotImplemented()),
+            None => Ok(py.NotImplemented()),
         }
     }
 

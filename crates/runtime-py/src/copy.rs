@@ -156,6 +156,7 @@ pub fn memcpy(
     let dst_side = dst_dev.then(|| device(dst, "dst")).transpose()?;
     let src_side = src_dev.then(|| device(src, "src")).transpose()?;
     let stream = stream_arg(stream)?;
+    let dst_views_device = !dst_dev && views_device(dst);
     let dst = End {
         arg: "dst",
         offset: dst_offset,
@@ -204,6 +205,7 @@ pub fn memcpy(
             count,
         )?;
     }
+    let mut finish = false;
     let (op, device, peer) = match (dst.side, src.side) {
         // Queued: pinned sources (and host views of device memory) are read when the copy
         // runs, pageable ones staged now.
@@ -217,11 +219,17 @@ pub fn memcpy(
             db.device(),
             None,
         ),
-        (Side::Host(h), Side::Device(sb, soff, _)) => (
-            copy::d2h(Arc::new(h), dst_offset, &sb, soff + src_offset, count),
-            sb.device(),
-            None,
-        ),
+        (Side::Host(h), Side::Device(sb, soff, _)) => {
+            // CUDA's rule: queued into pageable memory, the copy is complete on return.
+            finish = stream.is_some()
+                && !dst_views_device
+                && copy::completes_before_return(&h, dst_offset, count);
+            (
+                copy::d2h(Arc::new(h), dst_offset, &sb, soff + src_offset, count),
+                sb.device(),
+                None,
+            )
+        }
         (Side::Device(db, doff, _), Side::Device(sb, soff, _)) => (
             copy::d2d(&db, doff + dst_offset, &sb, soff + src_offset, count),
             db.device(),
@@ -229,7 +237,11 @@ pub fn memcpy(
         ),
         (Side::Host(_), Side::Host(_)) => unreachable!("a copy has a device end"),
     };
-    wait::submit_copy(py, op.map_err(RtErr)?, stream, device, peer)
+    let op = op.map_err(RtErr)?;
+    match stream {
+        Some(s) if finish => wait::submit_and_finish(py, &s, op),
+        _ => wait::submit_copy(py, op, stream, device, peer),
+    }
 }
 
 /// Copy host memory `src` (any buffer; a non-contiguous one is copied C-contiguous first, as
@@ -401,6 +413,16 @@ pub fn memcpy_2d(
         ..rel
     };
     let queued = stream.is_some();
+    // CUDA's rule: queued into pageable host memory (device-to-host, host-to-host), the copy
+    // is complete on return.
+    let finish = queued
+        && match &d {
+            Side::Host(h) => {
+                !views_device(dst)
+                    && copy::completes_before_return(h, rect.dst_off, span(rel.dpitch))
+            }
+            Side::Device(..) => false,
+        };
     let (op, device, peer) = match (d, s) {
         (Side::Device(db, ..), Side::Host(h)) => {
             let op = if queued && !views_device(src) {
@@ -424,5 +446,9 @@ pub fn memcpy_2d(
             (copy::h2h_2d(Arc::new(dh), Arc::new(sh), rect), dev, None)
         }
     };
-    wait::submit_copy(py, op.map_err(RtErr)?, stream, device, peer)
+    let op = op.map_err(RtErr)?;
+    match stream {
+        Some(s) if finish => wait::submit_and_finish(py, &s, op),
+        _ => wait::submit_copy(py, op, stream, device, peer),
+    }
 }

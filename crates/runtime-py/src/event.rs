@@ -143,29 +143,37 @@ impl PyEvent {
         self.raw().device().map(PyDevice::from_index)
     }
 
-    /// Call `fn(error)` once the latest record has completed (error: None, or the
-    /// `KernelError` of a failed user event), on the thread that completes it (at once when
-    /// it already has). For the asyncio face (`await event`); `fn` must not block.
-    fn _on_complete(&self, func: Py<PyAny>) -> RtResult<()> {
-        let id = self.raw().id();
-        Ok(self.raw().on_complete(Box::new(move |failure| {
-            Python::attach(|py| {
-                let err = failure
-                    .map(|why| {
-                        crate::errors::to_pyerr(
-                            py,
-                            runtime_core::error::KernelFailure::new(format!("UserEvent#{id}"), why)
-                                .into(),
-                        )
-                        .into_value(py)
-                        .into_any()
-                    })
-                    .unwrap_or_else(|| py.None());
+    /// Call `fn(error)` once the latest record has completed (error: None, or the exception
+    /// `synchronize` would raise: the `KernelError` of a failed user event, the
+    /// `InvalidHandleError` of an interprocess event whose exporter died), on the thread that
+    /// completes it (at once when it already has). For the asyncio face (`await event`); `fn`
+    /// must not block. Returns a handle whose `cancel()` takes the callback back (a cancelled
+    /// `await` lets go of it at once). Once the interpreter is finalising, `fn` is not called.
+    fn _on_complete(&self, func: Py<PyAny>) -> RtResult<PyCompletion> {
+        let c = self.raw().on_complete(Box::new(move |outcome| {
+            if !crate::interp::prepare() {
+                return; // the interpreter is going away: nobody awaits any more
+            }
+            Python::attach(move |py| {
+                let err = match outcome {
+                    Ok(()) => py.None(),
+                    Err(e) => crate::errors::to_pyerr(py, e).into_value(py).into_any(),
+                };
                 if let Err(err) = func.call1(py, (err,)) {
                     err.write_unraisable(py, Some(func.bind(py)));
                 }
+                drop(func);
             });
-        }))?)
+        }))?;
+        Ok(PyCompletion {
+            inner: parking_lot::Mutex::new(Some(c)),
+        })
+    }
+
+    /// Completion callbacks (`await`s) parked on this event now.
+    #[getter]
+    fn _parked_callbacks(&self) -> usize {
+        self.raw().parked_callbacks()
     }
 
     /// `await event`: completes once the latest record has (asyncio; no polling).
@@ -256,5 +264,21 @@ impl PyEvent {
             self.raw().id(),
             if self.raw().timing() { "True" } else { "False" }
         )
+    }
+}
+
+/// A completion callback registered with `Event._on_complete`.
+#[pyclass(name = "_Completion", module = "runtime._runtime", frozen)]
+pub struct PyCompletion {
+    inner: parking_lot::Mutex<Option<runtime_core::event::Completion>>,
+}
+
+#[pymethods]
+impl PyCompletion {
+    /// Take the callback back unless it ran: it is not called, and what it holds is released
+    /// now. Returns whether it was taken back.
+    fn cancel(&self) -> bool {
+        let c = self.inner.lock().take();
+        c.is_some_and(runtime_core::event::Completion::cancel)
     }
 }

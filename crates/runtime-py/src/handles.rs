@@ -111,6 +111,23 @@ impl PyDeviceBuffer {
         ))
     }
 
+    /// Let go of the handle's memory whether or not its runtime is still the live one (a
+    /// plugged allocator's `free` after a shutdown); only a handle freed already is refused.
+    pub fn release(&self, py: Python<'_>) -> PyResult<()> {
+        let taken = self.slot.lock().take();
+        match taken {
+            Some(b) => {
+                runtime_core::memory::defer::release(b);
+                Ok(())
+            }
+            None => Err(errors::invalid_handle(
+                py,
+                self.what(),
+                "it was freed with device_free()",
+            )),
+        }
+    }
+
     /// Free the handle (`device_free`).
     pub fn free(&self, py: Python<'_>) -> PyResult<()> {
         self.buffer(py)?;

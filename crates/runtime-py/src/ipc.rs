@@ -40,16 +40,26 @@ pub fn ipc_open<'py>(
     }
 }
 
-/// `pickle` support: the buffer travels as its IPC handle plus its view (dtype, shape, byte
-/// offset) and is opened with `ipc_open` where it is loaded.
+/// `pickle` support: the buffer travels as its allocation's IPC handle plus its view (dtype,
+/// shape, byte offset from the allocation's start: a handle made by slicing or pointer
+/// arithmetic is a core view starting inside the allocation, and its own offset is relative
+/// to that view) and is opened with `ipc_open` where it is loaded. An allocation of zero
+/// bytes has no memory to share: it travels as its dtype and shape and is loaded as a new
+/// empty buffer (as `torch.multiprocessing` sends empty tensors).
 pub fn reduce<'py>(slf: &Bound<'py, PyDeviceBuffer>) -> PyResult<Bound<'py, PyTuple>> {
     let py = slf.py();
     let me = slf.get();
-    let h = handle(py, me)?;
-    let open = py.import("runtime")?.getattr("ipc_open")?;
+    let b = me.buffer(py)?;
     let dtype = slf.getattr("dtype")?.getattr("str")?;
     let shape = PyTuple::new(py, me.shape.iter())?;
-    let args = (h, dtype, shape, me.offset).into_pyobject(py)?;
+    if b.allocation_size() == 0 {
+        let empty = py.import("runtime")?.getattr("empty")?;
+        let args = (shape, dtype).into_pyobject(py)?;
+        return PyTuple::new(py, [empty, args.into_any()]);
+    }
+    let h = handle(py, me)?;
+    let open = py.import("runtime")?.getattr("ipc_open")?;
+    let args = (h, dtype, shape, b.offset() + me.offset).into_pyobject(py)?;
     PyTuple::new(py, [open, args.into_any()])
 }
 

@@ -63,6 +63,7 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handles::PyDeviceBuffer>()?;
     m.add_class::<handles::PyStream>()?;
     m.add_class::<handles::PyEvent>()?;
+    m.add_class::<event::PyCompletion>()?;
     m.add_class::<stream::PyGraph>()?;
     m.add_class::<kernel::PyKernel>()?;
     m.add_class::<comm::PyCommunicator>()?;

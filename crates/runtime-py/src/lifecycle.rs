@@ -110,6 +110,7 @@ pub fn shutdown(py: Python<'_>) -> PyResult<()> {
 /// child (the core's own `fork()` handlers do the rest, for every fork).
 pub fn register_process_hooks(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    m.add_function(wrap_pyfunction!(_shutdown_at_exit, m)?)?;
     let at_exit = wrap_pyfunction!(_at_exit, m)?;
     m.add_function(at_exit.clone())?;
     // Registered at the extension's import, before the package registers `shutdown`: atexit
@@ -130,8 +131,48 @@ pub fn register_process_hooks(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// interpreter lock back then.
 #[pyfunction]
 pub fn _at_exit(py: Python<'_>) -> PyResult<()> {
-    shutdown(py)?;
+    _shutdown_at_exit(py)?;
     rt::set_option("enableAsync", false).map_err(RtErr)?;
+    Ok(())
+}
+
+/// The package's `atexit` shutdown (and the first half of `_at_exit`): `shutdown()`, except
+/// that Ctrl-C while it waits for queued work (a kernel that never ends) ends the process
+/// instead of raising into `atexit` and waiting again in the next exit hook: one line on
+/// stderr says the work still queued or running is abandoned, the standard streams are
+/// flushed, and the process ends as CPython ends on an unhandled Ctrl-C (killed by SIGINT).
+/// The interpreter is not finalised: a Python kernel still running could not be (CPython
+/// would end its thread mid-kernel, aborting the process), and nothing more is waited for.
+#[pyfunction]
+pub fn _shutdown_at_exit(py: Python<'_>) -> PyResult<()> {
+    match shutdown(py) {
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) => {
+            let _ = end_on_ctrl_c(py);
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+/// Say why, flush, and die of SIGINT with its default action (`os._exit(130)` if it is
+/// blocked).
+fn end_on_ctrl_c(py: Python<'_>) -> PyResult<()> {
+    let sys = py.import("sys")?;
+    let msg = "runtime: interrupted while waiting for queued work at exit; the work still \
+               queued or running is abandoned\n";
+    let err = sys.getattr("stderr")?;
+    let _ = err.call_method1("write", (msg,));
+    for stream in ["stdout", "stderr"] {
+        if let Ok(s) = sys.getattr(stream) {
+            let _ = s.call_method0("flush");
+        }
+    }
+    let signal = py.import("signal")?;
+    let sigint = signal.getattr("SIGINT")?;
+    signal.call_method1("signal", (&sigint, signal.getattr("SIG_DFL")?))?;
+    let os = py.import("os")?;
+    os.call_method1("kill", (os.call_method0("getpid")?, &sigint))?;
+    os.call_method1("_exit", (130,))?;
     Ok(())
 }
 

@@ -113,11 +113,40 @@ pub fn _malloc_host(py: Python<'_>, nbytes: &Bound<'_, PyAny>) -> PyResult<PyPin
     Ok(PyPinnedMemory { block })
 }
 
+/// The `PinnedMemory` under `obj` through its chain of `.base` / `memoryview.obj`, if any.
+fn owner(obj: &Bound<'_, PyAny>) -> Option<PinnedBuffer> {
+    let mut cur = obj.clone();
+    for _ in 0..16 {
+        if let Ok(m) = cur.cast::<PyPinnedMemory>() {
+            return Some(m.get().block.clone());
+        }
+        let next = if let Ok(mv) = cur.cast::<pyo3::types::PyMemoryView>() {
+            mv.getattr("obj").ok()
+        } else {
+            cur.getattr("base").ok()
+        };
+        match next {
+            Some(n) if !n.is_none() => cur = n,
+            _ => return None,
+        }
+    }
+    None
+}
+
 /// The pinned block `obj` starts: a `PinnedMemory`, or a buffer (numpy array) over the start
-/// of one.
+/// of one (found through its bases, so that a zero-byte block, which has no address of its
+/// own, is found too).
 fn block_of(obj: &Bound<'_, PyAny>) -> PyResult<PinnedBuffer> {
     if let Ok(m) = obj.cast::<PyPinnedMemory>() {
         return Ok(m.get().block.clone());
+    }
+    if let Some(b) = owner(obj) {
+        if b.is_empty() {
+            let h = HostBuf::get(obj, "arr", false)?;
+            if h.is_empty() {
+                return Ok(b);
+            }
+        }
     }
     let not_pinned = || {
         PyValueError::new_err(format!(

@@ -81,6 +81,13 @@ impl PyAllocator {
 
 impl Allocator for PyAllocator {
     fn allocate(&self, mem: &Arc<DeviceMemory>, size: u64) -> CoreResult<Block> {
+        if !crate::interp::prepare() {
+            return Err(ArgError::new(
+                "allocator",
+                "the Python interpreter is shutting down: the plugged allocator cannot be called",
+            )
+            .into());
+        }
         Python::attach(|py| {
             self.call(py, mem, size).map_err(|e| {
                 let msg = format!("the plugged allocator failed: {}", e.value(py));
@@ -231,13 +238,63 @@ impl PyMemoryPool {
         PyDevice::from_index(self.device)
     }
 
-    /// Allocate `size` zeroed bytes from this pool, bypassing any plugged allocator (what a
-    /// plugged allocator calls to get memory).
-    fn malloc(&self, py: Python<'_>, size: &Bound<'_, PyAny>) -> PyResult<PyDeviceBuffer> {
+    /// Allocate `size` zeroed bytes from the built-in pool, bypassing any plugged allocator
+    /// (what a plugged allocator calls to get memory). With `device`, from that device's pool:
+    /// a plugged allocator is called as `alloc(nbytes, device, stream)`, so
+    /// `set_allocator(pool.malloc, pool.free)` (and CuPy's `set_allocator(MemoryPool().malloc)`)
+    /// serves every device, as CuPy's pool does. `stream` is accepted and not needed (the pool
+    /// orders reuse itself).
+    #[pyo3(signature = (size, device=None, stream=None))]
+    fn malloc(
+        &self,
+        py: Python<'_>,
+        size: &Bound<'_, PyAny>,
+        device: Option<&Bound<'_, PyAny>>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyDeviceBuffer> {
         let size = crate::convert::nonneg(size, "size")?;
-        let m = self.mem(py)?;
+        if let Some(s) = stream.filter(|s| !s.is_none()) {
+            crate::convert::stream_arg(Some(s))?;
+        }
+        let pool = match device.filter(|d| !d.is_none()) {
+            Some(d) => PyMemoryPool {
+                device: rt::get()
+                    .map_err(RtErr)?
+                    .device(device_arg(d, "device")?)
+                    .map_err(RtErr)?
+                    .index(),
+            },
+            None => PyMemoryPool {
+                device: self.device,
+            },
+        };
+        let m = pool.mem(py)?;
         let b = py.detach(|| m.allocate(size)).map_err(RtErr)?;
         Ok(PyDeviceBuffer::raw(b))
+    }
+
+    /// Give back a buffer `malloc` returned (`device_free`): the `free` of
+    /// `set_allocator(pool.malloc, pool.free)`, called as `free(buf, nbytes, device)` once
+    /// the runtime no longer uses the buffer (also after a shutdown, when the buffer's
+    /// runtime is gone: its memory is let go of all the same). Freeing twice is refused.
+    #[pyo3(signature = (buf, nbytes=None, device=None))]
+    fn free(
+        &self,
+        py: Python<'_>,
+        buf: &Bound<'_, PyAny>,
+        nbytes: Option<&Bound<'_, PyAny>>,
+        device: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let h = crate::convert::buffer_arg(buf, "buf")?;
+        if let Some(n) = nbytes.filter(|n| !n.is_none()) {
+            crate::convert::nonneg(n, "nbytes")?;
+        }
+        if let Some(d) = device.filter(|d| !d.is_none()) {
+            device_arg(d, "device")?;
+        }
+        h.get().release(py)?;
+        return_blocks(py);
+        Ok(())
     }
 
     /// Bytes held by live allocations (rounded to the allocator's block sizes).

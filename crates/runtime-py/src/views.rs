@@ -18,6 +18,28 @@ fn own_view(py: Python<'_>, h: &PyDeviceBuffer) -> PyResult<runtime_core::memory
         .map_err(|e| RtErr(e).into())
 }
 
+/// The byte count of `buf + n` / `buf - n`: `None` for what is not an integer (Python then
+/// tries the other operand); an integer too large for any allocation is a `ValueError`, as
+/// one that leaves this allocation is.
+pub fn delta(n: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
+    if n.is_instance_of::<pyo3::types::PyBool>() {
+        return Ok(None);
+    }
+    match n.extract::<i64>() {
+        Ok(d) => Ok(Some(d)),
+        Err(_) if n.hasattr("__index__")? => Err(out_of_range(n)),
+        Err(_) => Ok(None),
+    }
+}
+
+/// The error for a byte count outside every allocation.
+pub fn out_of_range(n: &Bound<'_, PyAny>) -> PyErr {
+    PyValueError::new_err(format!(
+        "offset: moving {} bytes leaves the allocation: pointer arithmetic stays inside the allocation",
+        n.str().map(|s| s.to_string()).unwrap_or_default()
+    ))
+}
+
 /// `h + delta` (bytes): a raw byte view from `delta` bytes after `h`'s start to `h`'s end.
 pub fn shifted(py: Python<'_>, h: &PyDeviceBuffer, delta: i64) -> PyResult<Py<PyAny>> {
     let v = own_view(py, h)?.shifted(delta).map_err(RtErr)?;

@@ -109,6 +109,20 @@ pub fn after_enqueue(py: Python<'_>, s: &Stream) -> PyResult<()> {
     Ok(())
 }
 
+/// Queue `op` on `s` and wait (GIL released, Ctrl-C live) until the stream has run it, then
+/// raise the stream's pending error: a copy into pageable host memory is complete when its
+/// call returns (CUDA's rule; `runtime_core::stream::copy::completes_before_return`). While
+/// `s` captures, the copy is only recorded: nothing runs, nothing is waited for.
+pub fn submit_and_finish(py: Python<'_>, s: &Stream, op: Arc<dyn Op>) -> PyResult<()> {
+    submit(py, s, op)?;
+    if s.is_capturing() {
+        return Ok(());
+    }
+    reached(py, s, s.submitted(), None)?;
+    s.take_error().map_err(RtErr)?;
+    Ok(())
+}
+
 /// Run a copy op: queued on `stream` (asynchronous) or, with no stream, submitted by the core
 /// as a blocking copy on `device`'s current stream as the calling context sees it (ordered
 /// after `peer`'s too; see `runtime_core::device::submit_blocking_on`) and waited for here

@@ -97,6 +97,7 @@ def api(name: str, nout: int = 0, fill: Any = 0):
                 except ArgTypeError:
                     raise
                 except Exception as e:  # every failure becomes a code, never a raise
+                    _raise_if_call_failed(name, e)
                     return fail(name, e)
         else:
             filler = (fill,) * nout
@@ -107,6 +108,7 @@ def api(name: str, nout: int = 0, fill: Any = 0):
                 except ArgTypeError:
                     raise
                 except Exception as e:
+                    _raise_if_call_failed(name, e)
                     return (*filler, fail(name, e))
 
         wrapper.__name__ = fn.__name__
@@ -120,6 +122,15 @@ def api(name: str, nout: int = 0, fill: Any = 0):
 
 class ArgTypeError(TypeError):
     """pyACL's argument parsing failed: raised to the caller, as pyACL does."""
+
+
+def _raise_if_call_failed(name: str, e: Exception) -> None:
+    """Raise a ``TypeError`` that the call itself got (wrong number or names of arguments:
+    raised in the wrapper's own frame, before the function ran) as pyACL's argument parsing
+    does, instead of turning it into a return code."""
+    tb = e.__traceback__
+    if type(e) is TypeError and tb is not None and tb.tb_next is None:
+        raise ArgTypeError(f"{name} args parse failed: {e}") from None
 
 
 def need_int(name: str, **kw: Any) -> None:

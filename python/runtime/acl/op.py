@@ -560,7 +560,8 @@ def create_handle(op_type: str, in_descs: list, out_descs: list, attr: int) -> t
 @api("acl.op.execute_with_handle")
 def execute_with_handle(handle: int, in_bufs: list, out_bufs: list, stream: int) -> int:
     name = "acl.op.execute_with_handle"
-    need_int(name, handle=handle)
+    need_int(name, handle=handle, stream=stream)  # every type before any lookup, as pyACL
+    _lists(name, in_bufs=in_bufs, out_bufs=out_bufs)
     h = S.get(handle, OpHandle, "op handle", name)
     return _run(name, h.op_type, h.in_descs, in_bufs, h.out_descs, out_bufs, h.attr, stream)
 
@@ -575,4 +576,13 @@ def destroy_handle(handle: int) -> None:
 @api("acl.op.cast")
 def cast(in_desc: int, in_buf: int, out_desc: int, out_buf: int, truncate: int, stream: int) -> int:
     """``aclopCast``: convert ``in_buf`` to the output desc's dtype."""
+    need_int(
+        "acl.op.cast",
+        in_desc=in_desc,
+        in_buf=in_buf,
+        out_desc=out_desc,
+        out_buf=out_buf,
+        truncate=truncate,
+        stream=stream,
+    )
     return _run("acl.op.cast", "Cast", [in_desc], [in_buf], [out_desc], [out_buf], 0, stream)

@@ -295,12 +295,12 @@ destroy_stream_force = destroy_stream
 def synchronize_stream(stream: int) -> int:
     """Wait for ``stream``'s queued work (0: the default stream)."""
     try:
+        if type(stream) is not int:  # before any lookup: a list is a TypeError, not a code
+            need_int("acl.rt.synchronize_stream", stream=stream)
         srec = S.handles.get(stream)
         if type(srec) is S.StreamRec:
             srec.stream.synchronize()
             return C.ACL_SUCCESS
-        if type(stream) is not int:
-            need_int("acl.rt.synchronize_stream", stream=stream)
         S.stream_of(stream, "acl.rt.synchronize_stream").synchronize()
         return C.ACL_SUCCESS
     except S.ArgTypeError:
@@ -387,13 +387,14 @@ def destroy_event(event: int) -> int:
 def record_event(event: int, stream: int) -> int:
     """Record ``event`` at the end of ``stream``'s queued work (0: the default stream)."""
     try:
+        name = "acl.rt.record_event"
+        if type(event) is not int or type(stream) is not int:  # before any lookup
+            need_int(name, event=event, stream=stream)
         rec = S.handles.get(event)
         srec = S.handles.get(stream)
         if type(rec) is EventRec and type(srec) is S.StreamRec:
             rec.ev.record(srec.stream)
             return C.ACL_SUCCESS
-        name = "acl.rt.record_event"
-        need_int(name, event=event, stream=stream)
         S.check_init(name)
         rec = S.get(event, EventRec, "event", name)
         rec.ev.record(S.stream_of(stream, name))
@@ -558,10 +559,10 @@ def device_free(name: str, ptr: int, kind: str) -> int:
 def free(dev_ptr: int) -> int:
     """Free ``malloc`` memory (work still queued on it finishes first)."""
     try:
+        if type(dev_ptr) is not int:  # before the lookup: a list is a TypeError, not a code
+            need_int("acl.rt.free", dev_ptr=dev_ptr)
         rec = S.mem.by_start.get(dev_ptr)
         if type(rec) is not S.DevAlloc or rec.kind != "malloc" or not S.initialized:
-            if type(dev_ptr) is not int:
-                need_int("acl.rt.free", dev_ptr=dev_ptr)
             return device_free("acl.rt.free", dev_ptr, "malloc")
         S.mem.remove(dev_ptr)
         runtime.device_free(rec.buf)

@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use crate::sync::lock::Mutex;
 
 use crate::device::Device;
 use crate::error::{arg_error, Error, KernelFailure, Result, StreamError};

@@ -146,7 +146,7 @@ pub(crate) struct DeviceShared {
     pub(crate) memory: Arc<DeviceMemory>,
     pub(crate) exec: Arc<Executor>,
     /// The default stream, created on first use.
-    pub(crate) default_stream: parking_lot::Mutex<Option<Stream>>,
+    pub(crate) default_stream: crate::sync::lock::Mutex<Option<Stream>>,
 }
 
 /// A handle to a virtual device. Cheap to clone.
@@ -179,7 +179,7 @@ impl Device {
             props,
             memory,
             exec,
-            default_stream: parking_lot::Mutex::new(None),
+            default_stream: crate::sync::lock::Mutex::new(None),
         }))
     }
 

@@ -220,7 +220,7 @@ impl DeviceMemory {
                 size,
                 block: 0,
                 id,
-                recorded: parking_lot::Mutex::new(Vec::new()),
+                recorded: crate::sync::lock::Mutex::new(Vec::new()),
                 export: std::sync::OnceLock::new(),
                 // The block is a range of a buffer the core made: one memory, one lock.
                 tracker,

@@ -56,9 +56,9 @@ pub(crate) struct SharedFile {
     nonce: u64,
     /// The fork count when the file was made; a forked child leaves it alone.
     forks: u64,
-    space: parking_lot::Mutex<FileSpace>,
+    space: crate::sync::lock::Mutex<FileSpace>,
     /// Export-table slots (`memory::ipc`): the next never-used one and the freed ones.
-    pub(crate) slots: parking_lot::Mutex<(u32, Vec<u32>)>,
+    pub(crate) slots: crate::sync::lock::Mutex<(u32, Vec<u32>)>,
 }
 
 /// Which ranges of the file are free: everything past `end`, and ranges given back by
@@ -85,12 +85,12 @@ impl SharedFile {
             file,
             nonce,
             forks: crate::generation::forks(),
-            space: parking_lot::Mutex::new(FileSpace {
+            space: crate::sync::lock::Mutex::new(FileSpace {
                 end: FILE_HEADER,
                 size: 0,
                 free: HashMap::new(),
             }),
-            slots: parking_lot::Mutex::new((0, Vec::new())),
+            slots: crate::sync::lock::Mutex::new((0, Vec::new())),
         })
     }
 

@@ -179,17 +179,31 @@ impl Handle {
     }
 }
 
-/// The start time of process `pid` (field 22 of `/proc/<pid>/stat`, clock ticks since boot):
-/// with the pid it names one process, even after the pid is reused.
-pub(crate) fn process_start_time(pid: u32) -> Option<u64> {
+/// The state (field 3 of `/proc/<pid>/stat`) and start time (field 22, clock ticks since
+/// boot) of process `pid`.
+fn process_stat(pid: u32) -> Option<(char, u64)> {
     let mut s = String::new();
     std::fs::File::open(format!("/proc/{pid}/stat"))
         .ok()?
         .read_to_string(&mut s)
         .ok()?;
     // The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    let rest = &s[s.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = s[s.rfind(')')? + 1..].split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    Some((state, fields.nth(18)?.parse().ok()?))
+}
+
+/// The start time of process `pid`: with the pid it names one process, even after the pid is
+/// reused.
+pub(crate) fn process_start_time(pid: u32) -> Option<u64> {
+    process_stat(pid).map(|(_, t)| t)
+}
+
+/// Whether process `pid`, started at `start_time`, is alive: it exists, is that process (not a
+/// reuse of its pid), and is neither a zombie (exited, not yet reaped: it runs nothing more,
+/// and its descriptors are closed) nor dead. Every liveness check of the IPC code is this one.
+pub(crate) fn process_alive(pid: u32, start_time: u64) -> bool {
+    matches!(process_stat(pid), Some((state, t)) if t == start_time && !matches!(state, 'Z' | 'X' | 'x'))
 }
 
 /// An exported allocation's slot in the export table; clears it when the allocation is freed.
@@ -441,7 +455,7 @@ impl DeviceMemory {
                 h.len, h.offset, h.slot
             )));
         }
-        if process_start_time(h.pid) != Some(h.start_time) {
+        if !process_alive(h.pid, h.start_time) {
             return Err(gone());
         }
         let key = (h.file_nonce, h.offset);
@@ -540,7 +554,7 @@ impl DeviceMemory {
             size: h.len,
             block: 0,
             id: NEXT_IMPORT_ID.fetch_add(1, Ordering::Relaxed),
-            recorded: parking_lot::Mutex::new(Vec::new()),
+            recorded: crate::sync::lock::Mutex::new(Vec::new()),
             export: std::sync::OnceLock::new(),
             tracker: super::access::Tracker::new(),
         });
@@ -627,5 +641,9 @@ mod tests {
     fn this_process_has_a_start_time() {
         assert!(process_start_time(std::process::id()).is_some());
         assert!(process_start_time(u32::MAX).is_none());
+        let me = process_start_time(std::process::id()).unwrap();
+        assert!(process_alive(std::process::id(), me));
+        assert!(!process_alive(std::process::id(), me + 1));
+        assert!(!process_alive(u32::MAX, me));
     }
 }

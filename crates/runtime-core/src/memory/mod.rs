@@ -89,7 +89,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use crate::sync::lock::Mutex;
 
 use crate::clock::now_ns;
 use crate::config::Options;
@@ -1159,8 +1159,12 @@ impl Buffer {
     /// Torch's `record_stream`: when the allocation is freed (its last handle dropped), its
     /// block is not reused until the work queued on `stream` at that moment has completed.
     /// Recording the same stream twice records it once.
+    ///
+    /// # Errors
+    /// `InvalidHandle` for a buffer of a shut-down runtime, or a destroyed stream.
     pub fn record_stream(&self, stream: Arc<dyn StreamFence>) -> Result<()> {
         self.check()?;
+        stream.check()?;
         let mut rec = self.alloc.recorded.lock();
         if !rec.iter().any(|s| s.fence_id() == stream.fence_id()) {
             rec.push(stream);

@@ -22,6 +22,12 @@
 //! use the block are refused, and the block returns to the cache once no clone (a numpy
 //! array's, a queued copy's) is left, so freeing while a copy is in flight is safe.
 //!
+//! A zero-byte request maps nothing and is not counted (as `cudaMallocHost(0)` allocates
+//! nothing); it can still be freed. The cache and the statistics belong to a runtime:
+//! `shutdown` calls [`reset`], which unmaps the cached blocks and starts the statistics over;
+//! a block still alive then (a numpy array over it) stays valid memory, is unmapped when its
+//! last clone goes, and counts in no later statistics.
+//!
 //! The `unsafe` here is the mapping itself (mmap/mlock/munlock/munmap) and the raw reads and
 //! writes of a block, each checked against the block's length.
 
@@ -129,6 +135,9 @@ pub struct HostMemoryStats {
 }
 
 struct Pool {
+    /// Which runtime's pool this is ([`reset`] moves on): blocks of an earlier one are not
+    /// cached or counted when they go.
+    epoch: u64,
     /// Cached blocks by block size.
     cache: BTreeMap<usize, Vec<Mapping>>,
     /// Live blocks by start address (for [`find`]).
@@ -137,24 +146,27 @@ struct Pool {
     next_id: u64,
 }
 
+const NO_STATS: HostMemoryStats = HostMemoryStats {
+    allocations: 0,
+    allocations_peak: 0,
+    allocations_total: 0,
+    frees_total: 0,
+    allocated_bytes: 0,
+    allocated_bytes_peak: 0,
+    reserved_bytes: 0,
+    reserved_bytes_peak: 0,
+    segments: 0,
+    locked_bytes: 0,
+    num_host_alloc: 0,
+    num_host_free: 0,
+    cache_hits: 0,
+};
+
 static POOL: crate::sync::StaticMutex<Pool> = crate::sync::StaticMutex::new(Pool {
+    epoch: 0,
     cache: BTreeMap::new(),
     live: BTreeMap::new(),
-    stats: HostMemoryStats {
-        allocations: 0,
-        allocations_peak: 0,
-        allocations_total: 0,
-        frees_total: 0,
-        allocated_bytes: 0,
-        allocated_bytes_peak: 0,
-        reserved_bytes: 0,
-        reserved_bytes_peak: 0,
-        segments: 0,
-        locked_bytes: 0,
-        num_host_alloc: 0,
-        num_host_free: 0,
-        cache_hits: 0,
-    },
+    stats: NO_STATS,
     next_id: 1,
 });
 
@@ -165,6 +177,8 @@ struct Block {
     size: usize,
     id: u64,
     freed: AtomicBool,
+    /// The pool's epoch when it was handed out.
+    epoch: u64,
 }
 
 impl Block {
@@ -177,20 +191,27 @@ impl Block {
 
 impl Drop for Block {
     fn drop(&mut self) {
-        let mapping = self.mapping.take();
+        // A zero-byte block was never counted.
+        let Some(m) = self.mapping.take() else {
+            return;
+        };
         let mut pool = POOL.lock();
+        let addr = m.base.as_ptr() as usize;
+        // Only this block's own entry: its Weak no longer upgrades.
+        if pool.live.get(&addr).is_some_and(|w| w.strong_count() == 0) {
+            pool.live.remove(&addr);
+        }
+        if pool.epoch != self.epoch {
+            // Handed out before a shutdown: not this runtime's to cache or count.
+            drop(pool);
+            drop(m);
+            return;
+        }
         let s = &mut pool.stats;
         s.allocations -= 1;
         s.frees_total += 1;
-        if let Some(m) = mapping {
-            s.allocated_bytes -= m.len as u64;
-            let addr = m.base.as_ptr() as usize;
-            // Only this block's own entry: its Weak no longer upgrades.
-            if pool.live.get(&addr).is_some_and(|w| w.strong_count() == 0) {
-                pool.live.remove(&addr);
-            }
-            pool.cache.entry(m.len).or_default().push(m);
-        }
+        s.allocated_bytes -= m.len as u64;
+        pool.cache.entry(m.len).or_default().push(m);
     }
 }
 
@@ -250,17 +271,20 @@ pub fn allocate(size: u64) -> Result<PinnedBuffer> {
     };
     let id = pool.next_id;
     pool.next_id += 1;
-    let s = &mut pool.stats;
-    s.allocations += 1;
-    s.allocations_peak = s.allocations_peak.max(s.allocations);
-    s.allocations_total += 1;
-    s.allocated_bytes += len as u64;
-    s.allocated_bytes_peak = s.allocated_bytes_peak.max(s.allocated_bytes);
+    if len > 0 {
+        let s = &mut pool.stats;
+        s.allocations += 1;
+        s.allocations_peak = s.allocations_peak.max(s.allocations);
+        s.allocations_total += 1;
+        s.allocated_bytes += len as u64;
+        s.allocated_bytes_peak = s.allocated_bytes_peak.max(s.allocated_bytes);
+    }
     let b = Arc::new(Block {
         mapping,
         size: size_usize,
         id,
         freed: AtomicBool::new(false),
+        epoch: pool.epoch,
     });
     if len > 0 {
         pool.live.insert(b.base() as usize, Arc::downgrade(&b));
@@ -299,6 +323,19 @@ pub fn find(ptr: *const u8, len: usize) -> Option<PinnedBuffer> {
 /// Counters of the pinned allocator.
 pub fn stats() -> HostMemoryStats {
     POOL.lock().stats
+}
+
+/// Start over, for a new runtime (called by `shutdown`): unmap the cached blocks and zero the
+/// statistics. Blocks alive now stay valid; they are unmapped when they go and counted in no
+/// later statistics.
+pub fn reset() {
+    let mut pool = POOL.lock();
+    pool.epoch += 1;
+    pool.stats = NO_STATS;
+    let cached = std::mem::take(&mut pool.cache);
+    // Unmapped after the lock.
+    drop(pool);
+    drop(cached);
 }
 
 /// Unmap every cached block (live blocks are untouched).

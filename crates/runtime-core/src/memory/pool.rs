@@ -24,7 +24,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use crate::sync::lock::Mutex;
 
 use super::{DeviceMemory, Place};
 use crate::error::{ArgError, Result};
@@ -49,6 +49,11 @@ pub trait StreamFence: sealed::Sealed + Send + Sync {
     fn submitted(&self) -> u64;
     /// Whether the stream has completed its first `target` operations.
     fn reached(&self, target: u64) -> bool;
+    /// Fails when the stream cannot take work any more (destroyed, or its runtime shut
+    /// down): recording it would name a stream no later work can use.
+    fn check(&self) -> crate::error::Result<()> {
+        Ok(())
+    }
 }
 
 pub(crate) mod sealed {

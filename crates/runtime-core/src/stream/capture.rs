@@ -27,8 +27,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Weak};
 
-use parking_lot::Mutex;
-
 use super::graph::Node;
 use super::StreamInner;
 use crate::event::EventInner;
@@ -74,7 +72,7 @@ struct State {
 /// The capture shared by the streams taking part in it.
 pub(crate) struct Session {
     origin: u64,
-    state: Mutex<State>,
+    state: crate::sync::lock::Mutex<State>,
 }
 
 impl Drop for Session {
@@ -89,7 +87,7 @@ impl Session {
         ACTIVE.fetch_add(1, Ordering::AcqRel);
         Arc::new(Session {
             origin,
-            state: Mutex::new(State::default()),
+            state: crate::sync::lock::Mutex::new(State::default()),
         })
     }
 

@@ -12,6 +12,12 @@
 //! host memory the bytes are staged when the copy is queued, so the caller may reuse the
 //! source as soon as the call returns. Blocking copies read the source directly (the caller
 //! waits for them).
+//!
+//! Copies into host memory queued on a stream follow CUDA's rule too
+//! ([`completes_before_return`]): into pinned memory the command writes the host bytes when it
+//! runs (truly asynchronous); into pageable memory the call that queued it returns only once
+//! the copy is complete, so code that reads its array right after the call (as CUDA programs
+//! may) reads the copied bytes. The bindings do that wait, interruptibly.
 
 use std::sync::Arc;
 
@@ -155,6 +161,20 @@ pub fn h2d_async(
         }
         None => h2d(dst, dst_off, stage(&*src, src_off, count), 0, count),
     }
+}
+
+/// Whether a copy queued on a stream that writes the `count` bytes of host memory `dst` at
+/// `dst_off` must be complete before the call that queued it returns (CUDA's rule for
+/// device-to-host and host-to-host copies): true for pageable memory; false for pinned memory
+/// (a live block of [`crate::memory::pinned`]), which the stream writes when it reaches the
+/// copy, and for an empty range. Host views of device memory (which only the caller can
+/// recognise) are device-accessible like pinned memory.
+pub fn completes_before_return(dst: &dyn HostMemory, dst_off: u64, count: u64) -> bool {
+    if count == 0 {
+        return false;
+    }
+    let start = (dst.as_ptr() as usize).wrapping_add(dst_off as usize) as *const u8;
+    pinned::find(start, count as usize).is_none()
 }
 
 /// A device-to-host copy as a stream op. The host memory must be writable.

@@ -20,8 +20,8 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::sync::lock::Mutex;
 use crossbeam_channel::{Receiver, Sender};
-use parking_lot::Mutex;
 
 use super::command::OpKind;
 use super::{run_stream, Runner, StreamInner, PRIORITY_LEVELS};
@@ -80,6 +80,114 @@ pub(crate) enum Msg {
     Stop,
 }
 
+/// How pushers and an engine's idle workers meet: the wake-up protocol, apart from the queue
+/// it guards (each method takes the queue's operations as closures), so that loom can check
+/// it (`loom_tests`). A push wakes a sleeper only when no worker spins, since a spinner finds
+/// the work; so every worker that stops spinning (or lingering) and leaves work behind wakes a
+/// sleeper for it, and a worker going to sleep looks at the queue once more after it counted
+/// itself asleep. Both counters are read and written with sequentially consistent
+/// read-modify-writes, so either the pusher sees the spinner or sleeper, or that worker sees
+/// the pushed work.
+pub(crate) struct Idle {
+    /// Workers spinning (or lingering) for work right now.
+    spinning: crate::sync::AtomicUsize,
+    /// Workers asleep on `wake`. Workers never block on the queues themselves.
+    sleeping: crate::sync::AtomicUsize,
+    /// Where idle workers sleep: std's futex-based lock and condvar (`sync::SleepMutex`),
+    /// since idle workers park and wake all the time and a `fork()` must not copy a
+    /// parking_lot table locked by one of them.
+    sleep_lock: crate::sync::SleepMutex<()>,
+    wake: crate::sync::SleepCondvar,
+}
+
+impl Idle {
+    pub(crate) fn new() -> Idle {
+        Idle {
+            spinning: crate::sync::AtomicUsize::new(0),
+            sleeping: crate::sync::AtomicUsize::new(0),
+            sleep_lock: crate::sync::SleepMutex::new(()),
+            wake: crate::sync::SleepCondvar::new(),
+        }
+    }
+
+    /// After a push: wake a sleeping worker unless one is spinning (it will find the work).
+    pub(crate) fn wake_one(&self) {
+        use crate::sync::Ordering;
+        if self.spinning.fetch_add(0, Ordering::SeqCst) == 0
+            && self.sleeping.fetch_add(0, Ordering::SeqCst) > 0
+        {
+            let _g = self.sleep_lock.lock();
+            self.wake.notify_one();
+        }
+    }
+
+    /// Wake every sleeping worker (stopping the engine).
+    pub(crate) fn wake_all(&self) {
+        let _g = self.sleep_lock.lock();
+        self.wake.notify_all();
+    }
+
+    /// Spin with `look` (counted as spinning, so pushes wake nobody); when it is done, wake
+    /// a sleeper if `left_behind()` says work waits. Returns what `look` found.
+    pub(crate) fn spin<R>(&self, look: impl FnOnce() -> R, left_behind: impl Fn() -> bool) -> R {
+        use crate::sync::Ordering;
+        self.spinning.fetch_add(1, Ordering::SeqCst);
+        let r = look();
+        self.spinning.fetch_sub(1, Ordering::SeqCst);
+        // Every push that saw us spinning woke nobody, and several may have come.
+        if left_behind() {
+            self.wake_one();
+        }
+        r
+    }
+
+    /// Sleep until a push wakes us, then take work with `try_pop` (or find none and sleep
+    /// again).
+    pub(crate) fn sleep_pop<M>(&self, try_pop: impl Fn() -> Option<M>) -> M {
+        use crate::sync::Ordering;
+        loop {
+            let g = self.sleep_lock.lock();
+            self.sleeping.fetch_add(1, Ordering::SeqCst);
+            if let Some(m) = try_pop() {
+                self.sleeping.fetch_sub(1, Ordering::SeqCst);
+                return m;
+            }
+            let g = self.wake.wait(g);
+            self.sleeping.fetch_sub(1, Ordering::SeqCst);
+            drop(g);
+            if let Some(m) = try_pop() {
+                return m;
+            }
+        }
+    }
+}
+
+/// The linger loop ([`Engine::linger`]) over its inputs: `arrived` (the stream got a
+/// command), `waiting` (another stream waits on the engine), `expired` (the linger's time is
+/// up) and `pause` (between looks). Counted as spinning; on leaving, wakes a sleeper whenever
+/// a stream waits (pushes during the linger woke nobody), whether or not this worker goes
+/// back to its own stream. Returns whether `arrived()` became true.
+pub(crate) fn linger_on(
+    idle: &Idle,
+    arrived: impl Fn() -> bool,
+    waiting: impl Fn() -> bool,
+    mut expired: impl FnMut() -> bool,
+    mut pause: impl FnMut(),
+) -> bool {
+    idle.spin(
+        || loop {
+            if arrived() {
+                break true;
+            }
+            if waiting() || expired() {
+                break false;
+            }
+            pause();
+        },
+        &waiting,
+    )
+}
+
 pub(crate) struct Engine {
     kind: EngineKind,
     device: usize,
@@ -87,16 +195,8 @@ pub(crate) struct Engine {
     queues: Vec<(Sender<Msg>, Receiver<Msg>)>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     started: AtomicBool,
-    /// Workers of this engine spinning for work right now.
-    spinning: AtomicUsize,
-    /// Workers asleep on `wake`. Workers never block on the channels themselves, so that a
-    /// push wakes a sleeper only when no worker is spinning (see [`Engine::push`]).
-    sleeping: AtomicUsize,
-    /// Where idle workers sleep: std's futex-based lock and condvar, not parking_lot's,
-    /// whose process-wide table of parked threads a `fork()` can leave locked by a thread
-    /// that does not exist in the child (idle workers park and wake all the time).
-    sleep_lock: std::sync::Mutex<()>,
-    wake: std::sync::Condvar,
+    /// The wake-up protocol of this engine's idle workers.
+    idle: Idle,
 }
 
 impl Engine {
@@ -110,10 +210,7 @@ impl Engine {
                 .collect(),
             threads: Mutex::new(Vec::new()),
             started: AtomicBool::new(false),
-            spinning: AtomicUsize::new(0),
-            sleeping: AtomicUsize::new(0),
-            sleep_lock: std::sync::Mutex::new(()),
-            wake: std::sync::Condvar::new(),
+            idle: Idle::new(),
         })
     }
 
@@ -126,22 +223,7 @@ impl Engine {
         }
         let level = s.level;
         let _ = self.queues[level].0.send(Msg::Run(s));
-        self.wake_one();
-    }
-
-    /// Wake a sleeping worker unless one is spinning (it will find the work). Both counts are
-    /// read with read-modify-writes that synchronise with the workers' own updates, so either
-    /// a worker that stops spinning or starts sleeping sees the queued work, or we see it.
-    fn wake_one(&self) {
-        if self.spinning.fetch_add(0, Ordering::SeqCst) == 0
-            && self.sleeping.fetch_add(0, Ordering::SeqCst) > 0
-        {
-            let _g = self
-                .sleep_lock
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            self.wake.notify_one();
-        }
+        self.idle.wake_one();
     }
 
     /// Start every worker, or none: when the OS refuses one, the workers already started are
@@ -168,11 +250,7 @@ impl Engine {
                     for _ in &spawned {
                         let _ = self.queues[0].0.send(Msg::Stop);
                     }
-                    let _g = self
-                        .sleep_lock
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    self.wake.notify_all();
+                    self.idle.wake_all();
                     return Err(DeviceError::ThreadSpawn {
                         what: format!("engine worker thread {name}"),
                         reason: e.to_string(),
@@ -192,13 +270,7 @@ impl Engine {
         for _ in &threads {
             let _ = self.queues[0].0.send(Msg::Stop);
         }
-        {
-            let _g = self
-                .sleep_lock
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            self.wake.notify_all();
-        }
+        self.idle.wake_all();
         let me = std::thread::current().id();
         for h in threads {
             if h.thread().id() != me {
@@ -234,38 +306,29 @@ impl Engine {
             SPINNERS.fetch_sub(1, Ordering::AcqRel);
             return false;
         }
-        self.spinning.fetch_add(1, Ordering::SeqCst);
         let start = Instant::now();
         // Look less often the longer nothing comes: each look pulls the cache line the
         // launcher writes, so a launcher in a tight loop gets several launches in between
         // (and they run as one batch), while a command right after the last still starts
         // within a few hundred nanoseconds.
         let mut pause = LINGER_PAUSE_MIN;
-        let got = loop {
-            if arrived() {
-                break true;
-            }
-            if self.has_waiting(PRIORITY_LEVELS - 1) || start.elapsed() >= LINGER {
-                break false;
-            }
-            if share_core {
-                std::thread::yield_now();
-            } else {
-                for _ in 0..pause {
-                    std::hint::spin_loop();
+        let got = linger_on(
+            &self.idle,
+            arrived,
+            || self.has_waiting(PRIORITY_LEVELS - 1),
+            || start.elapsed() >= LINGER,
+            || {
+                if share_core {
+                    std::thread::yield_now();
+                } else {
+                    for _ in 0..pause {
+                        std::hint::spin_loop();
+                    }
                 }
-            }
-            pause = (pause * 2).min(LINGER_PAUSE_MAX);
-        };
-        self.spinning.fetch_sub(1, Ordering::SeqCst);
+                pause = (pause * 2).min(LINGER_PAUSE_MAX);
+            },
+        );
         SPINNERS.fetch_sub(1, Ordering::AcqRel);
-        // Every push that saw us spinning woke nobody, and several may have come: whether we
-        // go back to our stream or on to one waiting stream, a sleeper must be woken for the
-        // rest. (Waking only when going back left the second of two streams pushed during a
-        // linger queued with every other worker asleep until some later push.)
-        if self.has_waiting(PRIORITY_LEVELS - 1) {
-            self.wake_one();
-        }
         got
     }
 
@@ -274,57 +337,36 @@ impl Engine {
             SPINNERS.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        self.spinning.fetch_add(1, Ordering::SeqCst);
         let start = Instant::now();
-        let mut found = None;
-        let mut round = 0u32;
-        while start.elapsed() < SPIN {
-            if let Some(m) = self.try_pop() {
-                found = Some(m);
-                break;
-            }
-            round += 1;
-            if round.is_multiple_of(4) {
-                std::thread::yield_now();
-            } else {
-                for _ in 0..32 {
-                    std::hint::spin_loop();
-                }
-            }
-        }
-        self.spinning.fetch_sub(1, Ordering::SeqCst);
-        SPINNERS.fetch_sub(1, Ordering::AcqRel);
         // A push that saw us spinning woke nobody, counting on us to take its work; we take
-        // one item only. Look once more, and if work is left behind, wake a sleeper for it.
+        // one item only. Look once more after spinning, and if work is left behind, wake a
+        // sleeper for it (`Idle::spin`).
+        let found = self.idle.spin(
+            || {
+                let mut round = 0u32;
+                while start.elapsed() < SPIN {
+                    if let Some(m) = self.try_pop() {
+                        return Some(m);
+                    }
+                    round += 1;
+                    if round.is_multiple_of(4) {
+                        std::thread::yield_now();
+                    } else {
+                        for _ in 0..32 {
+                            std::hint::spin_loop();
+                        }
+                    }
+                }
+                None
+            },
+            || false,
+        );
+        SPINNERS.fetch_sub(1, Ordering::AcqRel);
         let found = found.or_else(|| self.try_pop());
         if found.is_some() && self.has_waiting(PRIORITY_LEVELS - 1) {
-            self.wake_one();
+            self.idle.wake_one();
         }
         found
-    }
-
-    /// Sleep until a push wakes us, then take work (or find none and sleep again).
-    fn blocking_pop(&self) -> Msg {
-        loop {
-            let g = self
-                .sleep_lock
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            self.sleeping.fetch_add(1, Ordering::SeqCst);
-            if let Some(m) = self.try_pop() {
-                self.sleeping.fetch_sub(1, Ordering::SeqCst);
-                return m;
-            }
-            let g = self
-                .wake
-                .wait(g)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            self.sleeping.fetch_sub(1, Ordering::SeqCst);
-            drop(g);
-            if let Some(m) = self.try_pop() {
-                return m;
-            }
-        }
     }
 
     fn work(self: Arc<Self>) {
@@ -332,7 +374,7 @@ impl Engine {
         loop {
             let msg = match self.try_pop().or_else(|| self.spin_pop()) {
                 Some(m) => m,
-                None => self.blocking_pop(),
+                None => self.idle.sleep_pop(|| self.try_pop()),
             };
             match msg {
                 Msg::Stop => return,

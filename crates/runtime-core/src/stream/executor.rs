@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use crate::sync::lock::Mutex;
 
 use super::engine::Engines;
 use super::gate::{GateGuard, SubmitGate};
