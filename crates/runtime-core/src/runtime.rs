@@ -27,19 +27,24 @@ use crate::error::{arg_error, DeviceError, Error, Result, StreamError};
 use crate::memory::DeviceMemory;
 use crate::stream::Executor;
 
-pub use crate::config::{get_option, options, Options, OPTION_NAMES};
+use crate::config::{options, RuntimeOption};
 
-/// Set an option by name. Turning `enableMemoryReuse` off also releases the caches.
-pub fn set_option(name: &str, value: bool) -> Result<()> {
-    options().set(name, value)?;
-    if name == "enableMemoryReuse" && !value {
+/// Set a process-wide option (it outlives `shutdown`). Turning
+/// [`RuntimeOption::MemoryReuse`] off also releases the caches.
+pub fn set_option(option: RuntimeOption, value: bool) {
+    options().set(option, value);
+    if option == RuntimeOption::MemoryReuse && !value {
         if let Ok(rt) = get() {
             for d in &rt.devices {
                 d.memory().empty_cache();
             }
         }
     }
-    Ok(())
+}
+
+/// Read a process-wide option.
+pub fn get_option(option: RuntimeOption) -> bool {
+    options().get(option)
 }
 
 /// An initialised runtime.
@@ -62,11 +67,6 @@ impl std::fmt::Debug for Runtime {
 }
 
 static RUNTIME: RwLock<Option<Arc<Runtime>>> = RwLock::new(None);
-/// The generation of the runtime installed now (0 when not initialised). A handle made under
-/// another generation belongs to a runtime that was shut down.
-pub fn live_generation() -> u64 {
-    crate::generation::live()
-}
 
 /// Initialise the runtime; a no-op when it is already initialised with the same settings.
 ///
@@ -430,29 +430,26 @@ impl Runtime {
     ///
     /// # Errors
     /// `InvalidDevice` naming the valid range.
-    pub fn device(&self, index: i64) -> Result<&Device> {
-        usize::try_from(index)
-            .ok()
-            .and_then(|i| self.devices.get(i))
-            .ok_or_else(|| {
-                DeviceError::InvalidDevice {
-                    index,
-                    count: self.devices.len(),
-                }
-                .into()
-            })
+    pub fn device(&self, index: usize) -> Result<&Device> {
+        self.devices.get(index).ok_or_else(|| {
+            DeviceError::InvalidDevice {
+                index: i64::try_from(index).unwrap_or(i64::MAX),
+                count: self.devices.len(),
+            }
+            .into()
+        })
     }
 }
 
 /// The calling thread's current device.
 pub fn current_device() -> Result<Device> {
     let rt = get()?;
-    let d = rt.device(crate::device::current_device_index() as i64)?;
+    let d = rt.device(crate::device::current_device_index())?;
     Ok(d.clone())
 }
 
 /// Make device `index` current for the calling thread.
-pub fn set_device(index: i64) -> Result<()> {
+pub fn set_device(index: usize) -> Result<()> {
     let rt = get()?;
     let d = rt.device(index)?;
     crate::device::set_current_device_index(d.index());

@@ -6,7 +6,7 @@
 fn typed_stream_copies_follow_stream_order() {
     let rt = runtime_core::runtime::init(&runtime_core::config::ConfigBuilder {
         device_count: Some(1),
-        memory: Some("64MiB".into()),
+        memory: Some(runtime_core::Bytes::mib(64)),
         profile: None,
     })
     .unwrap();
@@ -106,7 +106,7 @@ proptest! {
     ) {
         let rt = runtime_core::runtime::init(&runtime_core::config::ConfigBuilder {
             device_count: Some(1),
-            memory: Some("64MiB".into()),
+            memory: Some(runtime_core::Bytes::mib(64)),
             profile: None,
         })
         .unwrap();

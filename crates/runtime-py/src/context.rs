@@ -76,7 +76,7 @@ fn frame(py: Python<'_>) -> PyResult<Option<Bound<'_, Frame>>> {
     let Ok(f) = v.cast_into::<Frame>() else {
         return Ok(None);
     };
-    Ok((f.get().generation == rt::live_generation()).then_some(f))
+    Ok((f.get().generation == runtime_core::generation::live()).then_some(f))
 }
 
 /// The current device index: the innermost `with`'s, else the thread's.
@@ -106,7 +106,7 @@ pub fn stream(py: Python<'_>, device: &Device) -> PyResult<Stream> {
 /// Enter a `with`: make `device` current and, when given, `stream` its current stream, for
 /// this context until the matching [`exit`].
 pub fn enter(py: Python<'_>, device: &Device, stream: Option<&Stream>) -> PyResult<()> {
-    let generation = rt::live_generation();
+    let generation = runtime_core::generation::live();
     let mut prev = frame(py)?;
     if let Some(parent) = prev.as_ref().and_then(|f| f.get().parent.as_ref()) {
         // A `use()` replaced the enclosing `with`'s frame: this `with` returns to that one.
@@ -174,7 +174,7 @@ pub fn set_device(py: Python<'_>, device: &Device) -> PyResult<bool> {
 pub fn use_stream(py: Python<'_>, device: &Device, stream: &Stream) -> PyResult<()> {
     let Some(cur) = frame(py)? else {
         runtime_core::device::set_current_stream(device, Some(stream.clone()));
-        rt::set_device(device.index() as i64).map_err(RtErr)?;
+        rt::set_device(device.index()).map_err(RtErr)?;
         return Ok(());
     };
     let parent = match &cur.get().parent {

@@ -4,7 +4,7 @@
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyString};
-use runtime_core::config::ConfigBuilder;
+use runtime_core::config::{parse_size, ConfigBuilder, RuntimeOption};
 use runtime_core::runtime as rt;
 
 use crate::convert::type_name;
@@ -31,7 +31,7 @@ pub fn init(
                     "device_count must be an int, got bool",
                 ));
             }
-            Some(o.extract::<u64>().map_err(|_| {
+            Some(o.extract::<usize>().map_err(|_| {
                 PyValueError::new_err(format!(
                     "device_count must be a positive int, got {}",
                     o.repr().map(|r| r.to_string()).unwrap_or_default()
@@ -39,6 +39,8 @@ pub fn init(
             })?)
         }
     };
+    // Sizes as text (a str, or an int's digits) go through the core's one size parser, so a
+    // bad size reads as it would from RUNTIME_DEVICE_MEMORY (with the argument's name).
     let memory = match memory {
         None => None,
         Some(o) if o.is_none() => None,
@@ -66,6 +68,10 @@ pub fn init(
             o.extract::<String>()
                 .map_err(|_| PyTypeError::new_err("profile must be a str"))?,
         ),
+    };
+    let memory = match memory {
+        Some(text) => Some(parse_size("memory", &text).map_err(|e| RtErr(e.into()))?),
+        None => None,
     };
     let b = ConfigBuilder {
         device_count: count,
@@ -123,7 +129,7 @@ pub fn register_process_hooks(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[pyfunction]
 pub fn _at_exit(py: Python<'_>) -> PyResult<()> {
     shutdown(py)?;
-    rt::set_option("enableAsync", false).map_err(RtErr)?;
+    rt::set_option(RuntimeOption::Async, false);
     Ok(())
 }
 
@@ -148,14 +154,14 @@ pub fn set_option(name: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult
         .extract()
         .map_err(|_| PyTypeError::new_err("name must be a str"))?;
     // Validate the name first so a bad name wins over a bad value.
-    rt::get_option(&name).map_err(RtErr)?;
+    let option: RuntimeOption = name.parse().map_err(RtErr)?;
     let value = value.cast::<PyBool>().map_err(|_| {
         PyTypeError::new_err(format!(
             "value for option {name:?} must be a bool, got {}",
             type_name(value)
         ))
     })?;
-    rt::set_option(&name, value.is_true()).map_err(RtErr)?;
+    rt::set_option(option, value.is_true());
     Ok(())
 }
 
@@ -165,11 +171,12 @@ pub fn get_option(name: &Bound<'_, PyAny>) -> PyResult<bool> {
     let name: String = name
         .extract()
         .map_err(|_| PyTypeError::new_err("name must be a str"))?;
-    Ok(rt::get_option(&name).map_err(RtErr)?)
+    let option: RuntimeOption = name.parse().map_err(RtErr)?;
+    Ok(rt::get_option(option))
 }
 
 /// The valid option names.
 #[pyfunction]
 pub fn option_names() -> Vec<&'static str> {
-    rt::OPTION_NAMES.to_vec()
+    RuntimeOption::ALL.iter().map(|o| o.name()).collect()
 }

@@ -192,7 +192,7 @@ impl PyMemoryPool {
     fn dev(&self) -> PyResult<Device> {
         Ok(rt::get()
             .map_err(RtErr)?
-            .device(self.device as i64)
+            .device(self.device)
             .map_err(RtErr)?
             .clone())
     }
@@ -308,11 +308,11 @@ pub fn get_default_memory_pool(
     device: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyMemoryPool> {
     let index = match device {
-        Some(o) if !o.is_none() => rt::get()
-            .map_err(RtErr)?
-            .device(device_arg(o, "device")?)
-            .map_err(RtErr)?
-            .index(),
+        Some(o) if !o.is_none() => {
+            runtime_core::bindings::device(&*rt::get().map_err(RtErr)?, device_arg(o, "device")?)
+                .map_err(RtErr)?
+                .index()
+        }
         _ => resolve(py, None, "device")?.index(),
     };
     Ok(PyMemoryPool { device: index })

@@ -275,7 +275,7 @@ impl PyStream {
         let s = slf.get().inner();
         s.check().map_err(RtErr)?;
         let d = rt::get()
-            .and_then(|r| r.device(s.device_index() as i64).cloned())
+            .and_then(|r| r.device(s.device_index()).cloned())
             .map_err(RtErr)?;
         context::enter(slf.py(), &d, Some(s))?;
         Ok(slf)
@@ -337,7 +337,7 @@ impl AutoSynchronize {
 fn set_current(py: Python<'_>, s: &Stream) -> PyResult<()> {
     s.check().map_err(RtErr)?;
     let d = rt::get()
-        .and_then(|r| r.device(s.device_index() as i64).cloned())
+        .and_then(|r| r.device(s.device_index()).cloned())
         .map_err(RtErr)?;
     context::use_stream(py, &d, s)
 }

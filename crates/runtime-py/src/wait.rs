@@ -124,9 +124,9 @@ pub fn submit_copy(
         return submit(py, &s, op);
     }
     let r = rt::get().map_err(RtErr)?;
-    let s = context::stream(py, r.device(device as i64).map_err(RtErr)?)?;
+    let s = context::stream(py, r.device(device).map_err(RtErr)?)?;
     let ps = match peer {
-        Some(p) => Some(context::stream(py, r.device(p as i64).map_err(RtErr)?)?),
+        Some(p) => Some(context::stream(py, r.device(p).map_err(RtErr)?)?),
         None => None,
     };
     let s = py

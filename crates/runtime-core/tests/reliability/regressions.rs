@@ -14,7 +14,7 @@ use runtime_core::stream::{self, Stream};
 fn init() -> Arc<Runtime> {
     runtime::init(&ConfigBuilder {
         device_count: Some(2),
-        memory: Some("64MiB".into()),
+        memory: Some(runtime_core::Bytes::mib(64)),
         profile: None,
     })
     .expect("init the runtime")

@@ -15,10 +15,10 @@ use runtime_core::stream::{FnOp, OpKind, Stream};
 
 static LOCK: Mutex<()> = Mutex::new(());
 
-fn init(device_count: u64) -> Arc<runtime::Runtime> {
+fn init(device_count: usize) -> Arc<runtime::Runtime> {
     runtime::init(&ConfigBuilder {
         device_count: Some(device_count),
-        memory: Some("64MiB".into()),
+        memory: Some(runtime_core::Bytes::mib(64)),
         profile: None,
     })
     .expect("init the runtime")
