@@ -90,7 +90,7 @@ pub fn init(builder: &ConfigBuilder) -> Result<Arc<Runtime>> {
 ///
 /// # Errors
 /// As [`init`].
-pub fn init_within(
+pub(crate) fn init_within(
     builder: &ConfigBuilder,
     timeout: Option<std::time::Duration>,
 ) -> Result<Option<Arc<Runtime>>> {
@@ -200,7 +200,7 @@ pub fn shutdown() -> Result<()> {
 ///
 /// # Errors
 /// As [`shutdown`].
-pub fn shutdown_within(timeout: Option<std::time::Duration>) -> Result<bool> {
+pub(crate) fn shutdown_within(timeout: Option<std::time::Duration>) -> Result<bool> {
     if crate::stream::engine::on_worker_thread() {
         return Err(StreamError::NotPermitted {
             what: "shutdown() from a kernel or host function".into(),
@@ -371,7 +371,7 @@ pub fn synchronize_all(timeout: Option<std::time::Duration>) -> Result<()> {
 ///
 /// # Errors
 /// `NotInitialized`.
-pub fn barrier_has_work() -> Result<bool> {
+pub(crate) fn barrier_has_work() -> Result<bool> {
     Ok(barrier_has_work_on(&*get()?))
 }
 
@@ -383,7 +383,7 @@ fn barrier_has_work_on(rt: &Runtime) -> bool {
 ///
 /// # Errors
 /// As for [`synchronize_all`], without `Timeout`.
-pub fn wait_all(timeout: Option<std::time::Duration>) -> Result<bool> {
+pub(crate) fn wait_all(timeout: Option<std::time::Duration>) -> Result<bool> {
     let rt = get()?;
     if !barrier_has_work_on(&rt) {
         return Ok(true);

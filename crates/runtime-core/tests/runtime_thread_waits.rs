@@ -201,13 +201,13 @@ fn blocking_submissions_from_runtime_threads_run_inline_or_leave_no_trace() {
     // A blocking copy on the stream running the caller: refused, and it never runs.
     let (me, op) = (a.clone(), counting(&ran));
     let r = from_op(&a, move || {
-        runtime_core::device::submit_blocking_on(&me, None, op).map(|_| ())
+        runtime_core::bindings::submit_blocking_on(&me, None, op).map(|_| ())
     });
     assert!(not_permitted(&r), "own stream: {r:?}");
     // On an idle stream it runs right there.
     let (other, op) = (idle.clone(), counting(&ran));
     from_op(&a, move || {
-        runtime_core::device::submit_blocking_on(&other, None, op).map(|_| ())
+        runtime_core::bindings::submit_blocking_on(&other, None, op).map(|_| ())
     })
     .unwrap();
     // A synchronous-mode launch on the stream running the caller: refused, never run.

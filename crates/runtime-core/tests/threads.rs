@@ -249,11 +249,11 @@ fn launch_waits_while_the_backlog_is_full() {
         launched.load(Ordering::SeqCst),
         stream::MAX_QUEUED as usize - 1
     );
-    assert!(s.backlog_target().is_some());
+    assert!(runtime_core::bindings::backlog_target(&s).is_some());
     open.store(true, Ordering::SeqCst);
     within(Duration::from_secs(60), move || launcher.join().unwrap());
     s.synchronize(Some(Duration::from_secs(60))).unwrap();
     assert_eq!(ran.load(Ordering::SeqCst), total);
     assert_eq!(s.pending(), 0);
-    assert!(s.backlog_target().is_none());
+    assert!(runtime_core::bindings::backlog_target(&s).is_none());
 }

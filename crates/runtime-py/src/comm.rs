@@ -100,12 +100,12 @@ impl PyCommunicator {
     ) -> PyResult<()> {
         let s = self.stream(py, stream)?;
         f(&s).map_err(RtErr)?;
-        if let Some(target) = s.backlog_target() {
+        if let Some(target) = runtime_core::bindings::backlog_target(&s) {
             wait::wait_result(
                 py,
                 || format!("{s:?}"),
                 None,
-                |slice| s.wait_for(target, Some(slice)),
+                |slice| runtime_core::bindings::wait_for(&s, target, Some(slice)),
             )?;
         }
         Ok(())

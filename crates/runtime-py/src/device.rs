@@ -98,7 +98,7 @@ impl PyDevice {
             py,
             || format!("Device({})", self.index),
             timeout,
-            |slice| d.wait_idle(Some(slice)),
+            |slice| runtime_core::bindings::device_wait(&d, Some(slice)),
         )
     }
 

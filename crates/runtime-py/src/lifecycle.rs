@@ -84,7 +84,7 @@ pub fn init(
         py,
         || "init() waiting for the previous runtime's shutdown".to_string(),
         None,
-        |slice| rt::init_within(&b, Some(slice)).map(|rt| rt.is_some()),
+        |slice| runtime_core::bindings::init_within(&b, Some(slice)).map(|rt| rt.is_some()),
     )
 }
 
@@ -98,7 +98,7 @@ pub fn shutdown(py: Python<'_>) -> PyResult<()> {
         py,
         || "shutdown() draining the queued work".to_string(),
         None,
-        |slice| rt::shutdown_within(Some(slice)),
+        |slice| runtime_core::bindings::shutdown_within(Some(slice)),
     )?;
     stream::clear_thread_state();
     Ok(())

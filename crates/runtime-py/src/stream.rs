@@ -381,7 +381,7 @@ impl PyGraph {
     #[pyo3(signature = (stream=None))]
     fn launch(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let s = stream_or_current(py, stream)?;
-        if s.enqueue_graph(&self.inner).map_err(RtErr)? {
+        if runtime_core::bindings::enqueue_graph(&s, &self.inner).map_err(RtErr)? {
             wait::after_enqueue(py, &s)?;
         }
         Ok(())
@@ -413,7 +413,7 @@ impl PyGraph {
 #[pyo3(signature = (timeout=None))]
 pub fn stream_synchronize(py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
     let timeout = timeout_obj(timeout)?;
-    if !runtime_core::runtime::barrier_has_work().map_err(RtErr)? {
+    if !runtime_core::bindings::barrier_has_work().map_err(RtErr)? {
         crate::convert::timeout_arg(timeout)?;
         return Ok(()); // nothing to wait for: the GIL is not released
     }
@@ -421,7 +421,7 @@ pub fn stream_synchronize(py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) ->
         py,
         || "stream_synchronize".to_string(),
         timeout,
-        |slice| runtime_core::runtime::wait_all(Some(slice)),
+        |slice| runtime_core::bindings::wait_all(Some(slice)),
     )
 }
 

@@ -6,7 +6,7 @@
 //! created them; a `Device` handle checks on each use that its runtime is still alive.
 //!
 //! Per-thread state (current device, current stream per device) is reset for every thread
-//! by [`reset_thread_state`], which `shutdown` calls: a thread's state is tagged with the
+//! by `reset_thread_state`, which `shutdown` calls: a thread's state is tagged with the
 //! reset count it was set under and reads as the default once that count moves on.
 
 use std::cell::{Cell, RefCell};
@@ -253,7 +253,7 @@ impl Device {
     ///
     /// # Errors
     /// As for [`Device::synchronize`], without `Timeout`.
-    pub fn wait_idle(&self, timeout: Option<std::time::Duration>) -> Result<bool> {
+    pub(crate) fn wait_idle(&self, timeout: Option<std::time::Duration>) -> Result<bool> {
         self.check_alive()?;
         self.0.exec.wait_all(timeout)
     }
@@ -311,7 +311,7 @@ thread_local! {
 
 /// Forget every thread's current device and current streams (they read as device 0 and the
 /// default streams afterwards). `shutdown` calls it.
-pub fn reset_thread_state() {
+pub(crate) fn reset_thread_state() {
     RESETS.fetch_add(1, Ordering::AcqRel);
     // This thread's streams are dropped now rather than at its next use.
     let _ = CURRENT_STREAMS.try_with(|c| std::mem::take(&mut *c.borrow_mut()));
@@ -348,26 +348,6 @@ pub fn current_stream(device: &Device) -> Result<Stream> {
     }
 }
 
-/// Submit work the caller will wait for (a blocking copy or memset without a stream): on the
-/// calling thread's current stream of `device`, ordered also after the work queued so far on
-/// `peer`'s current stream (the other device of a cross-device copy, as `cudaMemcpyPeer` is
-/// serialised with both devices). See [`submit_blocking_on`].
-///
-/// # Errors
-/// As [`submit_blocking_on`].
-pub fn submit_blocking(
-    device: &Device,
-    peer: Option<&Device>,
-    op: Arc<dyn crate::stream::Op>,
-) -> Result<Stream> {
-    let s = current_stream(device)?;
-    let ps = match peer.filter(|p| p.index() != device.index()) {
-        Some(p) => Some(current_stream(p)?),
-        None => None,
-    };
-    submit_blocking_on(&s, ps.as_ref(), op)
-}
-
 /// Submit work the caller will wait for on `stream`, ordered also after the work queued so
 /// far on `peer` (when it is another stream). Callers that keep their own notion of the
 /// current stream (the Python bindings' context-local one) pass it here. Runs the op right
@@ -378,7 +358,7 @@ pub fn submit_blocking(
 /// `Capturing` when `stream` is capturing (the copy would return before it ran, as CUDA's
 /// `cudaErrorStreamCaptureImplicit`); `InvalidHandle` after shutdown; `NotPermitted` from a
 /// runtime thread when the stream is busy (nothing is queued then).
-pub fn submit_blocking_on(
+pub(crate) fn submit_blocking_on(
     stream: &Stream,
     peer: Option<&Stream>,
     op: Arc<dyn crate::stream::Op>,

@@ -1,7 +1,7 @@
 //! Streams: ordered queues of commands drained by the device's engines.
 //!
 //! * [`command`]: the [`Op`] trait and the commands a stream carries.
-//! * [`engine`]: the worker threads (compute, copy and serial engines per device).
+//! * `engine`: the worker threads (compute, copy and serial engines per device).
 //! * [`executor`]: what a stream needs of its device: engines, submission gate, options and
 //!   the registry of the device's streams.
 //! * `gate`: the submission gate that `shutdown` closes before it drains.
@@ -36,7 +36,7 @@ pub(crate) mod capture;
 pub mod command;
 pub(crate) mod completion;
 pub mod copy;
-pub mod engine;
+pub(crate) mod engine;
 pub mod executor;
 pub(crate) mod gate;
 pub mod graph;
@@ -343,7 +343,7 @@ impl Stream {
 
     /// Queue an operation. In synchronous mode (`enableAsync` off) waits for it and raises
     /// its error here; otherwise waits only while the stream holds more than [`MAX_QUEUED`]
-    /// commands (see [`Stream::backlog_target`]).
+    /// commands, until half of them have run.
     pub fn launch(&self, op: Arc<dyn Op>) -> Result<()> {
         if self.enqueue(op)? {
             self.after_submit()?;
@@ -359,7 +359,7 @@ impl Stream {
     /// only do if the op runs right here: it runs inline when the stream is idle, and is
     /// otherwise refused with `NotPermitted` before anything is queued (never "refused, but
     /// run anyway").
-    pub fn enqueue(&self, op: Arc<dyn Op>) -> Result<bool> {
+    pub(crate) fn enqueue(&self, op: Arc<dyn Op>) -> Result<bool> {
         {
             let _submitting = self.enter()?;
             if let Some(session) = self.session() {
@@ -410,7 +410,7 @@ impl Stream {
     /// Run `op` right here if the stream is idle (nothing queued, not capturing), counting it
     /// as submitted and completed; its error is reported by the next synchronisation as
     /// usual. Returns false, doing nothing, when the stream is busy: queue it instead.
-    pub fn try_run_inline(&self, op: &Arc<dyn Op>) -> Result<bool> {
+    pub(crate) fn try_run_inline(&self, op: &Arc<dyn Op>) -> Result<bool> {
         let _submitting = self.enter()?;
         let s = &self.0;
         self.refuse_if_capturing("a blocking copy or memset")?;
@@ -441,17 +441,17 @@ impl Stream {
     }
 
     /// Whether synchronous mode (`enableAsync` off) is in force for this stream's runtime.
-    pub fn is_sync_mode(&self) -> bool {
+    pub(crate) fn is_sync_mode(&self) -> bool {
         !self.0.exec.options.is_async()
     }
 
     /// Commands submitted so far: a target for [`Stream::wait_for`].
-    pub fn submitted(&self) -> u64 {
+    pub(crate) fn submitted(&self) -> u64 {
         self.0.done.submitted()
     }
 
     /// Whether everything up to `target` has completed.
-    pub fn reached(&self, target: u64) -> bool {
+    pub(crate) fn reached(&self, target: u64) -> bool {
         self.0.done.reached(target)
     }
 
@@ -480,7 +480,7 @@ impl Stream {
     /// must not stall the engine that would drain the backlog). [`Stream::launch`] waits by
     /// itself; callers of [`Stream::enqueue`] that hold a lock (the Python bindings hold the
     /// GIL, which queued Python kernels need) wait after releasing it.
-    pub fn backlog_target(&self) -> Option<u64> {
+    pub(crate) fn backlog_target(&self) -> Option<u64> {
         let s = &self.0;
         let submitted = s.done.submitted();
         // Fast path without touching the counter the engine writes (its cache line stays
@@ -572,14 +572,14 @@ impl Stream {
     ///
     /// # Errors
     /// `InvalidHandle` (destroyed, or after shutdown); `Capturing` while the stream captures.
-    pub fn synchronize_target(&self) -> Result<u64> {
+    pub(crate) fn synchronize_target(&self) -> Result<u64> {
         self.check()?;
         self.refuse_if_capturing("synchronize()")?;
         Ok(self.0.done.submitted())
     }
 
     /// Raise and clear the pending error, if any.
-    pub fn take_error(&self) -> Result<()> {
+    pub(crate) fn take_error(&self) -> Result<()> {
         if self.0.failed.load(Ordering::SeqCst) {
             // Take and clear under the error lock, which is also where failures are stored, so
             // a failure racing with this call is either reported now or stays pending.
@@ -605,7 +605,7 @@ impl Stream {
     ///
     /// # Errors
     /// `NotPermitted` as above.
-    pub fn wait_for(&self, target: u64, timeout: Option<Duration>) -> Result<bool> {
+    pub(crate) fn wait_for(&self, target: u64, timeout: Option<Duration>) -> Result<bool> {
         let s = &self.0;
         if s.done.reached(target) {
             return Ok(true);
@@ -744,7 +744,7 @@ impl Stream {
 
     /// Fails with [`StreamError::Capturing`] when the stream is capturing: `what` would wait
     /// for work that is only being recorded.
-    pub fn refuse_if_capturing(&self, what: &str) -> Result<()> {
+    pub(crate) fn refuse_if_capturing(&self, what: &str) -> Result<()> {
         if self.is_capturing() {
             return Err(StreamError::Capturing {
                 stream: self.0.id,
@@ -815,7 +815,7 @@ impl Stream {
     }
 
     /// Queue a graph replay without waiting (see [`Stream::enqueue`]).
-    pub fn enqueue_graph(&self, graph: &Graph) -> Result<bool> {
+    pub(crate) fn enqueue_graph(&self, graph: &Graph) -> Result<bool> {
         let _submitting = self.enter()?;
         graph.check_for(&self.0.exec)?;
         if let Some(session) = self.session() {
