@@ -1,5 +1,7 @@
 //! Stream-ordered copies between host memory and device buffers (`stream::copy`).
 
+use runtime_core::kernel::LaunchKernel;
+
 /// Typed, stream-ordered copies: `copy_from_host` stages (the source may be reused at once),
 /// `copy_to_host` waits for the work queued before it.
 #[test]

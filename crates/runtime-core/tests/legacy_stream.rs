@@ -45,7 +45,7 @@ fn check(dev: &Device, legacy: bool) {
     );
     let d = dev.default_stream().unwrap();
     let blocking = Stream::new(dev, 0).unwrap();
-    let nb = Stream::on_with(dev.executor(), 0, true).unwrap();
+    let nb = Stream::new_non_blocking(dev, 0).unwrap();
     assert!(nb.is_non_blocking() && !blocking.is_non_blocking() && !d.is_non_blocking());
 
     // default held; the blocking stream waits for it only under the option.

@@ -94,7 +94,7 @@ pub fn stream(py: Python<'_>, device: &Device) -> PyResult<Stream> {
     if let Some(f) = frame(py)? {
         let found = f.get().streams.iter().find(|(i, _)| *i == device.index());
         if let Some((_, s)) = found {
-            if Arc::ptr_eq(s.executor(), device.executor()) && !s.is_destroyed() {
+            if runtime_core::bindings::stream_is_on(s, device) && !s.is_destroyed() {
                 return Ok(s.clone());
             }
             return Ok(device.default_stream().map_err(RtErr)?);

@@ -69,9 +69,12 @@ impl PyStream {
             _ => 0,
         };
         let d = resolve(py, device, "device")?;
-        Ok(PyStream::wrap(
-            Stream::on_with(d.executor(), p, non_blocking).map_err(RtErr)?,
-        ))
+        let s = if non_blocking {
+            Stream::new_non_blocking(&d, p)
+        } else {
+            Stream::new(&d, p)
+        };
+        Ok(PyStream::wrap(s.map_err(RtErr)?))
     }
 
     /// Whether the stream was made with `non_blocking=True` (it never synchronises with the

@@ -1,7 +1,7 @@
 //! Virtual devices: what a device is (properties, its memory, its executor and default
 //! stream) and the per-thread current device and current streams.
 //!
-//! A [`Device`] owns its [`DeviceMemory`] and its [`Executor`] (the engines that run its
+//! A [`Device`] owns its [`DeviceMemory`] and its `Executor` (the engines that run its
 //! streams, and the registry of those streams). Devices live as long as the runtime that
 //! created them; a `Device` handle checks on each use that its runtime is still alive.
 //!
@@ -194,7 +194,7 @@ impl Device {
     }
 
     /// The device's executor (engines, submission gate, stream registry).
-    pub fn executor(&self) -> &Arc<Executor> {
+    pub(crate) fn executor(&self) -> &Arc<Executor> {
         &self.0.exec
     }
 
@@ -232,7 +232,7 @@ impl Device {
     }
 
     /// Wait until every stream of this device has finished its queued work and report every
-    /// stream's error (see [`Executor::wait_all`]).
+    /// stream's error.
     ///
     /// # Errors
     /// `Timeout` when `timeout` passed first; the streams' errors; `Capturing` while one of
@@ -290,13 +290,11 @@ fn reclaimer(exec: std::sync::Weak<Executor>) -> crate::memory::Reclaimer {
     })
 }
 
-impl Stream {
-    /// Create a stream on `device` with `priority` in `PRIORITY_HIGHEST..=PRIORITY_LOWEST`.
-    ///
-    /// # Errors
-    /// `InvalidArgument` for a priority out of range; `InvalidHandle` after shutdown.
-    pub fn new(device: &Device, priority: i32) -> Result<Stream> {
-        Stream::on(&device.0.exec, priority)
+impl crate::stream::sealed::Sealed for Device {}
+
+impl crate::stream::StreamDevice for Device {
+    fn executor(&self, _: crate::stream::sealed::Token) -> &Arc<Executor> {
+        &self.0.exec
     }
 }
 

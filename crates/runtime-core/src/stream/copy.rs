@@ -491,7 +491,7 @@ unsafe impl HostMemory for PinnedBuffer {
         Some(PinnedBuffer::as_ptr(self))
     }
     fn len(&self) -> usize {
-        PinnedBuffer::len(self)
+        PinnedBuffer::len(self) as usize
     }
 }
 
@@ -534,67 +534,57 @@ unsafe impl HostMemory for HostVec {
     }
 }
 
-impl Stream {
-    /// Copy `src` into `dst` at byte `offset`, in stream order. The values are staged first,
-    /// so this returns as soon as `src` may be reused (CUDA's rule for pageable host
-    /// memory); the copy itself runs when the stream gets there.
-    ///
-    /// # Errors
-    /// The range does not fit in `dst` (nothing is queued); stream errors as for
-    /// [`Stream::launch`].
-    pub fn copy_from_host<T: Element>(&self, dst: &Buffer, offset: u64, src: &[T]) -> Result<()> {
-        let staged = HostVec::new(T::as_bytes(src).to_vec());
-        let len = staged.len() as u64;
-        self.launch(h2d(dst, offset, staged, 0, len)?)
-    }
+/// The body of [`Stream::copy_from_host`].
+pub(super) fn copy_from_host<T: Element>(
+    stream: &Stream,
+    dst: &Buffer,
+    offset: u64,
+    src: &[T],
+) -> Result<()> {
+    let staged = HostVec::new(T::as_bytes(src).to_vec());
+    let len = staged.len() as u64;
+    stream.launch(h2d(dst, offset, staged, 0, len)?)
+}
 
-    /// Copy `count` bytes of pinned `src` at `src_off` into `dst` at `dst_off`, in stream
-    /// order and truly asynchronously: the command reads `src` when it runs (it holds a clone
-    /// of the block until then), so writes to `src` before the stream reaches the copy are
-    /// seen by it.
-    ///
-    /// # Errors
-    /// A range does not fit; `src` was freed; stream errors as for [`Stream::launch`].
-    pub fn copy_from_pinned(
-        &self,
-        dst: &Buffer,
-        dst_off: u64,
-        src: &PinnedBuffer,
-        src_off: u64,
-        count: u64,
-    ) -> Result<()> {
-        self.launch(h2d_async(
-            dst,
-            dst_off,
-            Arc::new(src.clone()),
-            src_off,
-            count,
-        )?)
-    }
+/// The body of [`Stream::copy_from_pinned`].
+pub(super) fn copy_from_pinned(
+    stream: &Stream,
+    dst: &Buffer,
+    dst_off: u64,
+    src: &PinnedBuffer,
+    src_off: u64,
+    count: u64,
+) -> Result<()> {
+    stream.launch(h2d_async(
+        dst,
+        dst_off,
+        Arc::new(src.clone()),
+        src_off,
+        count,
+    )?)
+}
 
-    /// Copy from `src` at byte `offset` into `dst` after the work queued so far on this
-    /// stream, and wait for it (run at once when the stream is idle). Like any
-    /// synchronisation it reports an error the stream's earlier work raised.
-    ///
-    /// # Errors
-    /// The range does not fit in `src`; the stream is capturing (`Capturing`); the stream's
-    /// pending error.
-    pub fn copy_to_host<T: Element>(&self, src: &Buffer, offset: u64, dst: &mut [T]) -> Result<()> {
-        let len = size_of_val(dst) as u64;
-        let staged = HostVec::new(vec![0u8; len as usize]);
-        let op = d2h(staged.clone(), 0, src, offset, len)?;
-        if self.try_run_inline(&op)? {
-            drop(op);
-        } else {
-            // The runner drops a command before counting it complete, so after the wait
-            // below the staging buffer has no other owner.
-            self.enqueue(op)?;
-        }
-        self.synchronize(None)?;
-        let bytes = staged
-            .into_inner()
-            .ok_or_else(|| arg_error("dst", "the staging buffer is still in use"))?;
-        T::as_bytes_mut(dst).copy_from_slice(&bytes);
-        Ok(())
+/// The body of [`Stream::copy_to_host`].
+pub(super) fn copy_to_host<T: Element>(
+    stream: &Stream,
+    src: &Buffer,
+    offset: u64,
+    dst: &mut [T],
+) -> Result<()> {
+    let len = size_of_val(dst) as u64;
+    let staged = HostVec::new(vec![0u8; len as usize]);
+    let op = d2h(staged.clone(), 0, src, offset, len)?;
+    if stream.try_run_inline(&op)? {
+        drop(op);
+    } else {
+        // The runner drops a command before counting it complete, so after the wait
+        // below the staging buffer has no other owner.
+        stream.enqueue(op)?;
     }
+    stream.synchronize(None)?;
+    let bytes = staged
+        .into_inner()
+        .ok_or_else(|| arg_error("dst", "the staging buffer is still in use"))?;
+    T::as_bytes_mut(dst).copy_from_slice(&bytes);
+    Ok(())
 }

@@ -2,7 +2,7 @@
 //!
 //! * [`command`]: the [`Op`] trait and the commands a stream carries.
 //! * `engine`: the worker threads (compute, copy and serial engines per device).
-//! * [`executor`]: what a stream needs of its device: engines, submission gate, options and
+//! * `executor`: what a stream needs of its device: engines, submission gate, options and
 //!   the registry of the device's streams.
 //! * `gate`: the submission gate that `shutdown` closes before it drains.
 //! * `capture`: capture sessions, with fork and join across streams through events.
@@ -37,7 +37,7 @@ pub mod command;
 pub(crate) mod completion;
 pub mod copy;
 pub(crate) mod engine;
-pub mod executor;
+pub(crate) mod executor;
 pub(crate) mod gate;
 pub mod graph;
 mod panics;
@@ -52,13 +52,15 @@ use crate::clock::{deadline_after, now_ns};
 use crate::error::{DeviceError, KernelFailure, Result, StreamError};
 use crate::event::{Event, Wake};
 use crate::memory::access::PendingWork;
+use crate::memory::pinned::PinnedBuffer;
+use crate::memory::{Buffer, Element};
 use crate::trace;
 use capture::Session;
 use command::{Command, CommandQueue};
 pub use command::{FnOp, Op, OpKind};
 use completion::Completion;
 use engine::{EngineKind, Engines};
-pub use executor::Executor;
+pub(crate) use executor::Executor;
 use gate::GateGuard;
 pub use graph::Graph;
 use graph::Node;
@@ -187,6 +189,23 @@ impl PartialEq for Stream {
     }
 }
 
+/// What a stream is created on ([`Stream::new`]): a device (`device::Device`, of the layer
+/// above this one, implements it). Sealed.
+pub trait StreamDevice: sealed::Sealed {
+    /// The device's executor (callable only inside this crate: it takes a token only this
+    /// crate can make).
+    #[doc(hidden)]
+    fn executor(&self, token: sealed::Token) -> &Arc<Executor>;
+}
+
+pub(crate) mod sealed {
+    /// Implemented by the types that may implement [`super::StreamDevice`].
+    pub trait Sealed {}
+
+    /// Proof of a call from inside this crate.
+    pub struct Token(pub(crate) ());
+}
+
 /// Where an outcome of running one command leaves the stream.
 enum Step {
     Done,
@@ -194,24 +213,23 @@ enum Step {
 }
 
 impl Stream {
-    /// Create a stream on the device `exec` executes for, with `priority` in
-    /// `PRIORITY_HIGHEST..=PRIORITY_LOWEST`. `Stream::new(&device, priority)`, defined by the
-    /// device layer above this one, does this for a device.
+    /// Create a stream on `device` (a `device::Device`) with `priority` in
+    /// `PRIORITY_HIGHEST..=PRIORITY_LOWEST`.
     ///
     /// # Errors
     /// `InvalidArgument` for a priority out of range; `InvalidHandle` after shutdown.
-    pub fn on(exec: &Arc<Executor>, priority: i32) -> Result<Stream> {
-        Self::new_internal(exec, priority, false, false)
+    pub fn new(device: &impl StreamDevice, priority: i32) -> Result<Stream> {
+        Self::new_internal(device.executor(sealed::Token(())), priority, false, false)
     }
 
-    /// [`Stream::on`] with `non_blocking`: a non-blocking stream never synchronises with the
-    /// device's default stream, also when the `legacyDefaultStream` option makes the default
-    /// stream CUDA's legacy one (see the module documentation).
+    /// [`Stream::new`] for a non-blocking stream (CUDA's `cudaStreamNonBlocking`): it never
+    /// synchronises with the device's default stream, also when the `legacyDefaultStream`
+    /// option makes the default stream CUDA's legacy one (see the module documentation).
     ///
     /// # Errors
-    /// As for [`Stream::on`].
-    pub fn on_with(exec: &Arc<Executor>, priority: i32, non_blocking: bool) -> Result<Stream> {
-        Self::new_internal(exec, priority, false, non_blocking)
+    /// As for [`Stream::new`].
+    pub fn new_non_blocking(device: &impl StreamDevice, priority: i32) -> Result<Stream> {
+        Self::new_internal(device.executor(sealed::Token(())), priority, false, true)
     }
 
     pub(crate) fn new_internal(
@@ -264,7 +282,7 @@ impl Stream {
     }
 
     /// The executor of the stream's device.
-    pub fn executor(&self) -> &Arc<Executor> {
+    pub(crate) fn executor(&self) -> &Arc<Executor> {
         &self.0.exec
     }
 
@@ -278,7 +296,7 @@ impl Stream {
         self.0.is_default
     }
 
-    /// Whether the stream was made non-blocking ([`Stream::on_with`]).
+    /// Whether the stream was made non-blocking ([`Stream::new_non_blocking`]).
     pub fn is_non_blocking(&self) -> bool {
         self.0.non_blocking
     }
@@ -865,6 +883,46 @@ impl Stream {
     /// Commands submitted / completed so far (for tests and stats).
     pub fn counters(&self) -> (u64, u64) {
         (self.0.done.submitted(), self.0.done.completed())
+    }
+
+    /// Copy `src` into `dst` at byte `offset`, in stream order. The values are staged first,
+    /// so this returns as soon as `src` may be reused (CUDA's rule for pageable host
+    /// memory); the copy itself runs when the stream gets there.
+    ///
+    /// # Errors
+    /// The range does not fit in `dst` (nothing is queued); stream errors as for
+    /// [`Stream::launch`].
+    pub fn copy_from_host<T: Element>(&self, dst: &Buffer, offset: u64, src: &[T]) -> Result<()> {
+        copy::copy_from_host(self, dst, offset, src)
+    }
+
+    /// Copy `count` bytes of pinned `src` at `src_off` into `dst` at `dst_off`, in stream
+    /// order and truly asynchronously: the command reads `src` when it runs (it holds a clone
+    /// of the block until then), so writes to `src` before the stream reaches the copy are
+    /// seen by it.
+    ///
+    /// # Errors
+    /// A range does not fit; `src` was freed; stream errors as for [`Stream::launch`].
+    pub fn copy_from_pinned(
+        &self,
+        dst: &Buffer,
+        dst_off: u64,
+        src: &PinnedBuffer,
+        src_off: u64,
+        count: u64,
+    ) -> Result<()> {
+        copy::copy_from_pinned(self, dst, dst_off, src, src_off, count)
+    }
+
+    /// Copy from `src` at byte `offset` into `dst` after the work queued so far on this
+    /// stream, and wait for it (run at once when the stream is idle). Like any
+    /// synchronisation it reports an error the stream's earlier work raised.
+    ///
+    /// # Errors
+    /// The range does not fit in `src`; the stream is capturing (`Capturing`); the stream's
+    /// pending error.
+    pub fn copy_to_host<T: Element>(&self, src: &Buffer, offset: u64, dst: &mut [T]) -> Result<()> {
+        copy::copy_to_host(self, src, offset, dst)
     }
 }
 
