@@ -154,6 +154,14 @@ pub enum MemoryError {
         /// What the object is.
         what: &'static str,
     },
+    /// A copy between host and device memory whose host side is a view of the very device
+    /// bytes it copies: the copy is a plain memcpy (maybe split across threads), for which
+    /// overlap is undefined. A device-to-device copy moves overlapping ranges as `memmove`.
+    #[error("src and dst overlap (the host side is a view of the same device memory); {hint}")]
+    HostViewOverlap {
+        /// What to do instead.
+        hint: &'static str,
+    },
     /// The allocator found an inconsistency (double free and the like); never expected.
     #[error("allocator error on device {device}: {message}")]
     Corrupt {

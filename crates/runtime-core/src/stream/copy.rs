@@ -12,6 +12,12 @@
 //! host memory the bytes are staged when the copy is queued, so the caller may reuse the
 //! source as soon as the call returns. Blocking copies read the source directly (the caller
 //! waits for them).
+//!
+//! [`copy`] and [`copy_2d`] are the entry points for a caller holding two ends of any kind
+//! ([`End`]: device buffer, host memory, or host memory that is a view of device memory):
+//! they check the ranges, refuse a host-device copy whose host side covers the device bytes
+//! it copies, make the staging choice above, and say which devices a blocking copy orders
+//! on ([`Planned`]). The Python bindings build every `memcpy*` through them.
 
 use std::sync::Arc;
 
@@ -462,6 +468,230 @@ pub fn h2h_2d(
         }
         Ok(())
     }))
+}
+
+/// One end of a copy ([`copy`], [`copy_2d`]).
+#[derive(Clone)]
+pub enum End {
+    /// Device memory: a buffer (a view; offsets are relative to it).
+    Device(Buffer),
+    /// Host memory.
+    Host(Arc<dyn HostMemory>),
+    /// Host memory through which device memory is seen (a host view of a device buffer, as
+    /// the Python package's numpy views of `DeviceBuffer`s): a queued copy from it reads it
+    /// when the copy runs, in stream order, and never stages it when queued.
+    DeviceView(Arc<dyn HostMemory>),
+}
+
+impl End {
+    fn len(&self) -> u64 {
+        match self {
+            End::Device(b) => b.size(),
+            End::Host(h) | End::DeviceView(h) => h.len() as u64,
+        }
+    }
+
+    fn noun(&self) -> &'static str {
+        match self {
+            End::Device(_) => "device buffer",
+            End::Host(_) | End::DeviceView(_) => "host buffer",
+        }
+    }
+
+    /// Host address of byte `offset` of this end (the device is host-backed).
+    fn addr(&self, offset: u64) -> usize {
+        let base = match self {
+            End::Device(b) => b.as_ptr() as usize,
+            End::Host(h) | End::DeviceView(h) => h.as_ptr() as usize,
+        };
+        base.wrapping_add(offset as usize)
+    }
+
+    fn check_range(&self, arg: &'static str, offset: u64, count: u64) -> Result<()> {
+        match self {
+            End::Device(b) => b.check_range(arg, offset, count),
+            End::Host(h) | End::DeviceView(h) => host_range(arg, h.len(), offset, count),
+        }
+    }
+}
+
+/// How a copy is submitted, which decides when a pageable host source is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Submit {
+    /// Queued on a stream, returning before it runs: a pageable host source is staged now
+    /// (the caller may reuse it at once); pinned memory and host views of device memory are
+    /// read when the copy runs, in stream order (CUDA's rule).
+    Queued,
+    /// Waited for by the caller: the source is read when the copy runs.
+    Blocking,
+}
+
+/// A copy built by [`copy`] or [`copy_2d`], ready to be submitted.
+pub struct Planned {
+    /// The stream op.
+    pub op: Arc<dyn Op>,
+    /// The device whose stream a blocking copy runs on: the destination's, or the source's
+    /// for a device-to-host copy; `None` for a host-to-host copy (the caller's current
+    /// device).
+    pub device: Option<usize>,
+    /// For a device-to-device copy, the source's device: a blocking copy is ordered after
+    /// its current stream's work too (as `cudaMemcpyPeer`).
+    pub peer: Option<usize>,
+}
+
+/// Refuse a host-device copy whose host side covers the device bytes it copies (`span`s
+/// of `count`-byte rows from each end's first byte).
+fn refuse_host_view_overlap(
+    dst: &End,
+    dst_at: usize,
+    dst_span: u64,
+    src: &End,
+    src_at: usize,
+    src_span: u64,
+    hint: &'static str,
+) -> Result<()> {
+    let host_device = matches!(
+        (dst, src),
+        (End::Device(_), End::Host(_) | End::DeviceView(_))
+            | (End::Host(_) | End::DeviceView(_), End::Device(_))
+    );
+    let (dn, sn) = (dst_span as usize, src_span as usize);
+    if host_device
+        && dn > 0
+        && sn > 0
+        && dst_at < src_at.saturating_add(sn)
+        && src_at < dst_at.saturating_add(dn)
+    {
+        return Err(MemoryError::HostViewOverlap { hint }.into());
+    }
+    Ok(())
+}
+
+/// A copy of `count` bytes from `src` at `src_off` to `dst` at `dst_off`, either end host or
+/// device memory, as a stream op to be submitted as `submit` says. The one place that
+/// decides, for every caller:
+///
+/// - ranges: each checked against its end (`OutOfBounds` naming `dst_offset`/`src_offset`);
+/// - overlap: a copy between host and device memory whose host side is a view of the same
+///   device bytes is refused (`HostViewOverlap`): it would be a memcpy over overlapping
+///   ranges. Device-to-device copies move overlapping ranges as `memmove`;
+/// - staging: a queued host-to-device copy stages a pageable source now and reads pinned
+///   memory or a [`End::DeviceView`] when it runs ([`h2d_async`]); a blocking one reads the
+///   source when it runs ([`h2d`]).
+///
+/// # Errors
+/// As above; the host destination is read-only; a pinned source was freed.
+pub fn copy(
+    dst: End,
+    dst_off: u64,
+    src: End,
+    src_off: u64,
+    count: u64,
+    submit: Submit,
+) -> Result<Planned> {
+    dst.check_range("dst_offset", dst_off, count)?;
+    src.check_range("src_offset", src_off, count)?;
+    refuse_host_view_overlap(
+        &dst,
+        dst.addr(dst_off),
+        count,
+        &src,
+        src.addr(src_off),
+        count,
+        "use memcpy_d2d for overlapping copies",
+    )?;
+    Ok(match (dst, src) {
+        (End::Device(d), End::Host(h)) if submit == Submit::Queued => Planned {
+            op: h2d_async(&d, dst_off, h, src_off, count)?,
+            device: Some(d.device()),
+            peer: None,
+        },
+        (End::Device(d), End::Host(h) | End::DeviceView(h)) => Planned {
+            op: h2d(&d, dst_off, h, src_off, count)?,
+            device: Some(d.device()),
+            peer: None,
+        },
+        (End::Host(h) | End::DeviceView(h), End::Device(s)) => Planned {
+            op: d2h(h, dst_off, &s, src_off, count)?,
+            device: Some(s.device()),
+            peer: None,
+        },
+        (End::Device(d), End::Device(s)) => Planned {
+            op: d2d(&d, dst_off, &s, src_off, count)?,
+            device: Some(d.device()),
+            peer: Some(s.device()),
+        },
+        (End::Host(dh) | End::DeviceView(dh), End::Host(sh) | End::DeviceView(sh)) => {
+            let row = Rect {
+                dst_off,
+                dpitch: count,
+                src_off,
+                spitch: count,
+                width: count,
+                height: 1,
+            };
+            Planned {
+                op: h2h_2d(dh, sh, row)?,
+                device: None,
+                peer: None,
+            }
+        }
+    })
+}
+
+/// A 2-D (pitched) copy of `rect` from `src` to `dst`, either end host or device memory, as
+/// a stream op to be submitted as `submit` says: checked as `cudaMemcpy2D` checks it
+/// ([`Rect::check`], naming each end by its kind), refused when the host side of a
+/// host-device copy covers the device rows it copies, and staged or read in stream order
+/// as [`copy`] decides.
+///
+/// # Errors
+/// As [`Rect::check`] and [`copy`].
+pub fn copy_2d(dst: End, src: End, rect: Rect, submit: Submit) -> Result<Planned> {
+    rect.check(dst.len(), dst.noun(), src.len(), src.noun())?;
+    let span = |pitch: u64| {
+        if rect.is_empty() {
+            0
+        } else {
+            (rect.height - 1) * pitch + rect.width
+        }
+    };
+    refuse_host_view_overlap(
+        &dst,
+        dst.addr(rect.dst_off),
+        span(rect.dpitch),
+        &src,
+        src.addr(rect.src_off),
+        span(rect.spitch),
+        "copy device to device instead",
+    )?;
+    Ok(match (dst, src) {
+        (End::Device(d), End::Host(h)) if submit == Submit::Queued => Planned {
+            op: h2d_2d_async(&d, h, rect)?,
+            device: Some(d.device()),
+            peer: None,
+        },
+        (End::Device(d), End::Host(h) | End::DeviceView(h)) => Planned {
+            op: h2d_2d(&d, h, rect)?,
+            device: Some(d.device()),
+            peer: None,
+        },
+        (End::Host(h) | End::DeviceView(h), End::Device(s)) => Planned {
+            op: d2h_2d(h, &s, rect)?,
+            device: Some(s.device()),
+            peer: None,
+        },
+        (End::Device(d), End::Device(s)) => Planned {
+            op: d2d_2d(&d, &s, rect)?,
+            device: Some(d.device()),
+            peer: Some(s.device()),
+        },
+        (End::Host(dh) | End::DeviceView(dh), End::Host(sh) | End::DeviceView(sh)) => Planned {
+            op: h2h_2d(dh, sh, rect)?,
+            device: None,
+            peer: None,
+        },
+    })
 }
 
 /// The stream-ordered prefetch of managed buffer `buf` to `location`
