@@ -206,8 +206,3 @@ pub fn submit_blocking_on(
 
 /// Wrap every engine thread's body (a binding keeps per-thread interpreter state there).
 pub use crate::stream::engine::{set_thread_wrapper, ThreadWrapper};
-
-/// Whether `stream` belongs to `device` (that device of that runtime).
-pub fn stream_is_on(stream: &Stream, device: &Device) -> bool {
-    Arc::ptr_eq(stream.executor(), device.executor())
-}

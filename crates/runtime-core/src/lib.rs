@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | time | [`clock`] | the shared monotonic clock, deadlines |
 //! | sizes | [`size`] | [`Bytes`]: the size type of the API, its parser and printing |
-//! | lifecycle epoch | [`generation`] | which runtime is live; handles compare against it |
+//! | lifecycle epoch | `generation` | which runtime is live; handles compare against it |
 //! | errors | [`error`] | one `thiserror` enum per domain, [`Error`] over them |
 //! | tracing | [`trace`] | timeline records of commands, events and allocations |
 //! | configuration | [`config`] | init settings, process options, every environment variable |
@@ -46,7 +46,7 @@ pub mod config;
 pub mod device;
 pub mod error;
 pub mod event;
-pub mod generation;
+pub(crate) mod generation;
 pub mod ipc_event;
 pub mod kernel;
 pub mod memory;

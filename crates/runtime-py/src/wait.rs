@@ -25,7 +25,7 @@ where
 {
     let limit = timeout_arg(timeout)?;
     // A deadline past the clock's range is none.
-    let deadline = runtime_core::clock::deadline_after(limit);
+    let deadline = limit.and_then(|t| Instant::now().checked_add(t));
     loop {
         let slice = match deadline {
             None => SLICE,

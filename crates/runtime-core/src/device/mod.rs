@@ -8,6 +8,9 @@
 //! Per-thread state (current device, current stream per device) is reset for every thread
 //! by `reset_thread_state`, which `shutdown` calls: a thread's state is tagged with the
 //! reset count it was set under and reads as the default once that count moves on.
+//! Scopes above the thread's state (the Python package's `with stream:`) are [`frame`]s.
+
+pub mod frame;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
