@@ -96,6 +96,15 @@ pub fn shutdown_within(timeout: Option<Duration>) -> Result<bool> {
     crate::runtime::shutdown_within(timeout)
 }
 
+/// One slice of [`crate::runtime::at_exit`]: `Ok(false)` when the time ran out first (call
+/// again; the runtime stays closing).
+///
+/// # Errors
+/// As `runtime::shutdown`.
+pub fn at_exit_within(timeout: Option<Duration>) -> Result<bool> {
+    crate::runtime::at_exit_within(timeout)
+}
+
 /// Whether an all-streams barrier has anything to wait for or report (one load per device):
 /// when false, a binding skips releasing its lock.
 ///

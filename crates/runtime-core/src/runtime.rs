@@ -251,6 +251,30 @@ pub(crate) fn shutdown_within(timeout: Option<std::time::Duration>) -> Result<bo
     Ok(true)
 }
 
+/// The exit policy of a process whose exit handlers may use the runtime (the Python
+/// package registers it with `atexit`, to run after every other handler it knows of): shut
+/// the runtime down (waiting for its queued work), then turn [`RuntimeOption::Async`] off, so
+/// that a runtime a later exit handler initialises runs every submission to completion before
+/// the call returns: nothing of it is left running or queued when the process tears down
+/// (an interpreter's finalisation, which runtime threads could not survive).
+///
+/// # Errors
+/// As [`shutdown`].
+pub fn at_exit() -> Result<()> {
+    while !at_exit_within(None)? {}
+    Ok(())
+}
+
+/// [`at_exit`] that waits at most `timeout` for the queued work: `Ok(false)` when the time
+/// ran out first (the runtime stays closing; call again).
+pub(crate) fn at_exit_within(timeout: Option<std::time::Duration>) -> Result<bool> {
+    if !shutdown_within(timeout)? {
+        return Ok(false);
+    }
+    set_option(RuntimeOption::Async, false);
+    Ok(true)
+}
+
 /// Register the runtime's `fork()` handlers with the C library (`pthread_atfork`), once per
 /// process. Called by [`init`]: a process forks safely whoever forks it (Python's `os.fork`,
 /// `multiprocessing`, C code), and no public function unlocks a lock it does not hold.

@@ -412,3 +412,41 @@ fn shutdown_resets_every_threads_current_device_and_stream() {
     worker.join().unwrap();
     assert_eq!(runtime::current_device().unwrap().index(), 0);
 }
+
+/// The exit policy (moved from the Python bindings' `lifecycle.rs`): `at_exit` shuts the
+/// runtime down after its queued work, then turns `enableAsync` off, so a runtime initialised
+/// afterwards (by a later exit handler) runs each submission before the call returns.
+#[test]
+fn at_exit_shuts_down_and_leaves_later_runtimes_synchronous() {
+    use runtime_core::config::RuntimeOption;
+    struct RestoreAsync;
+    impl Drop for RestoreAsync {
+        fn drop(&mut self) {
+            runtime::set_option(RuntimeOption::Async, true);
+        }
+    }
+    let _s = session();
+    let _restore = RestoreAsync;
+    let rt = init();
+    let s = Stream::new(rt.device(0).unwrap(), 0).unwrap();
+    let n = Arc::new(AtomicUsize::new(0));
+    for _ in 0..5 {
+        s.launch(slow_count(&n)).unwrap();
+    }
+    assert!(runtime::get_option(RuntimeOption::Async));
+    runtime::at_exit().unwrap();
+    assert_eq!(n.load(Ordering::SeqCst), 5, "the queued work ran first");
+    assert!(!runtime::is_initialized());
+    assert!(!runtime::get_option(RuntimeOption::Async));
+    // A runtime a later exit handler makes: every launch has run when it returns.
+    let rt = init();
+    let s = Stream::new(rt.device(1).unwrap(), 0).unwrap();
+    for i in 6..=8 {
+        s.launch(slow_count(&n)).unwrap();
+        assert_eq!(n.load(Ordering::SeqCst), i);
+    }
+    // Nothing to shut down is fine too.
+    runtime::at_exit().unwrap();
+    runtime::at_exit().unwrap();
+    assert!(!runtime::is_initialized());
+}

@@ -121,15 +121,20 @@ pub fn register_process_hooks(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// At interpreter exit, after the package's `shutdown`: shut down a runtime that was
-/// initialised meanwhile, and from now on make every submission wait for its work
-/// (`enableAsync` off), so that a runtime initialised by a later exit handler has no work
-/// running or queued when the interpreter finalises: its engine threads could not take the
-/// interpreter lock back then.
+/// At interpreter exit, after the package's `shutdown`: the core's exit policy
+/// (`runtime::at_exit`: shut down a runtime initialised meanwhile, then `enableAsync` off, so
+/// that a runtime initialised by a later exit handler has no work running or queued when the
+/// interpreter finalises, when its engine threads could not take the interpreter lock), in
+/// GIL-released slices as `shutdown` waits.
 #[pyfunction]
 pub fn _at_exit(py: Python<'_>) -> PyResult<()> {
-    shutdown(py)?;
-    rt::set_option(RuntimeOption::Async, false);
+    wait::wait_result(
+        py,
+        || "shutdown() draining the queued work".to_string(),
+        None,
+        |slice| runtime_core::bindings::at_exit_within(Some(slice)),
+    )?;
+    stream::clear_thread_state();
     Ok(())
 }
 
