@@ -3,8 +3,8 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyString};
-use runtime_core::config::{parse_size, ConfigBuilder, RuntimeOption};
+use pyo3::types::{PyBool, PyDict, PyInt, PyString};
+use runtime_core::config::{self, parse_size, ConfigBuilder, RuntimeOption};
 use runtime_core::runtime as rt;
 
 use crate::convert::type_name;
@@ -26,17 +26,25 @@ pub fn init(
         None => None,
         Some(o) if o.is_none() => None,
         Some(o) => {
+            // The core checks the range and owns its wording, for every int of any size or
+            // sign alike (as it does for RUNTIME_DEVICE_COUNT).
             if o.is_instance_of::<PyBool>() {
                 return Err(PyTypeError::new_err(
                     "device_count must be an int, got bool",
                 ));
             }
-            Some(o.extract::<usize>().map_err(|_| {
-                PyValueError::new_err(format!(
-                    "device_count must be a positive int, got {}",
-                    o.repr().map(|r| r.to_string()).unwrap_or_default()
-                ))
-            })?)
+            let text = if let Ok(n) = o.extract::<i128>() {
+                n.to_string()
+            } else if o.is_instance_of::<PyInt>() {
+                o.str()?.to_string() // beyond i128: out of range all the same
+            } else {
+                // ValueError, as this binding has always raised for a non-int count.
+                return Err(PyValueError::new_err(format!(
+                    "device_count must be an int, got {}",
+                    type_name(o)
+                )));
+            };
+            Some(config::parse_device_count("device_count", &text).map_err(|e| RtErr(e.into()))?)
         }
     };
     // Sizes as text (a str, or an int's digits) go through the core's one size parser, so a
@@ -69,8 +77,21 @@ pub fn init(
                 .map_err(|_| PyTypeError::new_err("profile must be a str"))?,
         ),
     };
-    let memory = match memory {
-        Some(text) => Some(parse_size("memory", &text).map_err(|e| RtErr(e.into()))?),
+    let memory = match memory.map(|text| parse_size("memory", &text)) {
+        Some(Ok(bytes)) => Some(bytes),
+        Some(Err(e)) => {
+            // The core checks the count and the profile (given, or from the environment)
+            // before the memory: their errors are reported first, as for a bad
+            // RUNTIME_DEVICE_MEMORY.
+            ConfigBuilder {
+                device_count: count,
+                memory: Some(runtime_core::Bytes(config::MIN_DEVICE_MEMORY)),
+                profile,
+            }
+            .build()
+            .map_err(|e| RtErr(e.into()))?;
+            return Err(RtErr(e.into()).into());
+        }
         None => None,
     };
     let b = ConfigBuilder {
