@@ -33,7 +33,7 @@ def main() -> None:
         item = index[key]
         if item.get("visibility") not in ("public", "default", None) and path:
             return
-        (kind, inner), = item["inner"].items()
+        ((kind, inner),) = item["inner"].items()
         name = item.get("name") or ""
         here = f"{path}::{name}" if path else name
         if kind == "module":
@@ -51,14 +51,22 @@ def main() -> None:
                 for v in inner["variants"]:
                     count("variant", f"{here}::{index[str(v)]['name']}")
             if kind == "struct":
-                fields = inner["kind"].get("plain", {}).get("fields", []) if isinstance(inner["kind"], dict) else []
+                fields = (
+                    inner["kind"].get("plain", {}).get("fields", [])
+                    if isinstance(inner["kind"], dict)
+                    else []
+                )
                 for f in fields:
                     fi = index.get(str(f))
                     if fi and fi.get("visibility") == "public":
                         count("field", f"{here}.{fi['name']}")
             for impl_id in inner.get("impls", []):
                 impl = index[str(impl_id)]["inner"]["impl"]
-                if impl.get("trait") is not None or impl.get("is_synthetic") or impl.get("blanket_impl"):
+                if (
+                    impl.get("trait") is not None
+                    or impl.get("is_synthetic")
+                    or impl.get("blanket_impl")
+                ):
                     continue
                 for m in impl["items"]:
                     mi = index.get(str(m))
@@ -81,8 +89,10 @@ def main() -> None:
         for kind, p in sorted(paths, key=lambda x: x[1]):
             print(f"{kind:16} {p}")
     items = sum(n for k, n in by_kind.items() if k not in ("variant", "field"))
-    print(f"total {len(paths)}  (items {items}, enum variants {by_kind.get('variant', 0)}, "
-          f"struct fields {by_kind.get('field', 0)})")
+    print(
+        f"total {len(paths)}  (items {items}, enum variants {by_kind.get('variant', 0)}, "
+        f"struct fields {by_kind.get('field', 0)})"
+    )
     print("  " + ", ".join(f"{k} {n}" for k, n in sorted(by_kind.items())))
 
 

@@ -75,20 +75,17 @@ fn frame(py: Python<'_>) -> PyResult<Option<Bound<'_, Frame>>> {
     Ok(f.get().frame.is_live().then_some(f))
 }
 
-/// The core frame of the calling context, if any.
-fn core_frame(py: Python<'_>) -> PyResult<Option<Arc<CoreFrame>>> {
-    Ok(frame(py)?.map(|f| f.get().frame.clone()))
-}
-
 /// The current device index: the innermost `with`'s, else the thread's.
 pub fn device_index(py: Python<'_>) -> PyResult<usize> {
-    Ok(frame::device_index(core_frame(py)?.as_deref()))
+    let f = frame(py)?;
+    Ok(frame::device_index(f.as_ref().map(|f| &*f.get().frame)))
 }
 
 /// The current stream on `device`: the one a `with` made current in this context, else the
 /// thread's (its default stream unless set).
 pub fn stream(py: Python<'_>, device: &Device) -> PyResult<Stream> {
-    Ok(frame::stream(core_frame(py)?.as_deref(), device).map_err(RtErr)?)
+    let f = frame(py)?;
+    Ok(frame::stream(f.as_ref().map(|f| &*f.get().frame), device).map_err(RtErr)?)
 }
 
 /// Enter a `with`: make `device` current and, when given, `stream` its current stream, for
