@@ -91,7 +91,7 @@ fn system_alloc_free(n: usize) {
 fn bench_alloc(c: &mut Criterion) {
     let rt = runtime::init(&ConfigBuilder {
         device_count: Some(1),
-        memory: Some("2GiB".into()),
+        memory: Some(runtime_core::Bytes::gib(2)),
         ..Default::default()
     })
     .expect("init the runtime");
@@ -101,16 +101,16 @@ fn bench_alloc(c: &mut Criterion) {
     let mut g = c.benchmark_group("alloc_free");
     for (n, label) in SIZES {
         g.throughput(Throughput::Elements(1));
-        runtime::set_option("enableMemoryReuse", true).expect("option");
+        runtime::set_option(runtime_core::config::RuntimeOption::MemoryReuse, true);
         g.bench_with_input(BenchmarkId::new("runtime/reuse", label), &n, |b, &n| {
             b.iter(|| drop(black_box(mem.allocate(n).expect("allocate"))))
         });
         mem.empty_cache();
-        runtime::set_option("enableMemoryReuse", false).expect("option");
+        runtime::set_option(runtime_core::config::RuntimeOption::MemoryReuse, false);
         g.bench_with_input(BenchmarkId::new("runtime/no-reuse", label), &n, |b, &n| {
             b.iter(|| drop(black_box(mem.allocate(n).expect("allocate"))))
         });
-        runtime::set_option("enableMemoryReuse", true).expect("option");
+        runtime::set_option(runtime_core::config::RuntimeOption::MemoryReuse, true);
         g.bench_with_input(BenchmarkId::new("system", label), &n, |b, &n| {
             b.iter(|| system_alloc_free(n as usize))
         });

@@ -131,7 +131,7 @@ fn noop_job() -> Job {
 fn bench_executor(c: &mut Criterion) {
     let rt = runtime::init(&ConfigBuilder {
         device_count: Some(1),
-        memory: Some("64MiB".into()),
+        memory: Some(runtime_core::Bytes::mib(64)),
         ..Default::default()
     })
     .expect("init the runtime");

@@ -19,7 +19,7 @@ use runtime_core::stream::{FnOp, OpKind, Stream};
 fn config() -> ConfigBuilder {
     ConfigBuilder {
         device_count: Some(2),
-        memory: Some("64MiB".into()),
+        memory: Some(runtime_core::Bytes::mib(64)),
         profile: None,
     }
 }
@@ -40,7 +40,7 @@ fn busy(streams: Arc<Vec<Stream>>, k: usize, until: Option<Instant>) {
 fn streams(rt: &runtime::Runtime, n: usize) -> Arc<Vec<Stream>> {
     Arc::new(
         (0..n)
-            .map(|i| Stream::new(rt.device((i % 2) as i64).unwrap(), 0).unwrap())
+            .map(|i| Stream::new(rt.device(i % 2).unwrap(), 0).unwrap())
             .collect(),
     )
 }

@@ -46,7 +46,7 @@ impl Kernel for Square {
 fn main() -> runtime_core::Result<()> {
     let rt = runtime::init(&ConfigBuilder {
         device_count: Some(1),
-        memory: Some("64MiB".into()),
+        memory: Some(runtime_core::Bytes::mib(64)),
         profile: None,
     })?;
     kernel::register(Arc::new(Square));

@@ -15,12 +15,12 @@ pub fn now_ns() -> u64 {
 
 /// The deadline `timeout` from now; `None` (no limit) when there is no timeout or it reaches
 /// past what `Instant` can represent.
-pub fn deadline_after(timeout: Option<Duration>) -> Option<Instant> {
+pub(crate) fn deadline_after(timeout: Option<Duration>) -> Option<Instant> {
     timeout.and_then(|t| Instant::now().checked_add(t))
 }
 
 /// Time left until `deadline` (zero once passed); `None` for no deadline.
-pub fn time_left(deadline: Option<Instant>) -> Option<Duration> {
+pub(crate) fn time_left(deadline: Option<Instant>) -> Option<Duration> {
     deadline.map(|d| d.saturating_duration_since(Instant::now()))
 }
 

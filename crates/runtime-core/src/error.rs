@@ -3,34 +3,9 @@
 //! Every message names the argument and the numbers involved, so that the Python layer can
 //! pass it through unchanged.
 
-use std::fmt;
 use std::sync::Arc;
 
-/// A byte count shown in binary units (`32 GiB`, `1.50 MiB`, `17 B`) beside the exact number
-/// in messages, so a reader need not count digits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Bytes(pub u64);
-
-impl fmt::Display for Bytes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-        let mut unit = 0;
-        let mut whole = self.0;
-        while whole >= 1024 && unit + 1 < UNITS.len() {
-            whole /= 1024;
-            unit += 1;
-        }
-        let scale = 1u64 << (10 * unit);
-        if self.0.is_multiple_of(scale) {
-            write!(f, "{} {}", self.0 / scale, UNITS[unit])
-        } else {
-            // Precision loss above 2^53 bytes is irrelevant for two decimals.
-            #[allow(clippy::cast_precision_loss)]
-            let v = self.0 as f64 / scale as f64;
-            write!(f, "{v:.2} {}", UNITS[unit])
-        }
-    }
-}
+use crate::size::Bytes;
 
 /// Configuration errors: bad `init` arguments or environment variables.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -179,6 +154,14 @@ pub enum MemoryError {
         /// What the object is.
         what: &'static str,
     },
+    /// A copy between host and device memory whose host side is a view of the very device
+    /// bytes it copies: the copy is a plain memcpy (maybe split across threads), for which
+    /// overlap is undefined. A device-to-device copy moves overlapping ranges as `memmove`.
+    #[error("src and dst overlap (the host side is a view of the same device memory); {hint}")]
+    HostViewOverlap {
+        /// What to do instead.
+        hint: &'static str,
+    },
     /// The allocator found an inconsistency (double free and the like); never expected.
     #[error("allocator error on device {device}: {message}")]
     Corrupt {
@@ -326,20 +309,4 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Shorthand for an [`ArgError`] wrapped in [`Error`].
 pub fn arg_error(arg: impl Into<String>, message: impl Into<String>) -> Error {
     Error::Arg(ArgError::new(arg, message))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Bytes;
-
-    #[test]
-    fn bytes_print_in_binary_units() {
-        assert_eq!(Bytes(0).to_string(), "0 B");
-        assert_eq!(Bytes(1023).to_string(), "1023 B");
-        assert_eq!(Bytes(1024).to_string(), "1 KiB");
-        assert_eq!(Bytes(1536).to_string(), "1.50 KiB");
-        assert_eq!(Bytes(32 << 30).to_string(), "32 GiB");
-        assert_eq!(Bytes((2 << 30) + 12345).to_string(), "2.00 GiB");
-        assert_eq!(Bytes(u64::MAX).to_string(), "16384.00 PiB");
-    }
 }

@@ -4,7 +4,8 @@
 //! | layer (bottom to top) | module | owns |
 //! |---|---|---|
 //! | time | [`clock`] | the shared monotonic clock, deadlines |
-//! | lifecycle epoch | [`generation`] | which runtime is live; handles compare against it |
+//! | sizes | [`size`] | [`Bytes`]: the size type of the API, its parser and printing |
+//! | lifecycle epoch | `generation` | which runtime is live; handles compare against it |
 //! | errors | [`error`] | one `thiserror` enum per domain, [`Error`] over them |
 //! | tracing | [`trace`] | timeline records of commands, events and allocations |
 //! | configuration | [`config`] | init settings, process options, every environment variable |
@@ -37,17 +38,20 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+#[doc(hidden)]
+pub mod bindings;
 pub mod clock;
 pub mod comm;
 pub mod config;
 pub mod device;
 pub mod error;
 pub mod event;
-pub mod generation;
+pub(crate) mod generation;
 pub mod ipc_event;
 pub mod kernel;
 pub mod memory;
 pub mod runtime;
+pub mod size;
 pub mod stream;
 mod sync;
 
@@ -56,3 +60,4 @@ mod loom_tests;
 pub mod trace;
 
 pub use error::{Error, Result};
+pub use size::Bytes;

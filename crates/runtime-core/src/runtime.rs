@@ -25,19 +25,24 @@ use crate::error::{arg_error, DeviceError, Error, Result, StreamError};
 use crate::memory::DeviceMemory;
 use crate::stream::Executor;
 
-pub use crate::config::{get_option, options, Options, OPTION_NAMES};
+use crate::config::{options, RuntimeOption};
 
-/// Set an option by name. Turning `enableMemoryReuse` off also releases the caches.
-pub fn set_option(name: &str, value: bool) -> Result<()> {
-    options().set(name, value)?;
-    if name == "enableMemoryReuse" && !value {
+/// Set a process-wide option (it outlives `shutdown`). Turning
+/// [`RuntimeOption::MemoryReuse`] off also releases the caches.
+pub fn set_option(option: RuntimeOption, value: bool) {
+    options().set(option, value);
+    if option == RuntimeOption::MemoryReuse && !value {
         if let Ok(rt) = get() {
             for d in &rt.devices {
                 d.memory().empty_cache();
             }
         }
     }
-    Ok(())
+}
+
+/// Read a process-wide option.
+pub fn get_option(option: RuntimeOption) -> bool {
+    options().get(option)
 }
 
 /// An initialised runtime.
@@ -61,11 +66,6 @@ impl std::fmt::Debug for Runtime {
 
 static RUNTIME: crate::sync::StaticRwLock<Option<Arc<Runtime>>> =
     crate::sync::StaticRwLock::new(None);
-/// The generation of the runtime installed now (0 when not initialised). A handle made under
-/// another generation belongs to a runtime that was shut down.
-pub fn live_generation() -> u64 {
-    crate::generation::live()
-}
 
 /// Initialise the runtime; a no-op when it is already initialised with the same settings.
 ///
@@ -89,7 +89,7 @@ pub fn init(builder: &ConfigBuilder) -> Result<Arc<Runtime>> {
 ///
 /// # Errors
 /// As [`init`].
-pub fn init_within(
+pub(crate) fn init_within(
     builder: &ConfigBuilder,
     timeout: Option<std::time::Duration>,
 ) -> Result<Option<Arc<Runtime>>> {
@@ -199,7 +199,7 @@ pub fn shutdown() -> Result<()> {
 ///
 /// # Errors
 /// As [`shutdown`].
-pub fn shutdown_within(timeout: Option<std::time::Duration>) -> Result<bool> {
+pub(crate) fn shutdown_within(timeout: Option<std::time::Duration>) -> Result<bool> {
     if crate::stream::engine::on_worker_thread() {
         return Err(StreamError::NotPermitted {
             what: "shutdown() from a kernel or host function".into(),
@@ -249,6 +249,30 @@ pub fn shutdown_within(timeout: Option<std::time::Duration>) -> Result<bool> {
     crate::device::reset_thread_state();
     // The pinned cache and its statistics belong to this runtime too.
     crate::memory::pinned::reset();
+    Ok(true)
+}
+
+/// The exit policy of a process whose exit handlers may use the runtime (the Python
+/// package registers it with `atexit`, to run after every other handler it knows of): shut
+/// the runtime down (waiting for its queued work), then turn [`RuntimeOption::Async`] off, so
+/// that a runtime a later exit handler initialises runs every submission to completion before
+/// the call returns: nothing of it is left running or queued when the process tears down
+/// (an interpreter's finalisation, which runtime threads could not survive).
+///
+/// # Errors
+/// As [`shutdown`].
+pub fn at_exit() -> Result<()> {
+    while !at_exit_within(None)? {}
+    Ok(())
+}
+
+/// [`at_exit`] that waits at most `timeout` for the queued work: `Ok(false)` when the time
+/// ran out first (the runtime stays closing; call again).
+pub(crate) fn at_exit_within(timeout: Option<std::time::Duration>) -> Result<bool> {
+    if !shutdown_within(timeout)? {
+        return Ok(false);
+    }
+    set_option(RuntimeOption::Async, false);
     Ok(true)
 }
 
@@ -372,7 +396,7 @@ pub fn synchronize_all(timeout: Option<std::time::Duration>) -> Result<()> {
 ///
 /// # Errors
 /// `NotInitialized`.
-pub fn barrier_has_work() -> Result<bool> {
+pub(crate) fn barrier_has_work() -> Result<bool> {
     Ok(barrier_has_work_on(&*get()?))
 }
 
@@ -384,7 +408,7 @@ fn barrier_has_work_on(rt: &Runtime) -> bool {
 ///
 /// # Errors
 /// As for [`synchronize_all`], without `Timeout`.
-pub fn wait_all(timeout: Option<std::time::Duration>) -> Result<bool> {
+pub(crate) fn wait_all(timeout: Option<std::time::Duration>) -> Result<bool> {
     let rt = get()?;
     if !barrier_has_work_on(&rt) {
         return Ok(true);
@@ -431,29 +455,26 @@ impl Runtime {
     ///
     /// # Errors
     /// `InvalidDevice` naming the valid range.
-    pub fn device(&self, index: i64) -> Result<&Device> {
-        usize::try_from(index)
-            .ok()
-            .and_then(|i| self.devices.get(i))
-            .ok_or_else(|| {
-                DeviceError::InvalidDevice {
-                    index,
-                    count: self.devices.len(),
-                }
-                .into()
-            })
+    pub fn device(&self, index: usize) -> Result<&Device> {
+        self.devices.get(index).ok_or_else(|| {
+            DeviceError::InvalidDevice {
+                index: i64::try_from(index).unwrap_or(i64::MAX),
+                count: self.devices.len(),
+            }
+            .into()
+        })
     }
 }
 
 /// The calling thread's current device.
 pub fn current_device() -> Result<Device> {
     let rt = get()?;
-    let d = rt.device(crate::device::current_device_index() as i64)?;
+    let d = rt.device(crate::device::current_device_index())?;
     Ok(d.clone())
 }
 
 /// Make device `index` current for the calling thread.
-pub fn set_device(index: i64) -> Result<()> {
+pub fn set_device(index: usize) -> Result<()> {
     let rt = get()?;
     let d = rt.device(index)?;
     crate::device::set_current_device_index(d.index());

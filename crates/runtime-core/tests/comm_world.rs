@@ -26,7 +26,7 @@ use runtime_core::stream::Stream;
 fn rt() -> Arc<Runtime> {
     runtime::init(&ConfigBuilder {
         device_count: Some(8),
-        memory: Some("64MiB".into()),
+        memory: Some(runtime_core::Bytes::mib(64)),
         profile: None,
     })
     .expect("init the runtime")

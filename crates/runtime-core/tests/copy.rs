@@ -1,12 +1,14 @@
 //! Stream-ordered copies between host memory and device buffers (`stream::copy`).
 
+use runtime_core::kernel::LaunchKernel;
+
 /// Typed, stream-ordered copies: `copy_from_host` stages (the source may be reused at once),
 /// `copy_to_host` waits for the work queued before it.
 #[test]
 fn typed_stream_copies_follow_stream_order() {
     let rt = runtime_core::runtime::init(&runtime_core::config::ConfigBuilder {
         device_count: Some(1),
-        memory: Some("64MiB".into()),
+        memory: Some(runtime_core::Bytes::mib(64)),
         profile: None,
     })
     .unwrap();
@@ -122,7 +124,7 @@ proptest! {
     ) {
         let rt = runtime_core::runtime::init(&runtime_core::config::ConfigBuilder {
             device_count: Some(1),
-            memory: Some("64MiB".into()),
+            memory: Some(runtime_core::Bytes::mib(64)),
             profile: None,
         })
         .unwrap();
@@ -176,4 +178,156 @@ proptest! {
         prop_assert_eq!(bytes(&back), want);
         let _ = Arc::strong_count(&hd);
     }
+}
+
+fn one_device() -> Arc<runtime_core::runtime::Runtime> {
+    runtime_core::runtime::init(&runtime_core::config::ConfigBuilder {
+        device_count: Some(1),
+        memory: Some(runtime_core::Bytes::mib(64)),
+        profile: None,
+    })
+    .unwrap()
+}
+
+/// Host memory that is a view of a device buffer's bytes (what the Python package's numpy
+/// views of a `DeviceBuffer` are): only handed to `copy`/`copy_2d`, which must refuse it
+/// where it overlaps the device end, or read it in stream order.
+struct DeviceAlias(runtime_core::memory::Buffer);
+
+// SAFETY: valid for reads and writes of `len()` bytes while the buffer lives (it is held);
+// it *is* device memory, against the trait's contract, which is the point: the tests only
+// give it to the planner, which refuses the overlapping copies, and run the others after
+// ordering them.
+unsafe impl HostMemory for DeviceAlias {
+    fn as_ptr(&self) -> *const u8 {
+        self.0.as_ptr()
+    }
+    fn as_mut_ptr(&self) -> Option<*mut u8> {
+        Some(self.0.as_ptr())
+    }
+    fn len(&self) -> usize {
+        self.0.size() as usize
+    }
+}
+
+/// The copy-overlap rule (moved from the Python bindings' `copy.rs`): a host-device copy
+/// whose host side is a view of the device bytes it copies is refused, 1-D and 2-D, before
+/// anything is queued; disjoint ranges of the same allocation copy normally.
+#[test]
+fn copies_refuse_a_host_view_of_their_own_device_bytes() {
+    use copy::{End, Submit};
+    let rt = one_device();
+    let dev = rt.device(0).unwrap();
+    let buf = dev.memory().allocate(256).unwrap();
+    buf.write(0, &(0..=255u8).collect::<Vec<_>>()).unwrap();
+    let alias = || -> Arc<dyn HostMemory> { Arc::new(DeviceAlias(buf.clone())) };
+    for submit in [Submit::Queued, Submit::Blocking] {
+        for (dst, src) in [
+            (End::Device(buf.clone()), End::DeviceView(alias())),
+            (End::Device(buf.clone()), End::Host(alias())),
+            (End::Host(alias()), End::Device(buf.clone())),
+        ] {
+            let e = copy::copy(dst, 8, src, 16, 16, submit).err().unwrap();
+            assert_eq!(
+                e.to_string(),
+                "src and dst overlap (the host side is a view of the same device memory); use memcpy_d2d for overlapping copies"
+            );
+        }
+        let rows = rect(0, 32, 8, 32, 16, 4);
+        let e = copy::copy_2d(End::Device(buf.clone()), End::Host(alias()), rows, submit)
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string().ends_with("copy device to device instead"),
+            "{e}"
+        );
+    }
+    // Disjoint ranges of the same bytes: allowed, and copied in stream order.
+    let s = runtime_core::stream::Stream::new(dev, 0).unwrap();
+    let p = copy::copy(
+        End::Device(buf.clone()),
+        128,
+        End::DeviceView(alias()),
+        0,
+        16,
+        Submit::Queued,
+    )
+    .unwrap();
+    assert_eq!((p.device, p.peer), (Some(0), None));
+    s.launch(p.op).unwrap();
+    s.synchronize(None).unwrap();
+    let mut got = [0u8; 16];
+    buf.read(128, &mut got).unwrap();
+    assert_eq!(got.to_vec(), (0..16u8).collect::<Vec<_>>());
+    // Zero bytes overlap nothing.
+    assert!(copy::copy(
+        End::Device(buf.clone()),
+        0,
+        End::Host(alias()),
+        0,
+        0,
+        Submit::Queued
+    )
+    .is_ok());
+}
+
+/// The stage-or-stream-order choice (moved from the Python bindings): a queued copy from
+/// pageable host memory reads it when queued (staged), a blocking one and one from a host
+/// view of device memory read it when they run; the devices a blocking copy orders on.
+#[test]
+fn queued_copies_stage_pageable_sources_and_read_device_views_in_order() {
+    use copy::{End, Submit};
+    let rt = one_device();
+    let dev = rt.device(0).unwrap();
+    let dst = dev.memory().allocate(64).unwrap();
+    let other = dev.memory().allocate(64).unwrap();
+    other.fill(0, 64, 5).unwrap();
+    let cases: [(Submit, bool, u8); 3] = [
+        (Submit::Queued, false, 1),   // pageable, queued: the bytes at queue time
+        (Submit::Blocking, false, 9), // blocking: the bytes when it runs
+        (Submit::Queued, true, 9),    // a view of device memory: when it runs
+    ];
+    for (submit, view, want) in cases {
+        let host = HostVec::new(vec![1u8; 64]);
+        let src = if view {
+            // The source is device memory seen through a host pointer: make it hold 1s and
+            // write the later value through the buffer before the copy runs.
+            other.fill(0, 64, 1).unwrap();
+            End::DeviceView(Arc::new(DeviceAlias(other.clone())))
+        } else {
+            End::Host(host.clone())
+        };
+        let p = copy::copy(End::Device(dst.clone()), 0, src, 0, 64, submit).unwrap();
+        if view {
+            other.fill(0, 64, 9).unwrap();
+        } else {
+            // SAFETY: no copy reads `host` now (the op is built, not running); 64 bytes.
+            unsafe { std::ptr::write_bytes(host.as_mut_ptr().unwrap(), 9, 64) };
+        }
+        p.op.run().unwrap();
+        let mut got = [0u8; 64];
+        dst.read(0, &mut got).unwrap();
+        assert_eq!(got, [want; 64], "{submit:?}, device view: {view}");
+    }
+    // Which devices a blocking copy is ordered on.
+    let h = || End::Host(HostVec::new(vec![0u8; 8]));
+    let d2h = copy::copy(h(), 0, End::Device(dst.clone()), 0, 8, Submit::Blocking).unwrap();
+    assert_eq!((d2h.device, d2h.peer), (Some(0), None));
+    let d2d = copy::copy(
+        End::Device(dst.clone()),
+        0,
+        End::Device(other.clone()),
+        0,
+        8,
+        Submit::Blocking,
+    )
+    .unwrap();
+    assert_eq!((d2d.device, d2d.peer), (Some(0), Some(0)));
+    let h2h = copy::copy(h(), 0, h(), 0, 8, Submit::Blocking).unwrap();
+    assert_eq!((h2h.device, h2h.peer), (None, None));
+    // Ranges are checked against each end, naming the argument.
+    let e = copy::copy(End::Device(dst.clone()), 60, h(), 0, 8, Submit::Queued)
+        .err()
+        .unwrap();
+    assert!(e.to_string().starts_with("dst_offset:"), "{e}");
 }

@@ -11,7 +11,7 @@ use half::f16;
 use num_complex::Complex;
 use proptest::prelude::*;
 use runtime_core::error::Error;
-use runtime_core::kernel::{DType, KernelArg, Tensor};
+use runtime_core::kernel::{DType, KernelArg, LaunchKernel, Tensor};
 use runtime_core::memory::{Buffer, Element};
 use runtime_core::stream::Stream;
 

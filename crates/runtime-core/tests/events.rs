@@ -18,7 +18,7 @@ use runtime_core::stream::{FnOp, Op, OpKind, Stream};
 
 use common::init;
 
-fn stream(rt: &Runtime, device: i64) -> Stream {
+fn stream(rt: &Runtime, device: usize) -> Stream {
     Stream::new(rt.device(device).unwrap(), 0).unwrap()
 }
 

@@ -46,7 +46,7 @@ fn memory() -> (MutexGuard<'static, ()>, Arc<DeviceMemory>) {
     let g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let rt = runtime::init(&ConfigBuilder {
         device_count: Some(1),
-        memory: Some(CAPACITY.to_string()),
+        memory: Some(runtime_core::Bytes(CAPACITY)),
         profile: None,
     })
     .expect("init the runtime");
@@ -221,7 +221,7 @@ pub fn run(data: &[u8]) {
             6 => m.empty_cache(),
             7 => {
                 let Some(v) = inp.u8() else { break };
-                runtime::set_option("enableMemoryReuse", v % 2 == 0).unwrap();
+                runtime::set_option(runtime_core::config::RuntimeOption::MemoryReuse, v % 2 == 0);
             }
             8 => {
                 let Some(n) = inp.u8() else { break };
@@ -281,7 +281,7 @@ pub fn run(data: &[u8]) {
     drop(live);
     drop(clones);
     m.inject_alloc_failure(0);
-    runtime::set_option("enableMemoryReuse", true).unwrap();
+    runtime::set_option(runtime_core::config::RuntimeOption::MemoryReuse, true);
     m.empty_cache();
     let s = m.stats();
     assert_eq!(

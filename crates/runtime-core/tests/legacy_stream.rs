@@ -39,10 +39,13 @@ fn log_op(log: &Arc<Mutex<Vec<&'static str>>>, what: &'static str) -> Arc<dyn Op
 }
 
 fn check(dev: &Device, legacy: bool) {
-    runtime::set_option("legacyDefaultStream", legacy).unwrap();
+    runtime::set_option(
+        runtime_core::config::RuntimeOption::LegacyDefaultStream,
+        legacy,
+    );
     let d = dev.default_stream().unwrap();
     let blocking = Stream::new(dev, 0).unwrap();
-    let nb = Stream::on_with(dev.executor(), 0, true).unwrap();
+    let nb = Stream::new_non_blocking(dev, 0).unwrap();
     assert!(nb.is_non_blocking() && !blocking.is_non_blocking() && !d.is_non_blocking());
 
     // default held; the blocking stream waits for it only under the option.
@@ -98,5 +101,8 @@ fn legacy_default_stream() {
     let dev = rt.device(0).unwrap();
     check(dev, false);
     check(dev, true);
-    runtime::set_option("legacyDefaultStream", false).unwrap();
+    runtime::set_option(
+        runtime_core::config::RuntimeOption::LegacyDefaultStream,
+        false,
+    );
 }

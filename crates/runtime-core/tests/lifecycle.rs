@@ -35,7 +35,7 @@ fn session() -> Session {
 fn settings() -> ConfigBuilder {
     ConfigBuilder {
         device_count: Some(2),
-        memory: Some("256MiB".into()),
+        memory: Some(runtime_core::Bytes::mib(256)),
         profile: None,
     }
 }
@@ -90,7 +90,7 @@ fn init_is_idempotent() {
         Err(Error::Device(DeviceError::InvalidDevice { index: 2, count: 2 })) => {}
         r => panic!("{r:?}"),
     }
-    assert!(a.device(-1).is_err());
+    assert!(a.device(usize::MAX).is_err());
 }
 
 #[test]
@@ -273,7 +273,7 @@ fn current_device_is_per_thread() {
     let _s = session();
     let rt = runtime::init(&ConfigBuilder {
         device_count: Some(8),
-        memory: Some("16MiB".into()),
+        memory: Some(runtime_core::Bytes::mib(16)),
         profile: None,
     })
     .unwrap();
@@ -287,24 +287,24 @@ fn current_device_is_per_thread() {
                 runtime::set_device(i).unwrap();
                 barrier.wait(); // every thread has set its own device
                 let dev = runtime::current_device().unwrap();
-                assert_eq!(dev.index(), i as usize);
-                assert_eq!(runtime_core::device::current_device_index(), i as usize);
+                assert_eq!(dev.index(), i);
+                assert_eq!(runtime_core::device::current_device_index(), i);
                 match runtime::set_device(8) {
                     Err(Error::Device(DeviceError::InvalidDevice { index: 8, count: 8 })) => {}
                     r => panic!("{r:?}"),
                 }
-                assert_eq!(runtime::current_device().unwrap().index(), i as usize);
+                assert_eq!(runtime::current_device().unwrap().index(), i);
                 // Work on the current device's current stream.
                 let s = device::current_stream(&dev).unwrap();
                 assert!(s.is_default());
-                assert_eq!(s.device_index(), i as usize);
+                assert_eq!(s.device_index(), i);
                 let buf = dev.memory().allocate(4 * 8).unwrap();
-                assert_eq!(buf.device(), i as usize);
+                assert_eq!(buf.device(), i);
                 let x = Tensor::new(buf.clone(), 0, DType::I32, vec![8]).unwrap();
                 kernel::launch(
                     &s,
                     kernel::find("fill").unwrap(),
-                    vec![KernelArg::Tensor(x), KernelArg::Int(i)],
+                    vec![KernelArg::Tensor(x), KernelArg::Int(i as i64)],
                 )
                 .unwrap();
                 s.synchronize(None).unwrap();
@@ -312,7 +312,7 @@ fn current_device_is_per_thread() {
                 buf.read(28, &mut b).unwrap();
                 assert_eq!(i32::from_ne_bytes(b), i as i32);
                 barrier.wait();
-                assert_eq!(runtime::current_device().unwrap().index(), i as usize);
+                assert_eq!(runtime::current_device().unwrap().index(), i);
             })
         })
         .collect();
@@ -346,10 +346,14 @@ fn current_stream_is_per_thread_and_device() {
 fn options_outlive_shutdown() {
     let _s = session();
     let _rt = init();
-    assert!(runtime::get_option("enablePipelining").unwrap());
-    runtime::set_option("enablePipelining", false).unwrap();
+    assert!(runtime::get_option(
+        runtime_core::config::RuntimeOption::Pipelining
+    ));
+    runtime::set_option(runtime_core::config::RuntimeOption::Pipelining, false);
     runtime::shutdown().expect("shutdown");
-    assert!(!runtime::get_option("enablePipelining").unwrap());
+    assert!(!runtime::get_option(
+        runtime_core::config::RuntimeOption::Pipelining
+    ));
     // Work still runs, on the serial engine.
     let rt = init();
     let s = Stream::new(rt.device(0).unwrap(), 0).unwrap();
@@ -365,9 +369,10 @@ fn options_outlive_shutdown() {
     let mut b = [0u8; 16];
     buf.read(0, &mut b).unwrap();
     assert_eq!(b, [3; 16]);
-    runtime::set_option("enablePipelining", true).unwrap();
-    assert!(runtime::set_option("noSuchOption", true).is_err());
-    assert!(runtime::get_option("noSuchOption").is_err());
+    runtime::set_option(runtime_core::config::RuntimeOption::Pipelining, true);
+    assert!("noSuchOption"
+        .parse::<runtime_core::config::RuntimeOption>()
+        .is_err());
 }
 
 /// After `shutdown`, every thread's current device and current streams are reset, not only
@@ -406,4 +411,42 @@ fn shutdown_resets_every_threads_current_device_and_stream() {
     assert_eq!(from_worker.recv().unwrap(), (0, true));
     worker.join().unwrap();
     assert_eq!(runtime::current_device().unwrap().index(), 0);
+}
+
+/// The exit policy (moved from the Python bindings' `lifecycle.rs`): `at_exit` shuts the
+/// runtime down after its queued work, then turns `enableAsync` off, so a runtime initialised
+/// afterwards (by a later exit handler) runs each submission before the call returns.
+#[test]
+fn at_exit_shuts_down_and_leaves_later_runtimes_synchronous() {
+    use runtime_core::config::RuntimeOption;
+    struct RestoreAsync;
+    impl Drop for RestoreAsync {
+        fn drop(&mut self) {
+            runtime::set_option(RuntimeOption::Async, true);
+        }
+    }
+    let _s = session();
+    let _restore = RestoreAsync;
+    let rt = init();
+    let s = Stream::new(rt.device(0).unwrap(), 0).unwrap();
+    let n = Arc::new(AtomicUsize::new(0));
+    for _ in 0..5 {
+        s.launch(slow_count(&n)).unwrap();
+    }
+    assert!(runtime::get_option(RuntimeOption::Async));
+    runtime::at_exit().unwrap();
+    assert_eq!(n.load(Ordering::SeqCst), 5, "the queued work ran first");
+    assert!(!runtime::is_initialized());
+    assert!(!runtime::get_option(RuntimeOption::Async));
+    // A runtime a later exit handler makes: every launch has run when it returns.
+    let rt = init();
+    let s = Stream::new(rt.device(1).unwrap(), 0).unwrap();
+    for i in 6..=8 {
+        s.launch(slow_count(&n)).unwrap();
+        assert_eq!(n.load(Ordering::SeqCst), i);
+    }
+    // Nothing to shut down is fine too.
+    runtime::at_exit().unwrap();
+    runtime::at_exit().unwrap();
+    assert!(!runtime::is_initialized());
 }

@@ -26,14 +26,14 @@ fn init() -> (MutexGuard<'static, ()>, Arc<Runtime>) {
     let g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let rt = runtime::init(&ConfigBuilder {
         device_count: Some(2),
-        memory: Some("256MiB".into()),
+        memory: Some(runtime_core::Bytes::mib(256)),
         profile: None,
     })
     .expect("init the runtime");
     (g, rt)
 }
 
-fn mem(rt: &Runtime, device: i64) -> Arc<DeviceMemory> {
+fn mem(rt: &Runtime, device: usize) -> Arc<DeviceMemory> {
     rt.device(device).unwrap().memory().clone()
 }
 
@@ -58,7 +58,7 @@ struct ReuseGuard;
 
 impl Drop for ReuseGuard {
     fn drop(&mut self) {
-        runtime::set_option("enableMemoryReuse", true).unwrap();
+        runtime::set_option(runtime_core::config::RuntimeOption::MemoryReuse, true);
     }
 }
 
@@ -246,8 +246,10 @@ fn without_reuse_reserved_memory_falls_back_after_frees() {
     let (_g, rt) = init();
     let m = mem(&rt, 1);
     let _restore = ReuseGuard;
-    runtime::set_option("enableMemoryReuse", false).unwrap();
-    assert!(!runtime::get_option("enableMemoryReuse").unwrap());
+    runtime::set_option(runtime_core::config::RuntimeOption::MemoryReuse, false);
+    assert!(!runtime::get_option(
+        runtime_core::config::RuntimeOption::MemoryReuse
+    ));
     // Blocks freed before the switch may still be with the scrubber; it releases them.
     eventually("no cached memory", || m.stats().cached == 0);
     let base = m.stats();
@@ -276,7 +278,9 @@ fn without_reuse_reserved_memory_falls_back_after_frees() {
     assert_eq!(m.stats().reserved, base.reserved);
 
     drop(_restore);
-    assert!(runtime::get_option("enableMemoryReuse").unwrap());
+    assert!(runtime::get_option(
+        runtime_core::config::RuntimeOption::MemoryReuse
+    ));
 }
 
 #[test]

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 /// Bottom to top: a module may refer only to modules listed before it.
 const LAYERS: &[&str] = &[
     "clock",
+    "size",
     "generation",
     "error",
     "sync",
@@ -24,6 +25,7 @@ const LAYERS: &[&str] = &[
     "kernel",
     "comm",
     "runtime",
+    "bindings",
 ];
 
 /// Modules outside the layering: the loom models test several layers at once.

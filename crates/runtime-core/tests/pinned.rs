@@ -54,7 +54,7 @@ fn allocate_read_write_and_bounds() {
     p.read(10, &mut back).unwrap();
     assert_eq!(back, [1, 2, 3]);
     assert!(p.write(98, &[0; 3]).is_err());
-    assert!(p.read(usize::MAX, &mut back).is_err());
+    assert!(p.read(u64::MAX, &mut back).is_err());
     let z = pinned::allocate(0).unwrap();
     assert!(z.is_empty());
 }

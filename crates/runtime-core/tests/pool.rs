@@ -110,7 +110,7 @@ fn record_stream_defers_the_free_until_the_queued_work_completes() {
     let rt = common::init();
     let d = rt.device(0).unwrap().clone();
     let m = d.memory().clone();
-    let s = runtime_core::stream::Stream::on(d.executor(), 0).unwrap();
+    let s = runtime_core::stream::Stream::new(&d, 0).unwrap();
     let first = gated(&s);
     let b = m.allocate(4096).unwrap();
     let addr = b.as_ptr() as usize;
@@ -141,7 +141,7 @@ fn record_stream_on_a_real_stream() {
     let rt = common::init();
     let d = rt.device(1).unwrap().clone();
     let m = d.memory().clone();
-    let s = runtime_core::stream::Stream::on(d.executor(), 0).unwrap();
+    let s = runtime_core::stream::Stream::new(&d, 0).unwrap();
     let gate = Arc::new((Mutex::new(false), Condvar::new()));
     let g = gate.clone();
     s.launch(FnOp::shared("hold", OpKind::Compute, move || {

@@ -19,10 +19,10 @@ static LOCK: Mutex<()> = Mutex::new(());
 
 fn setup(pipelining: bool) -> (MutexGuard<'static, ()>, Arc<Runtime>) {
     let g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    runtime::set_option("enablePipelining", pipelining).unwrap();
+    runtime::set_option(runtime_core::config::RuntimeOption::Pipelining, pipelining);
     let rt = runtime::init(&ConfigBuilder {
         device_count: Some(2),
-        memory: Some("64MiB".into()),
+        memory: Some(runtime_core::Bytes::mib(64)),
         profile: None,
     })
     .expect("init the runtime");
@@ -134,7 +134,7 @@ fn scenarios(pipelining: bool) {
     a.synchronize(None).unwrap();
     drop(rt);
     runtime::shutdown().expect("shutdown");
-    runtime::set_option("enablePipelining", true).unwrap();
+    runtime::set_option(runtime_core::config::RuntimeOption::Pipelining, true);
 }
 
 #[test]
@@ -179,7 +179,7 @@ fn a_wait_for_queued_work_runs_it_inline_on_the_serial_engine() {
     a.synchronize(None).unwrap();
     drop(rt);
     runtime::shutdown().expect("shutdown");
-    runtime::set_option("enablePipelining", true).unwrap();
+    runtime::set_option(runtime_core::config::RuntimeOption::Pipelining, true);
 }
 
 /// A blocking submission from a runtime thread (a synchronous-mode launch, a blocking copy)
@@ -201,20 +201,20 @@ fn blocking_submissions_from_runtime_threads_run_inline_or_leave_no_trace() {
     // A blocking copy on the stream running the caller: refused, and it never runs.
     let (me, op) = (a.clone(), counting(&ran));
     let r = from_op(&a, move || {
-        runtime_core::device::submit_blocking_on(&me, None, op).map(|_| ())
+        runtime_core::bindings::submit_blocking_on(&me, None, op).map(|_| ())
     });
     assert!(not_permitted(&r), "own stream: {r:?}");
     // On an idle stream it runs right there.
     let (other, op) = (idle.clone(), counting(&ran));
     from_op(&a, move || {
-        runtime_core::device::submit_blocking_on(&other, None, op).map(|_| ())
+        runtime_core::bindings::submit_blocking_on(&other, None, op).map(|_| ())
     })
     .unwrap();
     // A synchronous-mode launch on the stream running the caller: refused, never run.
-    runtime::set_option("enableAsync", false).unwrap();
+    runtime::set_option(runtime_core::config::RuntimeOption::Async, false);
     let (me, op) = (a.clone(), counting(&ran));
     let r = from_op(&a, move || me.launch(op));
-    runtime::set_option("enableAsync", true).unwrap();
+    runtime::set_option(runtime_core::config::RuntimeOption::Async, true);
     assert!(not_permitted(&r), "own stream, synchronous mode: {r:?}");
     a.synchronize(None).unwrap();
     idle.synchronize(None).unwrap();

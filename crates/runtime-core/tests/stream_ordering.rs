@@ -170,7 +170,7 @@ fn run_program(
     let rt = init();
     let mut m = Model {
         streams: (0..STREAMS)
-            .map(|i| Stream::new(rt.device(devices[i] as i64).unwrap(), priorities[i]).unwrap())
+            .map(|i| Stream::new(rt.device(devices[i]).unwrap(), priorities[i]).unwrap())
             .collect(),
         events: (0..EVENTS)
             .map(|_| Event::with_options(EventOptions::without_timing()))

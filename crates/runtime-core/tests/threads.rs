@@ -54,8 +54,7 @@ fn eight_threads_launch_on_own_and_shared_streams() {
                     out_of_order.clone(),
                 );
                 std::thread::spawn(move || {
-                    let own =
-                        Stream::new(rt.device((t % 2) as i64).unwrap(), -((t % 4) as i32)).unwrap();
+                    let own = Stream::new(rt.device(t % 2).unwrap(), -((t % 4) as i32)).unwrap();
                     barrier.wait();
                     for i in 0..OPS {
                         // Each op checks that it runs right after its predecessor on the same
@@ -129,7 +128,7 @@ fn threads_record_and_wait_across_streams() {
         let n = 4;
         let rounds = 200;
         let streams: Vec<Stream> = (0..n)
-            .map(|t| Stream::new(rt.device((t % 2) as i64).unwrap(), 0).unwrap())
+            .map(|t| Stream::new(rt.device(t % 2).unwrap(), 0).unwrap())
             .collect();
         let counter = Arc::new(AtomicU64::new(0));
         let bad = Arc::new(AtomicBool::new(false));
@@ -250,11 +249,11 @@ fn launch_waits_while_the_backlog_is_full() {
         launched.load(Ordering::SeqCst),
         stream::MAX_QUEUED as usize - 1
     );
-    assert!(s.backlog_target().is_some());
+    assert!(runtime_core::bindings::backlog_target(&s).is_some());
     open.store(true, Ordering::SeqCst);
     within(Duration::from_secs(60), move || launcher.join().unwrap());
     s.synchronize(Some(Duration::from_secs(60))).unwrap();
     assert_eq!(ran.load(Ordering::SeqCst), total);
     assert_eq!(s.pending(), 0);
-    assert!(s.backlog_target().is_none());
+    assert!(runtime_core::bindings::backlog_target(&s).is_none());
 }

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use runtime_core::error::{Error, StreamError};
 use runtime_core::event::Event;
-use runtime_core::runtime;
 use runtime_core::stream::{FnOp, OpKind, Stream};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -126,7 +125,7 @@ fn user_events() {
     stuck.launch(log_op(&log3, "behind")).unwrap();
     drop(rt);
     assert!(
-        runtime::shutdown_within(Some(WAIT)).unwrap(),
+        runtime_core::bindings::shutdown_within(Some(WAIT)).unwrap(),
         "shutdown hung on the user event"
     );
     assert!(never.failure().unwrap().contains("shut down"));

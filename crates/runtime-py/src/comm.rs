@@ -167,12 +167,12 @@ fn deferred(s: &Stream) -> bool {
 
 /// Wait for room if `s`'s backlog is full.
 fn backpressure(py: Python<'_>, s: &Stream) -> PyResult<()> {
-    if let Some(target) = s.backlog_target() {
+    if let Some(target) = runtime_core::bindings::backlog_target(s) {
         wait::wait_result(
             py,
             || format!("{s:?}"),
             None,
-            |slice| s.wait_for(target, Some(slice)),
+            |slice| runtime_core::bindings::wait_for(s, target, Some(slice)),
         )?;
     }
     Ok(())

@@ -2,25 +2,15 @@
 //! `with runtime.Device(i):`, and the one place that answers "which device / stream is current"
 //! for every call that takes `None` for them.
 //!
-//! The state is one `contextvars.ContextVar` whose value is an immutable [`Frame`]: the device
-//! the innermost `with` made current, the streams made current per device, and the runtime
-//! generation it was made under. Each thread and each asyncio task sees its own value, so
-//! interleaved tasks and threads never see each other's `with`. Entering sets a new frame
-//! (built from the one it replaces) and keeps the `Token`; leaving resets that token, so
-//! nesting restores exactly, also on exceptions.
-//!
-//! Readers take the frame first and fall back to the thread's state in the core
-//! (`runtime.set_device`, default device 0, default streams): inside a `with`, the `with`
-//! wins. `set_device` inside a `with` changes the device for the rest of that `with` only
-//! (see [`set_device`]).
-//!
-//! `stream.use()` / `set_stream(stream)` (CuPy, torch) outside any `with` set the thread's
-//! current stream and device in the core. Inside a `with` they replace the innermost `with`'s
-//! frame, remembering it as the replacement's `parent`: a nested `with` entered afterwards
-//! restores that parent on exit (what the enclosing `with` made current), and the enclosing
-//! `with`'s own exit restores what was current before it, as CuPy's `test_mix_use_context`
-//! requires. A frame made under a runtime that has since been shut down reads as absent, as the
-//! core's thread state does after a reset.
+//! What a frame is, when it is stale and how `None` resolves to a device or stream are the
+//! core's (`runtime_core::device::frame`). This file is the plumbing: one
+//! `contextvars.ContextVar` whose value is a [`Frame`] (the core's frame and the `Token` of
+//! the `ContextVar.set` that installed it). Each thread and each asyncio task sees its own
+//! value, so interleaved tasks and threads never see each other's `with`. Entering sets a new
+//! frame and keeps the `Token`; leaving resets that token, so nesting restores exactly, also
+//! on exceptions. A frame that replaces the innermost `with`'s (`set_device`, `stream.use()`
+//! inside it) carries that `with`'s token, so the `with`'s exit still restores what was
+//! current before it.
 
 use std::sync::{Arc, OnceLock};
 
@@ -28,8 +18,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
+use runtime_core::device::frame::{self, Frame as CoreFrame};
 use runtime_core::device::Device;
-use runtime_core::runtime as rt;
 use runtime_core::stream::Stream;
 
 use crate::errors::RtErr;
@@ -57,14 +47,20 @@ fn var(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
 /// What one `with` made current: immutable once set in the context variable.
 #[pyclass(name = "_ContextFrame", module = "runtime._runtime", frozen)]
 pub struct Frame {
-    generation: u64,
-    device: usize,
-    /// The current stream per device index (devices without one use the thread's).
-    streams: Arc<[(usize, Stream)]>,
-    /// The token of the `ContextVar.set` that installed this frame.
+    frame: Arc<CoreFrame>,
+    /// The token of the `ContextVar.set` that installed the `with`'s frame.
     token: OnceLock<Py<PyAny>>,
-    /// For a frame made by `use()` inside a `with`: the frame that `with` installed.
-    parent: Option<Py<Frame>>,
+}
+
+impl Frame {
+    /// `frame`, answering to the `with` whose token `of` holds.
+    fn answering(py: Python<'_>, frame: Arc<CoreFrame>, of: &Frame) -> Frame {
+        let token = OnceLock::new();
+        if let Some(t) = of.token.get() {
+            let _ = token.set(t.clone_ref(py));
+        }
+        Frame { frame, token }
+    }
 }
 
 /// The calling context's frame, if it was made under the installed runtime.
@@ -76,64 +72,37 @@ fn frame(py: Python<'_>) -> PyResult<Option<Bound<'_, Frame>>> {
     let Ok(f) = v.cast_into::<Frame>() else {
         return Ok(None);
     };
-    Ok((f.get().generation == rt::live_generation()).then_some(f))
+    Ok(f.get().frame.is_live().then_some(f))
 }
 
 /// The current device index: the innermost `with`'s, else the thread's.
 pub fn device_index(py: Python<'_>) -> PyResult<usize> {
-    Ok(match frame(py)? {
-        Some(f) => f.get().device,
-        None => runtime_core::device::current_device_index(),
-    })
+    let f = frame(py)?;
+    Ok(frame::device_index(f.as_ref().map(|f| &*f.get().frame)))
 }
 
 /// The current stream on `device`: the one a `with` made current in this context, else the
-/// thread's (its default stream unless set). A stream of this context that was destroyed
-/// reads as the device's default stream.
+/// thread's (its default stream unless set).
 pub fn stream(py: Python<'_>, device: &Device) -> PyResult<Stream> {
-    if let Some(f) = frame(py)? {
-        let found = f.get().streams.iter().find(|(i, _)| *i == device.index());
-        if let Some((_, s)) = found {
-            if Arc::ptr_eq(s.executor(), device.executor()) && !s.is_destroyed() {
-                return Ok(s.clone());
-            }
-            return Ok(device.default_stream().map_err(RtErr)?);
-        }
-    }
-    Ok(runtime_core::device::current_stream(device).map_err(RtErr)?)
+    let f = frame(py)?;
+    Ok(frame::stream(f.as_ref().map(|f| &*f.get().frame), device).map_err(RtErr)?)
 }
 
 /// Enter a `with`: make `device` current and, when given, `stream` its current stream, for
 /// this context until the matching [`exit`].
 pub fn enter(py: Python<'_>, device: &Device, stream: Option<&Stream>) -> PyResult<()> {
-    let generation = rt::live_generation();
-    let mut prev = frame(py)?;
-    if let Some(parent) = prev.as_ref().and_then(|f| f.get().parent.as_ref()) {
+    let cur = frame(py)?;
+    let entered = frame::enter(cur.as_ref().map(|f| &f.get().frame), device, stream);
+    if let (Some(restore), Some(cur)) = (entered.restore, &cur) {
         // A `use()` replaced the enclosing `with`'s frame: this `with` returns to that one.
-        let parent = parent.bind(py).clone();
+        let parent = Bound::new(py, Frame::answering(py, restore, cur.get()))?;
         var(py)?.call_method1(intern!(py, "set"), (&parent,))?;
-        prev = Some(parent);
     }
-    let inherited = prev.as_ref().map(|f| f.get().streams.clone());
-    let streams: Arc<[(usize, Stream)]> = match (stream, inherited) {
-        (None, Some(s)) => s,
-        (None, None) => Arc::from([]),
-        (Some(s), inherited) => inherited
-            .iter()
-            .flat_map(|v| v.iter())
-            .filter(|(i, _)| *i != device.index())
-            .cloned()
-            .chain([(device.index(), s.clone())])
-            .collect(),
-    };
     let f = Bound::new(
         py,
         Frame {
-            generation,
-            device: device.index(),
-            streams,
+            frame: Arc::new(entered.frame),
             token: OnceLock::new(),
-            parent: None,
         },
     )?;
     USED.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -143,64 +112,29 @@ pub fn enter(py: Python<'_>, device: &Device, stream: Option<&Stream>) -> PyResu
 }
 
 /// `set_device` inside a `with`: make `device` current for the rest of the innermost `with`
-/// of this context (its streams stay), and answer true; the `with`'s exit restores what was
-/// current before it, as torch and CuPy restore the device saved on entry. Outside any `with`,
-/// does nothing and answers false (the caller sets the thread's device).
+/// of this context and answer true. Outside any `with`, does nothing and answers false (the
+/// caller sets the thread's device).
 pub fn set_device(py: Python<'_>, device: &Device) -> PyResult<bool> {
     let Some(cur) = frame(py)? else {
         return Ok(false);
     };
     let cur = cur.get();
-    let token = OnceLock::new();
-    if let Some(t) = cur.token.get() {
-        let _ = token.set(t.clone_ref(py));
-    }
-    let f = Frame {
-        generation: cur.generation,
-        device: device.index(),
-        streams: cur.streams.clone(),
-        // The replacement answers to the same `with`: its exit resets the entry's token.
-        token,
-        parent: cur.parent.as_ref().map(|p| p.clone_ref(py)),
-    };
-    USED.store(true, std::sync::atomic::Ordering::Relaxed);
+    let f = Frame::answering(py, Arc::new(cur.frame.with_device(device)), cur);
     var(py)?.call_method1(intern!(py, "set"), (f,))?;
     Ok(true)
 }
 
 /// `stream.use()` / `set_stream(stream)`: make `stream` (of `device`) current, and `device`
-/// the current device. Outside any `with` this sets the thread's state in the core; inside
-/// one it replaces the innermost `with`'s frame (see the module documentation).
+/// the current device: the thread's state outside any `with`, the rest of the innermost
+/// `with` inside one.
 pub fn use_stream(py: Python<'_>, device: &Device, stream: &Stream) -> PyResult<()> {
-    let Some(cur) = frame(py)? else {
-        runtime_core::device::set_current_stream(device, Some(stream.clone()));
-        rt::set_device(device.index() as i64).map_err(RtErr)?;
-        return Ok(());
-    };
-    let parent = match &cur.get().parent {
-        Some(p) => p.clone_ref(py),
-        None => cur.clone().unbind(),
-    };
-    let cur = cur.get();
-    let token = OnceLock::new();
-    if let Some(t) = cur.token.get() {
-        let _ = token.set(t.clone_ref(py));
+    let cur = frame(py)?;
+    let replaced =
+        frame::use_stream(cur.as_ref().map(|f| &f.get().frame), device, stream).map_err(RtErr)?;
+    if let (Some(new), Some(cur)) = (replaced, &cur) {
+        let f = Frame::answering(py, Arc::new(new), cur.get());
+        var(py)?.call_method1(intern!(py, "set"), (f,))?;
     }
-    let streams: Arc<[(usize, Stream)]> = cur
-        .streams
-        .iter()
-        .filter(|(i, _)| *i != device.index())
-        .cloned()
-        .chain([(device.index(), stream.clone())])
-        .collect();
-    let f = Frame {
-        generation: cur.generation,
-        device: device.index(),
-        streams,
-        token,
-        parent: Some(parent),
-    };
-    var(py)?.call_method1(intern!(py, "set"), (f,))?;
     Ok(())
 }
 

@@ -9,6 +9,7 @@ use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyInt, PyString};
+use runtime_core::bindings;
 use runtime_core::device::Device;
 use runtime_core::event::Event;
 use runtime_core::kernel::DType;
@@ -236,18 +237,18 @@ pub fn device_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<i64> {
 /// The device at index `i` of the installed runtime.
 pub fn device_at(i: i64) -> PyResult<Device> {
     let r = rt::get().map_err(RtErr)?;
-    Ok(r.device(i).map_err(RtErr)?.clone())
+    Ok(bindings::device(&r, i).map_err(RtErr)?.clone())
 }
 
 /// An optional device argument (`None` = the current device: the innermost `with`'s, else
 /// the thread's).
 pub fn resolve(py: Python<'_>, obj: Option<&Bound<'_, PyAny>>, arg: &str) -> PyResult<Device> {
     let r = rt::get().map_err(RtErr)?;
-    let idx = match obj {
-        Some(o) if !o.is_none() => device_arg(o, arg)?,
-        _ => context::device_index(py)? as i64,
+    let d = match obj {
+        Some(o) if !o.is_none() => bindings::device(&r, device_arg(o, arg)?),
+        _ => r.device(context::device_index(py)?),
     };
-    Ok(r.device(idx).map_err(RtErr)?.clone())
+    Ok(d.map_err(RtErr)?.clone())
 }
 
 /// A required device argument: like [`resolve`] but `None` is a `TypeError` (it is not "the

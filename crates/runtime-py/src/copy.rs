@@ -1,7 +1,9 @@
 //! Copies and memset: `memcpy_host_to_device`, `memcpy_device_to_host` and `memcpy_d2d` are one
 //! path ([`memcpy`]) over a [`Direction`]; each end is a host buffer or a device buffer view.
-//! Ranges are checked here so that errors name the argument; the copy itself is a core op,
-//! queued on `stream=` or run blocking on the current stream ([`wait::submit_copy`]).
+//! Arguments are converted and their ranges checked here so that errors name the argument;
+//! what a copy is (the overlap rule, staging or stream order) is decided by the core
+//! (`stream::copy::copy`, `copy_2d`), and the op is queued on `stream=` or run blocking on
+//! the current stream ([`wait::submit_copy`]).
 
 use std::sync::Arc;
 
@@ -46,12 +48,14 @@ impl Side {
         }
     }
 
-    /// Host address of byte `off` of this end.
-    fn addr(&self, off: u64) -> usize {
-        match self {
-            Side::Host(h) => h.as_ptr() as usize + off as usize,
-            Side::Device(b, base, _) => b.as_ptr() as usize + (base + off) as usize,
-        }
+    /// The core's end: a device view, host memory, or (`device_view`) host memory that is
+    /// a view of device memory.
+    fn end(self, device_view: bool) -> PyResult<copy::End> {
+        Ok(match self {
+            Side::Host(h) if device_view => copy::End::DeviceView(Arc::new(h)),
+            Side::Host(h) => copy::End::Host(Arc::new(h)),
+            Side::Device(b, base, len) => copy::End::Device(b.view(base, len).map_err(RtErr)?),
+        })
     }
 }
 
@@ -78,19 +82,6 @@ fn fits(arg: &str, what: &str, len: u64, off: u64, count: u64) -> PyResult<()> {
     }
 }
 
-/// Refuse a host<->device copy whose host range overlaps its device range (the host side is
-/// a view of the same device memory): the copy is a non-overlapping memcpy, possibly split
-/// across threads, so overlap would be undefined behaviour. `memcpy_d2d` handles overlap.
-fn no_overlap(host: usize, dev: usize, count: u64) -> PyResult<()> {
-    let n = count as usize;
-    if n > 0 && host < dev.saturating_add(n) && dev < host.saturating_add(n) {
-        return Err(PyValueError::new_err(
-            "src and dst overlap (the host side is a view of the same device memory); use memcpy_d2d for overlapping copies",
-        ));
-    }
-    Ok(())
-}
-
 /// The host source of a copy: its bytes if it is C-contiguous, else (a strided numpy array,
 /// a non-contiguous memoryview) a C-contiguous copy of it, as `to_device` makes. The export
 /// holds the copy until the queued transfer has run.
@@ -112,8 +103,7 @@ fn host_source(py: Python<'_>, src: &Bound<'_, PyAny>) -> PyResult<HostBuf> {
 
 /// Whether host object `obj` is a view of device memory (`np.asarray(buf)`, a managed
 /// buffer's `host_view()`): its chain of `.base` / `memoryview.obj` reaches a `DeviceBuffer`.
-/// Such memory is device-accessible, so a queued copy reads it in stream order rather than
-/// staging it when queued.
+/// The core reads such a source in stream order rather than staging it (`copy::End::DeviceView`).
 fn views_device(obj: &Bound<'_, PyAny>) -> bool {
     let mut cur = obj.clone();
     for _ in 0..16 {
@@ -198,49 +188,39 @@ pub fn memcpy(
     for e in [first, second] {
         fits(e.arg, e.side.noun(), e.side.len(), e.offset, count)?;
     }
-    if dir != Direction::DeviceToDevice {
-        no_overlap(
-            first.side.addr(first.offset),
-            second.side.addr(second.offset),
-            count,
-        )?;
-    }
-    let mut finish = false;
-    let (op, device, peer) = match (dst.side, src.side) {
-        // Queued: pinned sources (and host views of device memory) are read when the copy
-        // runs, pageable ones staged now.
-        (Side::Device(db, doff, _), Side::Host(h)) if stream.is_some() && !src_views_device => (
-            copy::h2d_async(&db, doff + dst_offset, Arc::new(h), src_offset, count),
-            db.device(),
-            None,
-        ),
-        (Side::Device(db, doff, _), Side::Host(h)) => (
-            copy::h2d(&db, doff + dst_offset, Arc::new(h), src_offset, count),
-            db.device(),
-            None,
-        ),
-        (Side::Host(h), Side::Device(sb, soff, _)) => {
-            // CUDA's rule: queued into pageable memory, the copy is complete on return.
-            finish = stream.is_some()
-                && !dst_views_device
-                && copy::completes_before_return(&h, dst_offset, count);
-            (
-                copy::d2h(Arc::new(h), dst_offset, &sb, soff + src_offset, count),
-                sb.device(),
-                None,
-            )
-        }
-        (Side::Device(db, doff, _), Side::Device(sb, soff, _)) => (
-            copy::d2d(&db, doff + dst_offset, &sb, soff + src_offset, count),
-            db.device(),
-            Some(sb.device()),
-        ),
-        (Side::Host(_), Side::Host(_)) => unreachable!("a copy has a device end"),
-    };
-    let op = op.map_err(RtErr)?;
+    let submit = submit_of(&stream);
+    let planned = copy::copy(
+        dst.side.end(dst_views_device)?,
+        dst_offset,
+        src.side.end(src_views_device)?,
+        src_offset,
+        count,
+        submit,
+    )
+    .map_err(RtErr)?;
+    let device = planned.device.expect("a memcpy has a device end");
+    submit_planned(py, planned, stream, device)
+}
+
+/// Submit a planned copy: waited for on return when it is a queued copy into pageable host
+/// memory (CUDA's rule, [`copy::completes_before_return`]).
+fn submit_planned(
+    py: Python<'_>,
+    planned: copy::Planned,
+    stream: Option<runtime_core::stream::Stream>,
+    device: usize,
+) -> PyResult<()> {
     match stream {
-        Some(s) if finish => wait::submit_and_finish(py, &s, op),
-        _ => wait::submit_copy(py, op, stream, device, peer),
+        Some(s) if planned.finish => wait::submit_and_finish(py, &s, planned.op),
+        _ => wait::submit_copy(py, planned.op, stream, device, planned.peer),
+    }
+}
+
+/// Queued on `stream=`, or blocking on the current stream.
+fn submit_of(stream: &Option<runtime_core::stream::Stream>) -> copy::Submit {
+    match stream {
+        Some(_) => copy::Submit::Queued,
+        None => copy::Submit::Blocking,
     }
 }
 
@@ -381,74 +361,19 @@ pub fn memcpy_2d(
     let stream = stream_arg(stream)?;
     let d = end_2d(py, dst, "dst", true)?;
     let s = end_2d(py, src, "src", false)?;
-    rel.check(d.len(), d.noun(), s.len(), s.noun())
-        .map_err(RtErr)?;
-    // The rectangle's spans, for the overlap check of a host end over device memory.
-    let span = |pitch: u64| {
-        if rel.is_empty() {
-            0
-        } else {
-            (rel.height - 1) * pitch + rel.width
-        }
+    let src_views_device = matches!(s, Side::Host(_)) && views_device(src);
+    let planned = copy::copy_2d(
+        d.end(false)?,
+        s.end(src_views_device)?,
+        rel,
+        submit_of(&stream),
+    )
+    .map_err(RtErr)?;
+    let device = match (planned.device, &stream) {
+        (Some(d), _) => d,
+        // Host to host: on the stream's device, or the current one.
+        (None, Some(s)) => s.device_index(),
+        (None, None) => crate::convert::resolve(py, None, "device")?.index(),
     };
-    if matches!(
-        (&d, &s),
-        (Side::Host(_), Side::Device(..)) | (Side::Device(..), Side::Host(_))
-    ) {
-        let (da, sa) = (d.addr(rel.dst_off), s.addr(rel.src_off));
-        let (dn, sn) = (span(rel.dpitch) as usize, span(rel.spitch) as usize);
-        if dn > 0 && sn > 0 && da < sa.saturating_add(sn) && sa < da.saturating_add(dn) {
-            return Err(PyValueError::new_err(
-                "src and dst overlap (the host side is a view of the same device memory); copy device to device instead",
-            ));
-        }
-    }
-    let abs = |side: &Side, off: u64| match side {
-        Side::Device(_, base, _) => base + off,
-        Side::Host(_) => off,
-    };
-    let rect = copy::Rect {
-        dst_off: abs(&d, rel.dst_off),
-        src_off: abs(&s, rel.src_off),
-        ..rel
-    };
-    let queued = stream.is_some();
-    // CUDA's rule: queued into pageable host memory (device-to-host, host-to-host), the copy
-    // is complete on return.
-    let finish = queued
-        && match &d {
-            Side::Host(h) => {
-                !views_device(dst)
-                    && copy::completes_before_return(h, rect.dst_off, span(rel.dpitch))
-            }
-            Side::Device(..) => false,
-        };
-    let (op, device, peer) = match (d, s) {
-        (Side::Device(db, ..), Side::Host(h)) => {
-            let op = if queued && !views_device(src) {
-                copy::h2d_2d_async(&db, Arc::new(h), rect)
-            } else {
-                copy::h2d_2d(&db, Arc::new(h), rect)
-            };
-            (op, db.device(), None)
-        }
-        (Side::Host(h), Side::Device(sb, ..)) => {
-            (copy::d2h_2d(Arc::new(h), &sb, rect), sb.device(), None)
-        }
-        (Side::Device(db, ..), Side::Device(sb, ..)) => {
-            (copy::d2d_2d(&db, &sb, rect), db.device(), Some(sb.device()))
-        }
-        (Side::Host(dh), Side::Host(sh)) => {
-            let dev = match &stream {
-                Some(s) => s.device_index(),
-                None => crate::convert::resolve(py, None, "device")?.index(),
-            };
-            (copy::h2h_2d(Arc::new(dh), Arc::new(sh), rect), dev, None)
-        }
-    };
-    let op = op.map_err(RtErr)?;
-    match stream {
-        Some(s) if finish => wait::submit_and_finish(py, &s, op),
-        _ => wait::submit_copy(py, op, stream, device, peer),
-    }
+    submit_planned(py, planned, stream, device)
 }

@@ -98,7 +98,7 @@ impl PyDevice {
             py,
             || format!("Device({})", self.index),
             timeout,
-            |slice| d.wait_idle(Some(slice)),
+            |slice| runtime_core::bindings::device_wait(&d, Some(slice)),
         )
     }
 
@@ -222,7 +222,7 @@ pub fn get_device_compute_info(
 pub fn set_device(py: Python<'_>, device: &Bound<'_, PyAny>) -> PyResult<()> {
     let d = device_at(device_arg(device, "device")?)?;
     if !context::set_device(py, &d)? {
-        rt::set_device(d.index() as i64).map_err(RtErr)?;
+        rt::set_device(d.index()).map_err(RtErr)?;
     }
     Ok(())
 }

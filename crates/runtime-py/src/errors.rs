@@ -138,7 +138,9 @@ pub fn to_pyerr(py: Python<'_>, e: Error) -> PyErr {
             | MemoryError::OverFraction { .. }
             | MemoryError::HostAlloc { .. },
         ) => err_of(py, &c.out_of_memory, msg),
-        Error::Memory(MemoryError::OutOfBounds { .. }) => PyValueError::new_err(msg),
+        Error::Memory(MemoryError::OutOfBounds { .. } | MemoryError::HostViewOverlap { .. }) => {
+            PyValueError::new_err(msg)
+        }
         Error::Memory(MemoryError::Corrupt { .. })
         | Error::Device(DeviceError::ThreadSpawn { .. }) => err_of(py, &c.base, msg),
         Error::Stream(StreamError::Timeout { .. }) => err_of(py, &c.timeout, msg),

@@ -52,7 +52,7 @@ use pyo3::prelude::*;
 fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     // An engine worker keeps one Python thread state from its first Python kernel on.
-    runtime_core::stream::engine::set_thread_wrapper(Arc::new(interp::worker));
+    runtime_core::bindings::set_thread_wrapper(Arc::new(interp::worker));
     lifecycle::register_process_hooks(m)?;
     // Commands a stream holds before a launch waits for room (back-pressure).
     m.add("MAX_QUEUED", runtime_core::stream::MAX_QUEUED)?;

@@ -4,7 +4,7 @@
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt, PyString};
-use runtime_core::config::{self, ConfigBuilder};
+use runtime_core::config::{self, parse_size, ConfigBuilder, RuntimeOption};
 use runtime_core::runtime as rt;
 
 use crate::convert::type_name;
@@ -47,6 +47,8 @@ pub fn init(
             Some(config::parse_device_count("device_count", &text).map_err(|e| RtErr(e.into()))?)
         }
     };
+    // Sizes as text (a str, or an int's digits) go through the core's one size parser, so a
+    // bad size reads as it would from RUNTIME_DEVICE_MEMORY (with the argument's name).
     let memory = match memory {
         None => None,
         Some(o) if o.is_none() => None,
@@ -75,6 +77,23 @@ pub fn init(
                 .map_err(|_| PyTypeError::new_err("profile must be a str"))?,
         ),
     };
+    let memory = match memory.map(|text| parse_size("memory", &text)) {
+        Some(Ok(bytes)) => Some(bytes),
+        Some(Err(e)) => {
+            // The core checks the count and the profile (given, or from the environment)
+            // before the memory: their errors are reported first, as for a bad
+            // RUNTIME_DEVICE_MEMORY.
+            ConfigBuilder {
+                device_count: count,
+                memory: Some(runtime_core::Bytes(config::MIN_DEVICE_MEMORY)),
+                profile,
+            }
+            .build()
+            .map_err(|e| RtErr(e.into()))?;
+            return Err(RtErr(e.into()).into());
+        }
+        None => None,
+    };
     let b = ConfigBuilder {
         device_count: count,
         memory,
@@ -86,7 +105,7 @@ pub fn init(
         py,
         || "init() waiting for the previous runtime's shutdown".to_string(),
         None,
-        |slice| rt::init_within(&b, Some(slice)).map(|rt| rt.is_some()),
+        |slice| runtime_core::bindings::init_within(&b, Some(slice)).map(|rt| rt.is_some()),
     )
 }
 
@@ -100,7 +119,7 @@ pub fn shutdown(py: Python<'_>) -> PyResult<()> {
         py,
         || "shutdown() draining the queued work".to_string(),
         None,
-        |slice| rt::shutdown_within(Some(slice)),
+        |slice| runtime_core::bindings::shutdown_within(Some(slice)),
     )?;
     stream::clear_thread_state();
     Ok(())
@@ -124,15 +143,27 @@ pub fn register_process_hooks(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// At interpreter exit, after the package's `shutdown`: shut down a runtime that was
-/// initialised meanwhile, and from now on make every submission wait for its work
-/// (`enableAsync` off), so that a runtime initialised by a later exit handler has no work
-/// running or queued when the interpreter finalises: its engine threads could not take the
-/// interpreter lock back then.
+/// At interpreter exit, after the package's `shutdown`: the core's exit policy
+/// (`runtime::at_exit`: shut down a runtime initialised meanwhile, then `enableAsync` off, so
+/// that a runtime initialised by a later exit handler has no work running or queued when the
+/// interpreter finalises, when its engine threads could not take the interpreter lock), in
+/// GIL-released slices as `shutdown` waits.
 #[pyfunction]
 pub fn _at_exit(py: Python<'_>) -> PyResult<()> {
-    _shutdown_at_exit(py)?;
-    rt::set_option("enableAsync", false).map_err(RtErr)?;
+    let drained = wait::wait_result(
+        py,
+        || "shutdown() draining the queued work".to_string(),
+        None,
+        |slice| runtime_core::bindings::at_exit_within(Some(slice)),
+    );
+    match drained {
+        // As `_shutdown_at_exit`: Ctrl-C here ends the process.
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py) => {
+            let _ = end_on_ctrl_c(py);
+        }
+        other => other?,
+    }
+    stream::clear_thread_state();
     Ok(())
 }
 
@@ -197,14 +228,14 @@ pub fn set_option(name: &Bound<'_, PyAny>, value: &Bound<'_, PyAny>) -> PyResult
         .extract()
         .map_err(|_| PyTypeError::new_err("name must be a str"))?;
     // Validate the name first so a bad name wins over a bad value.
-    rt::get_option(&name).map_err(RtErr)?;
+    let option: RuntimeOption = name.parse().map_err(RtErr)?;
     let value = value.cast::<PyBool>().map_err(|_| {
         PyTypeError::new_err(format!(
             "value for option {name:?} must be a bool, got {}",
             type_name(value)
         ))
     })?;
-    rt::set_option(&name, value.is_true()).map_err(RtErr)?;
+    rt::set_option(option, value.is_true());
     Ok(())
 }
 
@@ -214,11 +245,12 @@ pub fn get_option(name: &Bound<'_, PyAny>) -> PyResult<bool> {
     let name: String = name
         .extract()
         .map_err(|_| PyTypeError::new_err("name must be a str"))?;
-    Ok(rt::get_option(&name).map_err(RtErr)?)
+    let option: RuntimeOption = name.parse().map_err(RtErr)?;
+    Ok(rt::get_option(option))
 }
 
 /// The valid option names.
 #[pyfunction]
 pub fn option_names() -> Vec<&'static str> {
-    rt::OPTION_NAMES.to_vec()
+    RuntimeOption::ALL.iter().map(|o| o.name()).collect()
 }

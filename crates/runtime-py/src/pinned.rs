@@ -33,7 +33,7 @@ impl PyPinnedMemory {
     /// Bytes as requested.
     #[getter]
     fn nbytes(&self) -> usize {
-        self.block.len()
+        self.block.len() as usize
     }
 
     /// Whether the OS locked the pages (False when `mlock` was refused; the memory is then
@@ -56,7 +56,7 @@ impl PyPinnedMemory {
     }
 
     fn __len__(&self) -> usize {
-        self.block.len()
+        self.block.len() as usize
     }
 
     fn __repr__(&self) -> String {

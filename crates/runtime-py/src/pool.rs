@@ -208,7 +208,7 @@ impl PyMemoryPool {
     fn dev(&self) -> PyResult<Device> {
         Ok(rt::get()
             .map_err(RtErr)?
-            .device(self.device as i64)
+            .device(self.device)
             .map_err(RtErr)?
             .clone())
     }
@@ -258,11 +258,12 @@ impl PyMemoryPool {
         }
         let pool = match device.filter(|d| !d.is_none()) {
             Some(d) => PyMemoryPool {
-                device: rt::get()
-                    .map_err(RtErr)?
-                    .device(device_arg(d, "device")?)
-                    .map_err(RtErr)?
-                    .index(),
+                device: runtime_core::bindings::device(
+                    &*rt::get().map_err(RtErr)?,
+                    device_arg(d, "device")?,
+                )
+                .map_err(RtErr)?
+                .index(),
             },
             None => PyMemoryPool {
                 device: self.device,
@@ -374,11 +375,11 @@ pub fn get_default_memory_pool(
     device: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<PyMemoryPool> {
     let index = match device {
-        Some(o) if !o.is_none() => rt::get()
-            .map_err(RtErr)?
-            .device(device_arg(o, "device")?)
-            .map_err(RtErr)?
-            .index(),
+        Some(o) if !o.is_none() => {
+            runtime_core::bindings::device(&*rt::get().map_err(RtErr)?, device_arg(o, "device")?)
+                .map_err(RtErr)?
+                .index()
+        }
         _ => resolve(py, None, "device")?.index(),
     };
     Ok(PyMemoryPool { device: index })

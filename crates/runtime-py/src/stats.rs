@@ -12,10 +12,12 @@ use crate::errors::RtErr;
 fn devices_of(dev: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<runtime_core::device::Device>> {
     let r = rt::get().map_err(RtErr)?;
     match dev {
-        Some(o) if !o.is_none() => Ok(vec![r
-            .device(device_arg(o, "device")?)
-            .map_err(RtErr)?
-            .clone()]),
+        Some(o) if !o.is_none() => Ok(vec![runtime_core::bindings::device(
+            &r,
+            device_arg(o, "device")?,
+        )
+        .map_err(RtErr)?
+        .clone()]),
         _ => Ok(r.devices().to_vec()),
     }
 }

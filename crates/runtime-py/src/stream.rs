@@ -69,9 +69,12 @@ impl PyStream {
             _ => 0,
         };
         let d = resolve(py, device, "device")?;
-        Ok(PyStream::wrap(
-            Stream::on_with(d.executor(), p, non_blocking).map_err(RtErr)?,
-        ))
+        let s = if non_blocking {
+            Stream::new_non_blocking(&d, p)
+        } else {
+            Stream::new(&d, p)
+        };
+        Ok(PyStream::wrap(s.map_err(RtErr)?))
     }
 
     /// Whether the stream was made with `non_blocking=True` (it never synchronises with the
@@ -275,7 +278,7 @@ impl PyStream {
         let s = slf.get().inner();
         s.check().map_err(RtErr)?;
         let d = rt::get()
-            .and_then(|r| r.device(s.device_index() as i64).cloned())
+            .and_then(|r| r.device(s.device_index()).cloned())
             .map_err(RtErr)?;
         context::enter(slf.py(), &d, Some(s))?;
         Ok(slf)
@@ -337,7 +340,7 @@ impl AutoSynchronize {
 fn set_current(py: Python<'_>, s: &Stream) -> PyResult<()> {
     s.check().map_err(RtErr)?;
     let d = rt::get()
-        .and_then(|r| r.device(s.device_index() as i64).cloned())
+        .and_then(|r| r.device(s.device_index()).cloned())
         .map_err(RtErr)?;
     context::use_stream(py, &d, s)
 }
@@ -381,7 +384,7 @@ impl PyGraph {
     #[pyo3(signature = (stream=None))]
     fn launch(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
         let s = stream_or_current(py, stream)?;
-        if s.enqueue_graph(&self.inner).map_err(RtErr)? {
+        if runtime_core::bindings::enqueue_graph(&s, &self.inner).map_err(RtErr)? {
             wait::after_enqueue(py, &s)?;
         }
         Ok(())
@@ -413,7 +416,7 @@ impl PyGraph {
 #[pyo3(signature = (timeout=None))]
 pub fn stream_synchronize(py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
     let timeout = timeout_obj(timeout)?;
-    if !runtime_core::runtime::barrier_has_work().map_err(RtErr)? {
+    if !runtime_core::bindings::barrier_has_work().map_err(RtErr)? {
         crate::convert::timeout_arg(timeout)?;
         return Ok(()); // nothing to wait for: the GIL is not released
     }
@@ -421,7 +424,7 @@ pub fn stream_synchronize(py: Python<'_>, timeout: Option<&Bound<'_, PyAny>>) ->
         py,
         || "stream_synchronize".to_string(),
         timeout,
-        |slice| runtime_core::runtime::wait_all(Some(slice)),
+        |slice| runtime_core::bindings::wait_all(Some(slice)),
     )
 }
 

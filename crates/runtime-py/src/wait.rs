@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
+use runtime_core::bindings;
 use runtime_core::runtime as rt;
 use runtime_core::stream::{Op, Stream};
 
@@ -24,7 +25,7 @@ where
 {
     let limit = timeout_arg(timeout)?;
     // A deadline past the clock's range is none.
-    let deadline = runtime_core::clock::deadline_after(limit);
+    let deadline = limit.and_then(|t| Instant::now().checked_add(t));
     loop {
         let slice = match deadline {
             None => SLICE,
@@ -58,33 +59,33 @@ where
 /// Wait for `s` with the GIL released and Ctrl-C live, then raise its pending error.
 pub fn sync_stream(py: Python<'_>, s: &Stream, timeout: Option<f64>) -> PyResult<()> {
     timeout_arg(timeout)?;
-    let target = s.synchronize_target().map_err(RtErr)?;
+    let target = bindings::synchronize_target(s).map_err(RtErr)?;
     reached(py, s, target, timeout)?;
-    s.take_error().map_err(RtErr)?;
+    bindings::take_error(s).map_err(RtErr)?;
     Ok(())
 }
 
 /// Wait (GIL released, Ctrl-C live, `timeout` honoured) until `s` has run everything
 /// submitted so far. Does not report errors.
 pub fn stream_reached(py: Python<'_>, s: &Stream, timeout: Option<f64>) -> PyResult<()> {
-    reached(py, s, s.submitted(), timeout)
+    reached(py, s, bindings::submitted(s), timeout)
 }
 
 fn reached(py: Python<'_>, s: &Stream, target: u64, timeout: Option<f64>) -> PyResult<()> {
-    if s.reached(target) {
+    if bindings::reached(s, target) {
         return Ok(());
     }
     wait_result(
         py,
         || format!("{s:?}"),
         timeout,
-        |slice| s.wait_for(target, Some(slice)),
+        |slice| bindings::wait_for(s, target, Some(slice)),
     )
 }
 
 /// Queue `op` on `s`, then [`after_enqueue`].
 pub fn submit(py: Python<'_>, s: &Stream, op: Arc<dyn Op>) -> PyResult<()> {
-    if s.enqueue(op).map_err(RtErr)? {
+    if bindings::enqueue(s, op).map_err(RtErr)? {
         after_enqueue(py, s)?;
     }
     Ok(())
@@ -92,18 +93,18 @@ pub fn submit(py: Python<'_>, s: &Stream, op: Arc<dyn Op>) -> PyResult<()> {
 
 /// After a launch was queued: in synchronous mode wait for it and raise its error; otherwise
 /// wait (GIL released, Ctrl-C live) only while the stream's backlog is full
-/// (`Stream::backlog_target`). Queued Python kernels need the GIL, so this wait must not
+/// (`bindings::backlog_target`). Queued Python kernels need the GIL, so this wait must not
 /// hold it.
 pub fn after_enqueue(py: Python<'_>, s: &Stream) -> PyResult<()> {
-    if s.is_sync_mode() {
+    if bindings::is_sync_mode(s) {
         return sync_stream(py, s, None);
     }
-    if let Some(target) = s.backlog_target() {
+    if let Some(target) = bindings::backlog_target(s) {
         wait_result(
             py,
             || format!("{s:?}"),
             None,
-            |slice| s.wait_for(target, Some(slice)),
+            |slice| bindings::wait_for(s, target, Some(slice)),
         )?;
     }
     Ok(())
@@ -118,14 +119,14 @@ pub fn submit_and_finish(py: Python<'_>, s: &Stream, op: Arc<dyn Op>) -> PyResul
     if s.is_capturing() {
         return Ok(());
     }
-    reached(py, s, s.submitted(), None)?;
-    s.take_error().map_err(RtErr)?;
+    reached(py, s, bindings::submitted(s), None)?;
+    bindings::take_error(s).map_err(RtErr)?;
     Ok(())
 }
 
 /// Run a copy op: queued on `stream` (asynchronous) or, with no stream, submitted by the core
 /// as a blocking copy on `device`'s current stream as the calling context sees it (ordered
-/// after `peer`'s too; see `runtime_core::device::submit_blocking_on`) and waited for here
+/// after `peer`'s too; see `runtime_core::bindings::submit_blocking_on`) and waited for here
 /// with the GIL released.
 pub fn submit_copy(
     py: Python<'_>,
@@ -138,13 +139,13 @@ pub fn submit_copy(
         return submit(py, &s, op);
     }
     let r = rt::get().map_err(RtErr)?;
-    let s = context::stream(py, r.device(device as i64).map_err(RtErr)?)?;
+    let s = context::stream(py, r.device(device).map_err(RtErr)?)?;
     let ps = match peer {
-        Some(p) => Some(context::stream(py, r.device(p as i64).map_err(RtErr)?)?),
+        Some(p) => Some(context::stream(py, r.device(p).map_err(RtErr)?)?),
         None => None,
     };
     let s = py
-        .detach(|| runtime_core::device::submit_blocking_on(&s, ps.as_ref(), op))
+        .detach(|| bindings::submit_blocking_on(&s, ps.as_ref(), op))
         .map_err(RtErr)?;
     sync_stream(py, &s, None)
 }

@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
 
 use crate::error::{arg_error, ConfigError, Result};
+use crate::size::Bytes;
 use profile::Profile;
 
 /// Environment variable for the number of devices.
@@ -46,27 +47,86 @@ pub const ENV_DEFAULT_STREAM: &str = "RUNTIME_DEFAULT_STREAM";
 /// Environment variable for the largest copy split across the copy helper threads (bytes).
 pub const ENV_COPY_SPLIT_MAX: &str = "RUNTIME_COPY_SPLIT_MAX";
 
-/// Process-wide runtime options (`set_option`). They outlive `shutdown`.
-#[derive(Debug)]
-pub struct Options {
-    /// `enableMemoryReuse`: cache freed blocks for reuse.
-    pub memory_reuse: AtomicBool,
-    /// `enablePipelining`: copies run on a per-device copy engine beside compute.
-    pub pipelining: AtomicBool,
-    /// `enableAsync`: launches and copies return before they have run.
-    pub asynchronous: AtomicBool,
-    /// `legacyDefaultStream`: each device's default stream synchronises with its blocking
-    /// streams, as CUDA's legacy default stream (off: the per-thread default stream model).
-    pub legacy_default_stream: AtomicBool,
+/// A process-wide runtime option (`runtime::set_option`). Each has a name, CANN's
+/// and the Python package's (`enableAsync`, ...), which [`RuntimeOption::name`] gives and
+/// [`str::parse`] reads: the one mapping between names and options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RuntimeOption {
+    /// `enableMemoryReuse` (default on): cache freed blocks for reuse. Turning it off also
+    /// releases the caches.
+    MemoryReuse,
+    /// `enablePipelining` (default on): copies run on a per-device copy engine beside
+    /// compute.
+    Pipelining,
+    /// `enableAsync` (default on; `RUNTIME_LAUNCH_BLOCKING=1` turns it off): launches and
+    /// copies return before they have run. Off, every submission waits for its work.
+    Async,
+    /// `legacyDefaultStream` (default off; `RUNTIME_DEFAULT_STREAM=legacy` turns it on): each
+    /// device's default stream synchronises with its blocking streams, as CUDA's legacy
+    /// default stream (off: the per-thread default stream model).
+    LegacyDefaultStream,
 }
 
-/// The option names `set_option` accepts.
-pub const OPTION_NAMES: &[&str] = &[
-    "enableMemoryReuse",
-    "enablePipelining",
-    "enableAsync",
-    "legacyDefaultStream",
-];
+impl RuntimeOption {
+    /// Every option, in the order their names are listed.
+    pub const ALL: [RuntimeOption; 4] = [
+        RuntimeOption::MemoryReuse,
+        RuntimeOption::Pipelining,
+        RuntimeOption::Async,
+        RuntimeOption::LegacyDefaultStream,
+    ];
+
+    /// The option's name (`"enableAsync"`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            RuntimeOption::MemoryReuse => "enableMemoryReuse",
+            RuntimeOption::Pipelining => "enablePipelining",
+            RuntimeOption::Async => "enableAsync",
+            RuntimeOption::LegacyDefaultStream => "legacyDefaultStream",
+        }
+    }
+}
+
+impl std::fmt::Display for RuntimeOption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for RuntimeOption {
+    type Err = crate::error::Error;
+
+    /// The option named `name` (exactly as [`RuntimeOption::name`] spells it).
+    ///
+    /// # Errors
+    /// `InvalidArgument` (argument `name`) naming the valid options.
+    fn from_str(name: &str) -> Result<RuntimeOption> {
+        RuntimeOption::ALL
+            .into_iter()
+            .find(|o| o.name() == name)
+            .ok_or_else(|| {
+                let valid: Vec<&str> = RuntimeOption::ALL.iter().map(|o| o.name()).collect();
+                arg_error(
+                    "name",
+                    format!(
+                        "unknown option {name:?}; valid options: {}",
+                        valid.join(", ")
+                    ),
+                )
+            })
+    }
+}
+
+/// The values of the process-wide [`RuntimeOption`]s. The runtime's live ones outlive
+/// `shutdown` and are read and set through `runtime::get_option` and `runtime::set_option`;
+/// a value of its own configures a `memory::DeviceMemory` built without a runtime.
+#[derive(Debug)]
+pub struct Options {
+    memory_reuse: AtomicBool,
+    pipelining: AtomicBool,
+    asynchronous: AtomicBool,
+    legacy_default_stream: AtomicBool,
+}
 
 impl Default for Options {
     /// Every option on but `legacyDefaultStream`.
@@ -91,73 +151,51 @@ impl Options {
         o
     }
 
-    fn flag(&self, name: &str) -> Result<&AtomicBool> {
-        match name {
-            "enableMemoryReuse" => Ok(&self.memory_reuse),
-            "enablePipelining" => Ok(&self.pipelining),
-            "enableAsync" => Ok(&self.asynchronous),
-            "legacyDefaultStream" => Ok(&self.legacy_default_stream),
-            _ => Err(arg_error(
-                "name",
-                format!(
-                    "unknown option {name:?}; valid options: {}",
-                    OPTION_NAMES.join(", ")
-                ),
-            )),
+    fn flag(&self, option: RuntimeOption) -> &AtomicBool {
+        match option {
+            RuntimeOption::MemoryReuse => &self.memory_reuse,
+            RuntimeOption::Pipelining => &self.pipelining,
+            RuntimeOption::Async => &self.asynchronous,
+            RuntimeOption::LegacyDefaultStream => &self.legacy_default_stream,
         }
     }
 
-    /// Set an option by name.
-    ///
-    /// # Errors
-    /// `InvalidArgument` naming the valid options for an unknown name.
-    pub fn set(&self, name: &str, value: bool) -> Result<()> {
-        self.flag(name)?.store(value, Ordering::SeqCst);
-        Ok(())
+    /// Set an option.
+    pub fn set(&self, option: RuntimeOption, value: bool) {
+        self.flag(option).store(value, Ordering::SeqCst);
     }
 
-    /// Read an option by name.
-    ///
-    /// # Errors
-    /// `InvalidArgument` naming the valid options for an unknown name.
-    pub fn get(&self, name: &str) -> Result<bool> {
-        Ok(self.flag(name)?.load(Ordering::SeqCst))
+    /// Read an option.
+    pub fn get(&self, option: RuntimeOption) -> bool {
+        self.flag(option).load(Ordering::SeqCst)
     }
 
     /// Whether launches are asynchronous.
-    pub fn is_async(&self) -> bool {
+    pub(crate) fn is_async(&self) -> bool {
         self.asynchronous.load(Ordering::Relaxed)
     }
 
     /// Whether freed blocks are cached for reuse.
-    pub fn memory_reuse(&self) -> bool {
+    pub(crate) fn memory_reuse(&self) -> bool {
         self.memory_reuse.load(Ordering::Relaxed)
     }
 
     /// Whether the default streams are CUDA's legacy default streams.
-    pub fn legacy_default_stream(&self) -> bool {
+    pub(crate) fn legacy_default_stream(&self) -> bool {
         self.legacy_default_stream.load(Ordering::Relaxed)
     }
 
     /// Whether copies run on their own engine beside compute.
-    pub fn pipelining(&self) -> bool {
+    pub(crate) fn pipelining(&self) -> bool {
         self.pipelining.load(Ordering::Relaxed)
     }
 }
 
 static OPTIONS: LazyLock<Arc<Options>> = LazyLock::new(|| Arc::new(Options::from_env()));
 
-/// The process-wide options.
-pub fn options() -> &'static Arc<Options> {
+/// The process-wide options (the runtime's live ones).
+pub(crate) fn options() -> &'static Arc<Options> {
     &OPTIONS
-}
-
-/// Read a process-wide option by name.
-///
-/// # Errors
-/// `InvalidArgument` naming the valid options for an unknown name.
-pub fn get_option(name: &str) -> Result<bool> {
-    OPTIONS.get(name)
 }
 
 /// The largest copy split across the copy helper threads (`RUNTIME_COPY_SPLIT_MAX`; by
@@ -165,7 +203,7 @@ pub fn get_option(name: &str) -> Result<bool> {
 /// On the 2-vCPU machines this project is measured on, two threads move 16–256 MiB at about
 /// twice one thread's rate (`BENCHMARKS.md`, "How cost grows"); a host whose memory bus one
 /// core saturates can cap splitting here.
-pub fn copy_split_max() -> usize {
+pub(crate) fn copy_split_max() -> usize {
     static MAX: OnceLock<usize> = OnceLock::new();
     *MAX.get_or_init(|| {
         std::env::var(ENV_COPY_SPLIT_MAX)
@@ -197,10 +235,10 @@ pub struct Config {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConfigBuilder {
     /// Number of devices.
-    pub device_count: Option<u64>,
-    /// Memory per device, as a size string (`"16GiB"`) or plain bytes.
-    pub memory: Option<String>,
-    /// Profile name.
+    pub device_count: Option<usize>,
+    /// Memory per device.
+    pub memory: Option<Bytes>,
+    /// Profile name ([`profile::PROFILE_NAMES`]).
     pub profile: Option<String>,
 }
 
@@ -217,9 +255,9 @@ impl ConfigBuilder {
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
         let count = match self.device_count {
-            Some(n) => n,
+            Some(n) => n as u64,
             None => match env(ENV_DEVICE_COUNT) {
-                Some(s) => parse_device_count(ENV_DEVICE_COUNT, &s)?,
+                Some(s) => parse_device_count(ENV_DEVICE_COUNT, &s)? as u64,
                 None => 8,
             },
         };
@@ -232,9 +270,9 @@ impl ConfigBuilder {
             .unwrap_or_else(|| "ascend910".to_string());
         let profile = Profile::by_name(profile_name.trim())?;
 
-        let memory = match (&self.memory, env(ENV_DEVICE_MEMORY)) {
-            (Some(s), _) => parse_size("memory", s)?,
-            (None, Some(s)) => parse_size(ENV_DEVICE_MEMORY, &s)?,
+        let memory = match (self.memory, env(ENV_DEVICE_MEMORY)) {
+            (Some(b), _) => b.get(),
+            (None, Some(s)) => parse_size(ENV_DEVICE_MEMORY, &s)?.get(),
             (None, None) => profile.memory,
         };
         check_range("memory", memory, MIN_DEVICE_MEMORY, MAX_DEVICE_MEMORY)?;
@@ -268,7 +306,7 @@ fn check_range(name: &str, value: u64, min: u64, max: u64) -> Result<(), ConfigE
 ///
 /// # Errors
 /// `OutOfRange` or `BadInteger`, naming `name` and quoting `text`.
-pub fn parse_device_count(name: &str, text: &str) -> Result<u64, ConfigError> {
+pub fn parse_device_count(name: &str, text: &str) -> Result<usize, ConfigError> {
     let t = text.trim();
     let digits = t.strip_prefix(['-', '+']).unwrap_or(t);
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
@@ -285,49 +323,24 @@ pub fn parse_device_count(name: &str, text: &str) -> Result<u64, ConfigError> {
     };
     match t.parse::<i128>() {
         Ok(n) if (1..=i128::from(MAX_DEVICES)).contains(&n) => {
-            u64::try_from(n).map_err(|_| out_of_range())
+            usize::try_from(n).map_err(|_| out_of_range())
         }
         _ => Err(out_of_range()),
     }
 }
 
-/// Parse a byte size: `"1073741824"`, `"512MiB"`, `"16 GiB"`, `"1.5GB"`, `"64k"`.
+/// Parse the size setting `name` from `text` ([`Bytes`]'s parser): the environment
+/// variables, the Python package and command lines read sizes through here, so a bad one gives
+/// the same error wherever it came from.
 ///
-/// A bare `K`/`M`/`G`/`T` is read as the binary unit (as `free -h` and most tools do).
-pub fn parse_size(name: &str, text: &str) -> Result<u64, ConfigError> {
-    let bad = || ConfigError::BadSize {
-        name: name.into(),
-        value: text.into(),
-    };
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    if num.is_empty() {
-        return Err(bad());
-    }
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
-        _ => return Err(bad()),
-    };
-    if let Ok(n) = num.parse::<u64>() {
-        return n.checked_mul(mult).ok_or_else(bad);
-    }
-    let f: f64 = num.parse().map_err(|_| bad())?;
-    let bytes = f * mult as f64;
-    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
-        return Err(bad());
-    }
-    Ok(bytes.round() as u64)
+/// # Errors
+/// `BadSize` naming the setting and the text.
+pub fn parse_size(name: &str, text: &str) -> Result<Bytes, ConfigError> {
+    text.parse()
+        .map_err(|e: crate::size::ParseBytesError| ConfigError::BadSize {
+            name: name.into(),
+            value: e.text,
+        })
 }
 
 #[cfg(test)]
@@ -339,30 +352,27 @@ mod tests {
     }
 
     #[test]
-    fn sizes_parse_with_units() {
-        assert_eq!(parse_size("m", "1024").unwrap(), 1024);
-        assert_eq!(parse_size("m", "16GiB").unwrap(), 16 << 30);
-        assert_eq!(parse_size("m", "16 gib").unwrap(), 16 << 30);
-        assert_eq!(parse_size("m", "512MiB").unwrap(), 512 << 20);
-        assert_eq!(parse_size("m", "1.5GB").unwrap(), 1_500_000_000);
-        assert_eq!(parse_size("m", "64k").unwrap(), 64 << 10);
-        assert_eq!(parse_size("m", "2TB").unwrap(), 2_000_000_000_000);
-        assert_eq!(parse_size("m", "7b").unwrap(), 7);
-    }
-
-    #[test]
     fn bad_sizes_are_refused_with_the_name() {
-        for bad in [
-            "",
-            "GiB",
-            "12 parsecs",
-            "-5",
-            "1.2.3GB",
-            "99999999999999999999TiB",
-        ] {
+        for bad in ["", "GiB", "12 parsecs", "-5", "99999999999999999999TiB"] {
             let e = parse_size("memory", bad).unwrap_err();
             assert!(e.to_string().starts_with("memory:"), "{e}");
         }
+        assert_eq!(parse_size("memory", "16GiB").unwrap(), Bytes::gib(16));
+    }
+
+    #[test]
+    fn option_names_map_both_ways() {
+        for o in RuntimeOption::ALL {
+            assert_eq!(o.name().parse::<RuntimeOption>().unwrap(), o);
+        }
+        let e = "enableTurbo"
+            .parse::<RuntimeOption>()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("name: unknown option") && e.contains("enableAsync"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -423,7 +433,7 @@ mod tests {
         assert_eq!(c.profile.name, "host");
         let b = ConfigBuilder {
             device_count: Some(5),
-            memory: Some("1GiB".into()),
+            memory: Some(Bytes::gib(1)),
             profile: Some("ascend910".into()),
         };
         let c = b.build_with_env(env).unwrap();
@@ -448,7 +458,7 @@ mod tests {
         };
         assert!(b.build_with_env(no_env).is_err());
         let b = ConfigBuilder {
-            memory: Some("1KiB".into()),
+            memory: Some(Bytes::kib(1)),
             ..Default::default()
         };
         assert!(b

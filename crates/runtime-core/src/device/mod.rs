@@ -1,13 +1,16 @@
 //! Virtual devices: what a device is (properties, its memory, its executor and default
 //! stream) and the per-thread current device and current streams.
 //!
-//! A [`Device`] owns its [`DeviceMemory`] and its [`Executor`] (the engines that run its
+//! A [`Device`] owns its [`DeviceMemory`] and its `Executor` (the engines that run its
 //! streams, and the registry of those streams). Devices live as long as the runtime that
 //! created them; a `Device` handle checks on each use that its runtime is still alive.
 //!
 //! Per-thread state (current device, current stream per device) is reset for every thread
-//! by [`reset_thread_state`], which `shutdown` calls: a thread's state is tagged with the
+//! by `reset_thread_state`, which `shutdown` calls: a thread's state is tagged with the
 //! reset count it was set under and reads as the default once that count moves on.
+//! Scopes above the thread's state (the Python package's `with stream:`) are [`frame`]s.
+
+pub mod frame;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -194,7 +197,7 @@ impl Device {
     }
 
     /// The device's executor (engines, submission gate, stream registry).
-    pub fn executor(&self) -> &Arc<Executor> {
+    pub(crate) fn executor(&self) -> &Arc<Executor> {
         &self.0.exec
     }
 
@@ -232,7 +235,7 @@ impl Device {
     }
 
     /// Wait until every stream of this device has finished its queued work and report every
-    /// stream's error (see [`Executor::wait_all`]).
+    /// stream's error.
     ///
     /// # Errors
     /// `Timeout` when `timeout` passed first; the streams' errors; `Capturing` while one of
@@ -253,7 +256,7 @@ impl Device {
     ///
     /// # Errors
     /// As for [`Device::synchronize`], without `Timeout`.
-    pub fn wait_idle(&self, timeout: Option<std::time::Duration>) -> Result<bool> {
+    pub(crate) fn wait_idle(&self, timeout: Option<std::time::Duration>) -> Result<bool> {
         self.check_alive()?;
         self.0.exec.wait_all(timeout)
     }
@@ -290,13 +293,11 @@ fn reclaimer(exec: std::sync::Weak<Executor>) -> crate::memory::Reclaimer {
     })
 }
 
-impl Stream {
-    /// Create a stream on `device` with `priority` in `PRIORITY_HIGHEST..=PRIORITY_LOWEST`.
-    ///
-    /// # Errors
-    /// `InvalidArgument` for a priority out of range; `InvalidHandle` after shutdown.
-    pub fn new(device: &Device, priority: i32) -> Result<Stream> {
-        Stream::on(&device.0.exec, priority)
+impl crate::stream::sealed::Sealed for Device {}
+
+impl crate::stream::StreamDevice for Device {
+    fn executor(&self, _: crate::stream::sealed::Token) -> &Arc<Executor> {
+        &self.0.exec
     }
 }
 
@@ -311,7 +312,7 @@ thread_local! {
 
 /// Forget every thread's current device and current streams (they read as device 0 and the
 /// default streams afterwards). `shutdown` calls it.
-pub fn reset_thread_state() {
+pub(crate) fn reset_thread_state() {
     RESETS.fetch_add(1, Ordering::AcqRel);
     // This thread's streams are dropped now rather than at its next use.
     let _ = CURRENT_STREAMS.try_with(|c| std::mem::take(&mut *c.borrow_mut()));
@@ -348,26 +349,6 @@ pub fn current_stream(device: &Device) -> Result<Stream> {
     }
 }
 
-/// Submit work the caller will wait for (a blocking copy or memset without a stream): on the
-/// calling thread's current stream of `device`, ordered also after the work queued so far on
-/// `peer`'s current stream (the other device of a cross-device copy, as `cudaMemcpyPeer` is
-/// serialised with both devices). See [`submit_blocking_on`].
-///
-/// # Errors
-/// As [`submit_blocking_on`].
-pub fn submit_blocking(
-    device: &Device,
-    peer: Option<&Device>,
-    op: Arc<dyn crate::stream::Op>,
-) -> Result<Stream> {
-    let s = current_stream(device)?;
-    let ps = match peer.filter(|p| p.index() != device.index()) {
-        Some(p) => Some(current_stream(p)?),
-        None => None,
-    };
-    submit_blocking_on(&s, ps.as_ref(), op)
-}
-
 /// Submit work the caller will wait for on `stream`, ordered also after the work queued so
 /// far on `peer` (when it is another stream). Callers that keep their own notion of the
 /// current stream (the Python bindings' context-local one) pass it here. Runs the op right
@@ -378,7 +359,7 @@ pub fn submit_blocking(
 /// `Capturing` when `stream` is capturing (the copy would return before it ran, as CUDA's
 /// `cudaErrorStreamCaptureImplicit`); `InvalidHandle` after shutdown; `NotPermitted` from a
 /// runtime thread when the stream is busy (nothing is queued then).
-pub fn submit_blocking_on(
+pub(crate) fn submit_blocking_on(
     stream: &Stream,
     peer: Option<&Stream>,
     op: Arc<dyn crate::stream::Op>,

@@ -384,14 +384,21 @@ pub fn prepare(
     }))
 }
 
-impl Stream {
+/// Launching a registered kernel by name: `stream.launch_kernel("scale", args)` with this
+/// trait in scope. An extension trait of the kernel layer because streams, a layer below,
+/// know nothing of kernels.
+pub trait LaunchKernel {
     /// Check `args` against the kernel registered as `name` and queue it on this stream:
     /// the way to launch a kernel (same as [`launch`] with [`find`]).
     ///
     /// # Errors
     /// An unknown name (naming the registered ones); the kernel's argument check; stream
     /// errors as for [`Stream::launch`].
-    pub fn launch_kernel(&self, name: &str, args: Vec<KernelArg>) -> Result<()> {
+    fn launch_kernel(&self, name: &str, args: Vec<KernelArg>) -> Result<()>;
+}
+
+impl LaunchKernel for Stream {
+    fn launch_kernel(&self, name: &str, args: Vec<KernelArg>) -> Result<()> {
         launch(self, find(name)?, args)
     }
 }

@@ -147,115 +147,101 @@ impl Drop for PlugGuard {
     }
 }
 
-impl DeviceMemory {
-    /// Plug `allocator` in (or, `None`, go back to the built-in pool) for the allocations
-    /// made through [`DeviceMemory::malloc`] from now on. Live allocations keep the allocator
-    /// that made them.
-    pub fn set_allocator(&self, allocator: Option<Arc<dyn Allocator>>) {
-        // The old one is dropped after the lock is released.
-        let old = std::mem::replace(&mut *self.pool.plug.lock(), allocator);
-        drop(old);
-        self.return_blocks();
-    }
+/// The body of [`DeviceMemory::set_allocator`].
+pub(super) fn set_allocator(mem: &DeviceMemory, allocator: Option<Arc<dyn Allocator>>) {
+    // The old one is dropped after the lock is released.
+    let old = std::mem::replace(&mut *mem.pool.plug.lock(), allocator);
+    drop(old);
+    mem.return_blocks();
+}
 
-    /// The plugged allocator, if any.
-    pub fn allocator(&self) -> Option<Arc<dyn Allocator>> {
-        self.pool.plug.lock().clone()
-    }
+/// The body of [`DeviceMemory::allocator`].
+pub(super) fn allocator(mem: &DeviceMemory) -> Option<Arc<dyn Allocator>> {
+    mem.pool.plug.lock().clone()
+}
 
-    /// Pass the blocks given back since the last call to their allocators' `free`, on this
-    /// thread, with no runtime lock held; returns how many. A panicking `free` is contained
-    /// (the panic hook reports it; the block is dropped). [`DeviceMemory::malloc`],
-    /// `set_allocator`, `empty_cache` and shutdown call it; callers that want blocks back
-    /// sooner (a pool's statistics, `device_free`) may too.
-    pub fn return_blocks(&self) -> usize {
-        let mut n = 0;
-        loop {
-            let batch = std::mem::take(&mut *self.pool.returned.lock());
-            if batch.is_empty() {
-                return n;
-            }
-            n += batch.len();
-            for (allocator, block) in batch {
-                let _ = contained("free", || allocator.free(block));
-            }
+/// The body of [`DeviceMemory::return_blocks`].
+pub(super) fn return_blocks(mem: &DeviceMemory) -> usize {
+    let mut n = 0;
+    loop {
+        let batch = std::mem::take(&mut *mem.pool.returned.lock());
+        if batch.is_empty() {
+            return n;
         }
-    }
-
-    /// Allocate `size` zeroed bytes through the plugged allocator, or the built-in pool when
-    /// none is plugged (or this thread is inside the plugged allocator already).
-    ///
-    /// # Errors
-    /// The plugged allocator's error; `ArgError` (argument `allocator`) when the block it
-    /// returned is not a live buffer of this device holding `size` bytes (the block is then
-    /// given back to it); as [`DeviceMemory::allocate`] for the built-in pool.
-    pub fn malloc(self: &Arc<Self>, size: u64) -> Result<Buffer> {
-        let plug = self.pool.plug.lock().clone();
-        let Some(allocator) = plug else {
-            return self.allocate(size);
-        };
-        if IN_PLUG.with(Cell::get) {
-            return self.allocate(size);
-        }
-        self.process_deferred_frees();
-        self.return_blocks();
-        let block = {
-            IN_PLUG.with(|f| f.set(true));
-            let _guard = PlugGuard;
-            contained("allocate", || allocator.allocate(self, size))??
-        };
-        if let Err(e) = self.accept(&block, size) {
+        n += batch.len();
+        for (allocator, block) in batch {
             let _ = contained("free", || allocator.free(block));
-            return Err(e);
         }
-        let (id, tracker) = (block.buffer.id(), block.buffer.alloc.tracker.clone());
-        let place = Place::Plugged(Lease {
-            allocator,
-            block: Some(block),
-        });
-        let buf = Buffer {
-            alloc: Arc::new(Allocation {
-                mem: self.clone(),
-                place,
-                size,
-                block: 0,
-                id,
-                recorded: crate::sync::lock::Mutex::new(Vec::new()),
-                export: std::sync::OnceLock::new(),
-                // The block is a range of a buffer the core made: one memory, one lock.
-                tracker,
-            }),
-            offset: 0,
-            len: size,
-        };
-        buf.fill(0, size, 0)?;
-        Ok(buf)
     }
+}
 
-    /// Check a block a plugged allocator returned for a request of `size` bytes.
-    fn accept(self: &Arc<Self>, block: &Block, size: u64) -> Result<()> {
-        let b = &block.buffer;
-        if !Arc::ptr_eq(b.memory(), self) {
-            return Err(ArgError::new(
-                "allocator",
-                format!(
-                    "the plugged allocator returned {b:?} for device {}, which is not memory of that device (or of this runtime)",
-                    self.device
-                ),
-            )
-            .into());
-        }
-        b.check()?;
-        if b.size() < size {
-            return Err(ArgError::new(
-                "allocator",
-                format!(
-                    "the plugged allocator returned {} bytes for a request of {size} bytes",
-                    b.size()
-                ),
-            )
-            .into());
-        }
-        Ok(())
+/// The body of [`DeviceMemory::malloc`].
+pub(super) fn malloc(mem: &Arc<DeviceMemory>, size: u64) -> Result<Buffer> {
+    let plug = mem.pool.plug.lock().clone();
+    let Some(allocator) = plug else {
+        return mem.allocate(size);
+    };
+    if IN_PLUG.with(Cell::get) {
+        return mem.allocate(size);
     }
+    mem.process_deferred_frees();
+    mem.return_blocks();
+    let block = {
+        IN_PLUG.with(|f| f.set(true));
+        let _guard = PlugGuard;
+        contained("allocate", || allocator.allocate(mem, size))??
+    };
+    if let Err(e) = accept(mem, &block, size) {
+        let _ = contained("free", || allocator.free(block));
+        return Err(e);
+    }
+    let (id, tracker) = (block.buffer.id(), block.buffer.alloc.tracker.clone());
+    let place = Place::Plugged(Lease {
+        allocator,
+        block: Some(block),
+    });
+    let buf = Buffer {
+        alloc: Arc::new(Allocation {
+            mem: mem.clone(),
+            place,
+            size,
+            block: 0,
+            id,
+            recorded: crate::sync::lock::Mutex::new(Vec::new()),
+            export: std::sync::OnceLock::new(),
+            // The block is a range of a buffer the core made: one memory, one lock.
+            tracker,
+        }),
+        offset: 0,
+        len: size,
+    };
+    buf.fill(0, size, 0)?;
+    Ok(buf)
+}
+
+/// Check a block a plugged allocator returned for a request of `size` bytes.
+pub(super) fn accept(mem: &Arc<DeviceMemory>, block: &Block, size: u64) -> Result<()> {
+    let b = &block.buffer;
+    if !Arc::ptr_eq(b.memory(), mem) {
+        return Err(ArgError::new(
+            "allocator",
+            format!(
+                "the plugged allocator returned {b:?} for device {}, which is not memory of that device (or of this runtime)",
+                mem.device
+            ),
+        )
+        .into());
+    }
+    b.check()?;
+    if b.size() < size {
+        return Err(ArgError::new(
+            "allocator",
+            format!(
+                "the plugged allocator returned {} bytes for a request of {size} bytes",
+                b.size()
+            ),
+        )
+        .into());
+    }
+    Ok(())
 }

@@ -333,255 +333,232 @@ fn invalid(why: impl Into<String>) -> crate::error::Error {
     .into()
 }
 
-impl Buffer {
-    /// A handle another process (or this one) opens with [`DeviceMemory::open_ipc_handle`]
-    /// to map this buffer's memory zero-copy. Repeated calls return the same handle; a handle
-    /// of an imported buffer is the one it was opened from.
-    ///
-    /// # Errors
-    /// `InvalidHandle` for a buffer of a shut-down runtime or of the parent process (fork);
-    /// an argument error for a zero-byte buffer, or when [`MAX_EXPORTS`] buffers are exported
-    /// at once.
-    pub fn ipc_handle(&self) -> Result<Vec<u8>> {
-        self.check()?;
-        let a = &self.alloc;
-        if let Place::Imported(m) = &a.place {
-            return Ok(m.handle.clone());
-        }
-        if a.size == 0 {
-            return Err(ArgError::new(
-                "buffer",
-                format!("DeviceBuffer#{} has zero bytes: nothing to share", a.id),
-            )
-            .into());
-        }
-        if let Some(e) = a.export.get() {
-            return Ok(e.handle.clone());
-        }
-        let (arena, base) = a.at();
-        let (file, arena_off) = arena
-            .file_range()
-            .ok_or_else(|| invalid("the buffer has no device memory file"))?;
-        let slot = {
-            let mut s = file.slots.lock();
-            match s.1.pop() {
-                Some(slot) => slot,
-                None if s.0 < MAX_EXPORTS => {
-                    s.0 += 1;
-                    s.0 - 1
-                }
-                None => {
-                    return Err(ArgError::new(
-                        "buffer",
-                        format!(
-                            "{MAX_EXPORTS} buffers are exported already; free some exported \
-                             buffers first"
-                        ),
-                    )
-                    .into())
-                }
+/// The body of [`Buffer::ipc_handle`].
+pub(super) fn ipc_handle(buf: &Buffer) -> Result<Vec<u8>> {
+    buf.check()?;
+    let a = &buf.alloc;
+    if let Place::Imported(m) = &a.place {
+        return Ok(m.handle.clone());
+    }
+    if a.size == 0 {
+        return Err(ArgError::new(
+            "buffer",
+            format!("DeviceBuffer#{} has zero bytes: nothing to share", a.id),
+        )
+        .into());
+    }
+    if let Some(e) = a.export.get() {
+        return Ok(e.handle.clone());
+    }
+    let (arena, base) = a.at();
+    let (file, arena_off) = arena
+        .file_range()
+        .ok_or_else(|| invalid("the buffer has no device memory file"))?;
+    let slot = {
+        let mut s = file.slots.lock();
+        match s.1.pop() {
+            Some(slot) => slot,
+            None if s.0 < MAX_EXPORTS => {
+                s.0 += 1;
+                s.0 - 1
             }
-        };
-        let h = Handle {
-            pid: std::process::id(),
-            start_time: process_start_time(std::process::id()).unwrap_or(0),
-            fd: file.fd(),
-            slot,
-            file_nonce: file.nonce(),
-            nonce: super::host::random_u64(),
-            offset: arena_off + base,
-            len: a.size,
-            device: self.device() as u32,
-        };
-        let mut entry = [0u8; SLOT_BYTES as usize];
-        for (i, v) in [h.offset, h.len, h.nonce, LIVE].into_iter().enumerate() {
-            entry[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+            None => {
+                return Err(ArgError::new(
+                    "buffer",
+                    format!(
+                        "{MAX_EXPORTS} buffers are exported already; free some exported \
+                         buffers first"
+                    ),
+                )
+                .into())
+            }
         }
-        let export = Export {
-            file: file.clone(),
-            slot,
-            handle: h.encode(),
-        };
-        file.file()
-            .write_all_at(&entry, u64::from(slot) * SLOT_BYTES)
-            .map_err(|e| invalid(format!("cannot write the export table: {e}")))?;
-        // Two racing first exports: the loser's `Export` drops and clears its own slot.
-        if a.export.set(export).is_ok() {
-            note_open((h.file_nonce, h.offset), a);
-        }
-        Ok(a.export.get().expect("set above").handle.clone())
+    };
+    let h = Handle {
+        pid: std::process::id(),
+        start_time: process_start_time(std::process::id()).unwrap_or(0),
+        fd: file.fd(),
+        slot,
+        file_nonce: file.nonce(),
+        nonce: super::host::random_u64(),
+        offset: arena_off + base,
+        len: a.size,
+        device: buf.device() as u32,
+    };
+    let mut entry = [0u8; SLOT_BYTES as usize];
+    for (i, v) in [h.offset, h.len, h.nonce, LIVE].into_iter().enumerate() {
+        entry[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
     }
-
-    /// Whether this buffer maps another process's memory ([`DeviceMemory::open_ipc_handle`]).
-    pub fn is_imported(&self) -> bool {
-        matches!(self.alloc.place, Place::Imported(_))
+    let export = Export {
+        file: file.clone(),
+        slot,
+        handle: h.encode(),
+    };
+    file.file()
+        .write_all_at(&entry, u64::from(slot) * SLOT_BYTES)
+        .map_err(|e| invalid(format!("cannot write the export table: {e}")))?;
+    // Two racing first exports: the loser's `Export` drops and clears its own slot.
+    if a.export.set(export).is_ok() {
+        note_open((h.file_nonce, h.offset), a);
     }
+    Ok(a.export.get().expect("set above").handle.clone())
 }
 
-impl DeviceMemory {
-    /// Map the buffer `handle` names (made by [`Buffer::ipc_handle`] in another process of
-    /// the same user, or in this one) as a buffer of this device, zero-copy. Only the pages
-    /// covering the exported block are mapped, and the buffer's bounds are exactly the block.
-    ///
-    /// A process never holds two allocations over the same memory: a handle this process
-    /// exported opens as the exported allocation itself, and a block it has open already
-    /// opens as that allocation (both on the device they belong to, which may differ from
-    /// this one). So a copy between a buffer and "its alias" is a copy within one allocation.
-    ///
-    /// # Errors
-    /// An argument error for bytes that are not a handle; `InvalidHandle` when the exporting
-    /// process has exited, the buffer was freed, or the handle does not match the exporter's
-    /// memory (forged or corrupted); `InvalidHandle` after shutdown.
-    pub fn open_ipc_handle(self: &Arc<Self>, handle: &[u8]) -> Result<Buffer> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(DeviceError::InvalidHandle {
-                what: format!("the memory of device {}", self.device),
-                why: "the runtime was shut down".into(),
-            }
-            .into());
+/// The body of [`Buffer::is_imported`].
+pub(super) fn is_imported(buf: &Buffer) -> bool {
+    matches!(buf.alloc.place, Place::Imported(_))
+}
+
+/// The body of [`DeviceMemory::open_ipc_handle`].
+pub(super) fn open_ipc_handle(mem: &Arc<DeviceMemory>, handle: &[u8]) -> Result<Buffer> {
+    if mem.closed.load(Ordering::Acquire) {
+        return Err(DeviceError::InvalidHandle {
+            what: format!("the memory of device {}", mem.device),
+            why: "the runtime was shut down".into(),
         }
-        let h = Handle::decode(handle)?;
-        let gone = || {
-            invalid(format!(
-                "the exporting process (pid {}) has exited; a handle is valid only while its \
-                 exporter lives and keeps the buffer",
-                h.pid
-            ))
-        };
-        if h.len == 0 || h.offset < FILE_HEADER || h.slot >= MAX_EXPORTS {
-            return Err(invalid(format!(
-                "it names {} bytes at offset {} in slot {}, which no exporter makes (forged \
-                 or corrupted)",
-                h.len, h.offset, h.slot
-            )));
-        }
-        if !process_alive(h.pid, h.start_time) {
-            return Err(gone());
-        }
-        let key = (h.file_nonce, h.offset);
-        if super::host::own_file_nonce() == Some(h.file_nonce) {
-            // This process's own memory: the exported allocation itself, or nothing. Mapping
-            // the file again would alias whatever lives there now (after a free, a new
-            // allocation that must read zero).
-            return match find_open(key).filter(|a| a.was_opened_as(handle)) {
-                Some(alloc) => Ok(opened(alloc)?),
-                None => Err(invalid(
-                    "it names a block of this process's memory that is no longer exported \
-                     (the buffer was freed) or never was (stale or forged handle)",
-                )),
-            };
-        }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(format!("/proc/{}/fd/{}", h.pid, h.fd))
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => gone(),
-                _ => invalid(format!(
-                    "cannot open the memory of process {} ({e}); only processes of the same \
-                     user can share memory",
-                    h.pid
-                )),
-            })?;
-        // Identify what was opened (not what the fd number named a moment before).
-        use std::os::fd::AsRawFd;
-        let name = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let expected = format!("/memfd:runtime-mem-{:016x}", h.file_nonce);
-        if !name.starts_with(&expected) {
-            return Err(invalid(format!(
-                "descriptor {} of process {} is not the runtime memory the handle names \
-                 (forged or stale handle)",
-                h.fd, h.pid
-            )));
-        }
-        let mut entry = [0u8; SLOT_BYTES as usize];
-        file.read_exact_at(&mut entry, u64::from(h.slot) * SLOT_BYTES)
-            .map_err(|e| invalid(format!("cannot read the export table: {e}")))?;
-        let field = |i: usize| u64::from_le_bytes(entry[i * 8..i * 8 + 8].try_into().expect("8"));
-        if field(3) != LIVE || field(2) != h.nonce {
-            return Err(invalid(format!(
-                "the exporting process (pid {}) freed the buffer, or never exported it \
-                 (stale or forged handle)",
-                h.pid
-            )));
-        }
-        if field(0) != h.offset || field(1) != h.len {
-            return Err(invalid(format!(
-                "it names {} bytes at offset {}, but the exporter exported {} bytes at offset \
-                 {} (forged or corrupted)",
-                h.len,
-                h.offset,
-                field(1),
-                field(0)
-            )));
-        }
-        if let Some(alloc) = find_open(key) {
-            // Open here already: the same allocation (one lock, one idea of overlap).
-            return if alloc.was_opened_as(handle) {
-                opened(alloc)
-            } else {
-                Err(invalid(format!(
-                    "this process still holds an import of the block at offset {} of process \
-                     {}'s memory from an earlier export of it (freed by its exporter since); \
-                     drop that buffer first",
-                    h.offset, h.pid
-                )))
-            };
-        }
-        let start = h.offset / PAGE * PAGE;
-        let end = h
-            .offset
-            .checked_add(h.len)
-            .and_then(|e| e.checked_next_multiple_of(PAGE))
-            .ok_or_else(|| invalid("its range overflows"))?;
-        let arena = Arena::map_file(&file, start, end - start)
-            .map_err(|e| invalid(format!("cannot map the exported memory: {e}")))?;
-        drop(file);
-        account(self.device, arena.len(), true);
-        let imported = Imported {
-            arena,
-            offset: h.offset - start,
-            handle: handle.to_vec(),
-            device: self.device,
-            file_nonce: h.file_nonce,
-            file_offset: h.offset,
-        };
-        let alloc = Arc::new(Allocation {
-            mem: self.clone(),
-            place: Place::Imported(imported),
-            size: h.len,
-            block: 0,
-            id: NEXT_IMPORT_ID.fetch_add(1, Ordering::Relaxed),
-            recorded: crate::sync::lock::Mutex::new(Vec::new()),
-            export: std::sync::OnceLock::new(),
-            tracker: super::access::Tracker::new(),
-        });
-        // Two threads opening the same block at once: the first noted wins, the other's
-        // mapping is dropped unused.
-        let alloc = {
-            let mut open = OPEN.lock();
-            let key = (h.file_nonce, h.offset);
-            match open
-                .iter()
-                .filter(|(k, _)| *k == key)
-                .find_map(|(_, a)| a.upgrade())
-            {
-                Some(first) => first,
-                None => {
-                    open.retain(|(_, a)| a.strong_count() > 0);
-                    open.push((key, Arc::downgrade(&alloc)));
-                    alloc
-                }
-            }
-        };
-        Ok(Buffer {
-            alloc,
-            offset: 0,
-            len: h.len,
-        })
+        .into());
     }
+    let h = Handle::decode(handle)?;
+    let gone = || {
+        invalid(format!(
+            "the exporting process (pid {}) has exited; a handle is valid only while its \
+             exporter lives and keeps the buffer",
+            h.pid
+        ))
+    };
+    if h.len == 0 || h.offset < FILE_HEADER || h.slot >= MAX_EXPORTS {
+        return Err(invalid(format!(
+            "it names {} bytes at offset {} in slot {}, which no exporter makes (forged \
+             or corrupted)",
+            h.len, h.offset, h.slot
+        )));
+    }
+    if !process_alive(h.pid, h.start_time) {
+        return Err(gone());
+    }
+    let key = (h.file_nonce, h.offset);
+    if super::host::own_file_nonce() == Some(h.file_nonce) {
+        // This process's own memory: the exported allocation itself, or nothing. Mapping
+        // the file again would alias whatever lives there now (after a free, a new
+        // allocation that must read zero).
+        return match find_open(key).filter(|a| was_opened_as(a, handle)) {
+            Some(alloc) => Ok(opened(alloc)?),
+            None => Err(invalid(
+                "it names a block of this process's memory that is no longer exported \
+                 (the buffer was freed) or never was (stale or forged handle)",
+            )),
+        };
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{}/fd/{}", h.pid, h.fd))
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => gone(),
+            _ => invalid(format!(
+                "cannot open the memory of process {} ({e}); only processes of the same \
+                 user can share memory",
+                h.pid
+            )),
+        })?;
+    // Identify what was opened (not what the fd number named a moment before).
+    use std::os::fd::AsRawFd;
+    let name = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let expected = format!("/memfd:runtime-mem-{:016x}", h.file_nonce);
+    if !name.starts_with(&expected) {
+        return Err(invalid(format!(
+            "descriptor {} of process {} is not the runtime memory the handle names \
+             (forged or stale handle)",
+            h.fd, h.pid
+        )));
+    }
+    let mut entry = [0u8; SLOT_BYTES as usize];
+    file.read_exact_at(&mut entry, u64::from(h.slot) * SLOT_BYTES)
+        .map_err(|e| invalid(format!("cannot read the export table: {e}")))?;
+    let field = |i: usize| u64::from_le_bytes(entry[i * 8..i * 8 + 8].try_into().expect("8"));
+    if field(3) != LIVE || field(2) != h.nonce {
+        return Err(invalid(format!(
+            "the exporting process (pid {}) freed the buffer, or never exported it \
+             (stale or forged handle)",
+            h.pid
+        )));
+    }
+    if field(0) != h.offset || field(1) != h.len {
+        return Err(invalid(format!(
+            "it names {} bytes at offset {}, but the exporter exported {} bytes at offset \
+             {} (forged or corrupted)",
+            h.len,
+            h.offset,
+            field(1),
+            field(0)
+        )));
+    }
+    if let Some(alloc) = find_open(key) {
+        // Open here already: the same allocation (one lock, one idea of overlap).
+        return if was_opened_as(&alloc, handle) {
+            opened(alloc)
+        } else {
+            Err(invalid(format!(
+                "this process still holds an import of the block at offset {} of process \
+                 {}'s memory from an earlier export of it (freed by its exporter since); \
+                 drop that buffer first",
+                h.offset, h.pid
+            )))
+        };
+    }
+    let start = h.offset / PAGE * PAGE;
+    let end = h
+        .offset
+        .checked_add(h.len)
+        .and_then(|e| e.checked_next_multiple_of(PAGE))
+        .ok_or_else(|| invalid("its range overflows"))?;
+    let arena = Arena::map_file(&file, start, end - start)
+        .map_err(|e| invalid(format!("cannot map the exported memory: {e}")))?;
+    drop(file);
+    account(mem.device, arena.len(), true);
+    let imported = Imported {
+        arena,
+        offset: h.offset - start,
+        handle: handle.to_vec(),
+        device: mem.device,
+        file_nonce: h.file_nonce,
+        file_offset: h.offset,
+    };
+    let alloc = Arc::new(Allocation {
+        mem: mem.clone(),
+        place: Place::Imported(imported),
+        size: h.len,
+        block: 0,
+        id: NEXT_IMPORT_ID.fetch_add(1, Ordering::Relaxed),
+        recorded: crate::sync::lock::Mutex::new(Vec::new()),
+        export: std::sync::OnceLock::new(),
+        tracker: super::access::Tracker::new(),
+    });
+    // Two threads opening the same block at once: the first noted wins, the other's
+    // mapping is dropped unused.
+    let alloc = {
+        let mut open = OPEN.lock();
+        let key = (h.file_nonce, h.offset);
+        match open
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .find_map(|(_, a)| a.upgrade())
+        {
+            Some(first) => first,
+            None => {
+                open.retain(|(_, a)| a.strong_count() > 0);
+                open.push((key, Arc::downgrade(&alloc)));
+                alloc
+            }
+        }
+    };
+    Ok(Buffer {
+        alloc,
+        offset: 0,
+        len: h.len,
+    })
 }
 
 /// A buffer over the whole of `alloc`, opened again.
@@ -596,14 +573,12 @@ fn opened(alloc: Arc<Allocation>) -> Result<Buffer> {
     Ok(buf)
 }
 
-impl Allocation {
-    /// Whether `handle` is exactly the handle this allocation was exported as or imported
-    /// from (every field: a forged nonce or slot does not open it).
-    fn was_opened_as(&self, handle: &[u8]) -> bool {
-        match &self.place {
-            Place::Imported(m) => m.handle == handle,
-            _ => self.export.get().is_some_and(|e| e.handle == handle),
-        }
+/// Whether `handle` is exactly the handle `alloc` was exported as or imported from (every
+/// field: a forged nonce or slot does not open it).
+fn was_opened_as(alloc: &Allocation, handle: &[u8]) -> bool {
+    match &alloc.place {
+        Place::Imported(m) => m.handle == handle,
+        _ => alloc.export.get().is_some_and(|e| e.handle == handle),
     }
 }
 

@@ -364,7 +364,7 @@ impl DeviceMemory {
     /// Refuse further allocations (the runtime was shut down). Live buffers stay valid.
     pub(crate) fn close(self: &Arc<Self>) {
         self.closed.store(true, Ordering::Release);
-        self.drop_deferred_frees();
+        pool::drop_deferred_frees(self);
         self.return_blocks();
     }
 
@@ -445,7 +445,7 @@ impl DeviceMemory {
         }
         let mut st = self.state.lock();
         st.num_ooms += 1;
-        if let Some(e) = self.over_fraction_locked(&st, size) {
+        if let Some(e) = fraction::over_fraction_locked(self, &st, size) {
             return Err(e.into());
         }
         let stats = self.stats_locked(&st);
@@ -568,7 +568,7 @@ impl DeviceMemory {
     /// The bytes allocations may reserve: the smaller of the per-process fraction
     /// (`fraction`) and the pool's limit (`pool`), never more than the capacity.
     pub fn limit(&self) -> u64 {
-        self.fraction_limit().min(self.pool_limit())
+        self.fraction_limit().min(pool::pool_limit(self))
     }
 
     fn take_locked(&self, st: &mut PoolState, size: u64, block: u64) -> Option<Take> {
@@ -824,6 +824,100 @@ impl DeviceMemory {
         st.peak_allocated = st.allocated();
         st.peak_reserved = st.reserved();
     }
+
+    /// Plug `allocator` in (or, `None`, go back to the built-in pool) for the allocations
+    /// made through [`DeviceMemory::malloc`] from now on. Live allocations keep the allocator
+    /// that made them.
+    pub fn set_allocator(&self, allocator: Option<Arc<dyn Allocator>>) {
+        allocator::set_allocator(self, allocator)
+    }
+
+    /// The plugged allocator, if any.
+    pub fn allocator(&self) -> Option<Arc<dyn Allocator>> {
+        allocator::allocator(self)
+    }
+
+    /// Pass the blocks given back since the last call to their allocators' `free`, on this
+    /// thread, with no runtime lock held; returns how many. A panicking `free` is contained
+    /// (the panic hook reports it; the block is dropped). [`DeviceMemory::malloc`],
+    /// `set_allocator`, `empty_cache` and shutdown call it; callers that want blocks back
+    /// sooner (a pool's statistics, `device_free`) may too.
+    pub fn return_blocks(&self) -> usize {
+        allocator::return_blocks(self)
+    }
+
+    /// Allocate `size` zeroed bytes through the plugged allocator, or the built-in pool when
+    /// none is plugged (or this thread is inside the plugged allocator already).
+    ///
+    /// # Errors
+    /// The plugged allocator's error; `ArgError` (argument `allocator`) when the block it
+    /// returned is not a live buffer of this device holding `size` bytes (the block is then
+    /// given back to it); as [`DeviceMemory::allocate`] for the built-in pool.
+    pub fn malloc(self: &Arc<Self>, size: u64) -> Result<Buffer> {
+        allocator::malloc(self, size)
+    }
+
+    /// Limit this device's reserved bytes to `fraction` of its capacity (rounded down to a
+    /// whole byte); 1.0 lifts the limit.
+    ///
+    /// # Errors
+    /// `fraction` is not a number in `[0, 1]` (nothing changes).
+    pub fn set_memory_fraction(&self, fraction: f64) -> Result<()> {
+        fraction::set_memory_fraction(self, fraction)
+    }
+
+    /// The fraction of the capacity this process may reserve (1.0 unless limited).
+    pub fn memory_fraction(&self) -> f64 {
+        fraction::memory_fraction(self)
+    }
+
+    /// Bytes this process may reserve on the device under its fraction (see
+    /// [`DeviceMemory::limit`] for the limit allocations obey).
+    pub fn fraction_limit(&self) -> u64 {
+        fraction::fraction_limit(self)
+    }
+
+    /// Limit the bytes the pool may reserve to `bytes` (`None` or `Some(0)`: no limit).
+    /// Blocks already reserved stay; allocations that would pass the limit fail.
+    ///
+    /// # Errors
+    /// `ArgError` when `bytes` exceeds the device's capacity (nothing changes).
+    pub fn set_limit(&self, bytes: Option<u64>) -> Result<()> {
+        pool::set_limit(self, bytes)
+    }
+
+    /// The limit set with [`DeviceMemory::set_limit`], 0 when none.
+    pub fn get_limit(&self) -> u64 {
+        pool::get_limit(self)
+    }
+
+    /// Free the parked blocks whose streams have completed the work they waited for; returns
+    /// how many were freed.
+    pub fn process_deferred_frees(self: &Arc<Self>) -> usize {
+        pool::process_deferred_frees(self)
+    }
+
+    /// Blocks parked until their recorded streams complete.
+    pub fn deferred_frees(&self) -> usize {
+        pool::deferred_frees(self)
+    }
+
+    /// Map the buffer `handle` names (made by [`Buffer::ipc_handle`] in another process of
+    /// the same user, or in this one) as a buffer of this device, zero-copy. Only the pages
+    /// covering the exported block are mapped, and the buffer's bounds are exactly the block.
+    ///
+    /// A process never holds two allocations over the same memory: a handle this process
+    /// exported opens as the exported allocation itself, and a block it has open already
+    /// opens as that allocation (both on the device they belong to, which may differ from
+    /// this one). So a copy between a buffer and "its alias" is a copy within one allocation.
+    ///
+    /// # Errors
+    /// An argument error for bytes that are not a handle; `InvalidHandle` when the exporting
+    /// process has exited, the buffer was freed, or the handle does not match the exporter's
+    /// memory (forged or corrupted); `InvalidHandle` after shutdown.
+    pub fn open_ipc_handle(self: &Arc<Self>, handle: &[u8]) -> Result<Buffer> {
+        ipc::open_ipc_handle(self, handle)
+    }
 }
 
 /// A std lock result, poisoning ignored (nothing the scrubber guards can be left half-done).
@@ -890,7 +984,7 @@ pub(crate) fn after_fork_in_child() {
 /// One allocation; returns its block to the allocator when dropped (or, once streams were
 /// recorded on it with [`Buffer::record_stream`], when the work queued on them at that point
 /// has completed).
-pub struct Allocation {
+pub(crate) struct Allocation {
     mem: Arc<DeviceMemory>,
     place: Place,
     size: u64,
@@ -917,9 +1011,7 @@ impl Allocation {
             Place::Imported(mapping) => mapping.at(),
         }
     }
-}
 
-impl Allocation {
     /// What byte 0 of the allocation *is*: the device memory file it lives in (its nonce) and
     /// the offset in that file; `(0, 0)` for a zero-byte allocation. Two mappings of one
     /// block (an imported buffer, a plugged allocator's block) give the same answer.
@@ -977,7 +1069,7 @@ impl Drop for Allocation {
         if recorded.is_empty() {
             self.mem.free_allocation(place, self.size, self.block);
         } else {
-            self.mem.defer_free(place, self.size, self.block, recorded);
+            pool::defer_free(&self.mem, place, self.size, self.block, recorded);
         }
     }
 }
@@ -1399,5 +1491,22 @@ impl Buffer {
         let (arena, base) = self.at();
         // SAFETY: as for `slice`, and the caller guarantees exclusivity.
         unsafe { arena.slice_mut(base + offset, bytes, count) }
+    }
+
+    /// A handle another process (or this one) opens with [`DeviceMemory::open_ipc_handle`]
+    /// to map this buffer's memory zero-copy. Repeated calls return the same handle; a handle
+    /// of an imported buffer is the one it was opened from.
+    ///
+    /// # Errors
+    /// `InvalidHandle` for a buffer of a shut-down runtime or of the parent process (fork);
+    /// an argument error for a zero-byte buffer, or when [`ipc::MAX_EXPORTS`] buffers are exported
+    /// at once.
+    pub fn ipc_handle(&self) -> Result<Vec<u8>> {
+        ipc::ipc_handle(self)
+    }
+
+    /// Whether this buffer maps another process's memory ([`DeviceMemory::open_ipc_handle`]).
+    pub fn is_imported(&self) -> bool {
+        ipc::is_imported(self)
     }
 }

@@ -360,8 +360,8 @@ pub fn empty_cache() {
 
 impl PinnedBuffer {
     /// Bytes as requested.
-    pub fn len(&self) -> usize {
-        self.0.size
+    pub fn len(&self) -> u64 {
+        self.0.size as u64
     }
 
     /// Whether the block is zero bytes.
@@ -423,12 +423,13 @@ impl PinnedBuffer {
         .into()
     }
 
-    fn range(&self, arg: &'static str, offset: usize, count: usize) -> Result<()> {
-        match offset.checked_add(count) {
-            Some(end) if end <= self.0.size => Ok(()),
+    /// Check `[offset, offset + count)` against the block; the offset as a host `usize`.
+    fn range(&self, arg: &'static str, offset: u64, count: usize) -> Result<usize> {
+        match offset.checked_add(count as u64) {
+            Some(end) if end <= self.0.size as u64 => Ok(offset as usize),
             _ => Err(MemoryError::OutOfBounds {
                 arg,
-                offset: offset as u64,
+                offset,
                 count: count as u64,
                 size: self.0.size as u64,
                 what: "pinned host buffer",
@@ -441,8 +442,8 @@ impl PinnedBuffer {
     ///
     /// # Errors
     /// The range is outside the block.
-    pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
-        self.range("offset", offset, src.len())?;
+    pub fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+        let offset = self.range("offset", offset, src.len())?;
         // SAFETY: the range is inside the block's mapping (checked), which lives while `self`
         // does; `src` is a Rust slice and cannot overlap a block handed out as raw memory
         // unless the caller made one from `as_ptr`, which a copy (memmove) tolerates.
@@ -454,8 +455,8 @@ impl PinnedBuffer {
     ///
     /// # Errors
     /// The range is outside the block.
-    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        self.range("offset", offset, dst.len())?;
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+        let offset = self.range("offset", offset, dst.len())?;
         // SAFETY: as for `write`.
         unsafe { std::ptr::copy(self.as_ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
         Ok(())

@@ -86,106 +86,99 @@ pub(super) struct PoolExt {
     pub(super) returned: Mutex<Vec<(Arc<dyn super::Allocator>, super::Block)>>,
 }
 
-impl DeviceMemory {
-    /// Bytes the allocator may reserve: the limit if one is set, else the capacity.
-    pub(super) fn pool_limit(&self) -> u64 {
-        match self.pool.limit.load(Ordering::Relaxed) {
-            0 => self.capacity,
-            l => l.min(self.capacity),
-        }
+/// Bytes the allocator may reserve: the limit if one is set, else the capacity.
+pub(super) fn pool_limit(mem: &DeviceMemory) -> u64 {
+    match mem.pool.limit.load(Ordering::Relaxed) {
+        0 => mem.capacity,
+        l => l.min(mem.capacity),
     }
+}
 
-    /// Limit the bytes the pool may reserve to `bytes` (`None` or `Some(0)`: no limit).
-    /// Blocks already reserved stay; allocations that would pass the limit fail.
-    ///
-    /// # Errors
-    /// `ArgError` when `bytes` exceeds the device's capacity (nothing changes).
-    pub fn set_limit(&self, bytes: Option<u64>) -> Result<()> {
-        let b = bytes.unwrap_or(0);
-        if b > self.capacity {
-            return Err(ArgError::new(
-                "size",
-                format!(
-                    "a limit of {b} bytes exceeds the {}-byte capacity of device {}",
-                    self.capacity, self.device
-                ),
-            )
-            .into());
-        }
-        self.pool.limit.store(b, Ordering::Relaxed);
-        Ok(())
+/// The body of [`DeviceMemory::set_limit`].
+pub(super) fn set_limit(mem: &DeviceMemory, bytes: Option<u64>) -> Result<()> {
+    let b = bytes.unwrap_or(0);
+    if b > mem.capacity {
+        return Err(ArgError::new(
+            "size",
+            format!(
+                "a limit of {b} bytes exceeds the {}-byte capacity of device {}",
+                mem.capacity, mem.device
+            ),
+        )
+        .into());
     }
+    mem.pool.limit.store(b, Ordering::Relaxed);
+    Ok(())
+}
 
-    /// The limit set with [`DeviceMemory::set_limit`], 0 when none.
-    pub fn get_limit(&self) -> u64 {
-        self.pool.limit.load(Ordering::Relaxed)
+/// The body of [`DeviceMemory::get_limit`].
+pub(super) fn get_limit(mem: &DeviceMemory) -> u64 {
+    mem.pool.limit.load(Ordering::Relaxed)
+}
+
+/// Park a freed allocation until its recorded streams have completed what is queued on
+/// them now; free it at once when they already have.
+pub(super) fn defer_free(
+    mem: &Arc<DeviceMemory>,
+    place: Place,
+    size: u64,
+    block: u64,
+    recorded: Vec<Arc<dyn StreamFence>>,
+) {
+    let waits: Vec<_> = recorded
+        .into_iter()
+        .map(|s| {
+            let target = s.submitted();
+            (s, target)
+        })
+        .filter(|(s, t)| !s.reached(*t))
+        .collect();
+    if waits.is_empty() || mem.closed.load(Ordering::Acquire) {
+        mem.free_allocation(place, size, block);
+        return;
     }
+    let mut d = mem.pool.deferred.lock();
+    d.push(Deferred {
+        place,
+        size,
+        block,
+        waits,
+    });
+    mem.pool.n_deferred.store(d.len(), Ordering::Release);
+}
 
-    /// Park a freed allocation until its recorded streams have completed what is queued on
-    /// them now; free it at once when they already have.
-    pub(super) fn defer_free(
-        self: &Arc<Self>,
-        place: Place,
-        size: u64,
-        block: u64,
-        recorded: Vec<Arc<dyn StreamFence>>,
-    ) {
-        let waits: Vec<_> = recorded
+/// The body of [`DeviceMemory::process_deferred_frees`].
+pub(super) fn process_deferred_frees(mem: &Arc<DeviceMemory>) -> usize {
+    if mem.pool.n_deferred.load(Ordering::Acquire) == 0 {
+        return 0;
+    }
+    let ready: Vec<Deferred> = {
+        let mut d = mem.pool.deferred.lock();
+        let (ready, waiting) = std::mem::take(&mut *d)
             .into_iter()
-            .map(|s| {
-                let target = s.submitted();
-                (s, target)
-            })
-            .filter(|(s, t)| !s.reached(*t))
-            .collect();
-        if waits.is_empty() || self.closed.load(Ordering::Acquire) {
-            self.free_allocation(place, size, block);
-            return;
-        }
-        let mut d = self.pool.deferred.lock();
-        d.push(Deferred {
-            place,
-            size,
-            block,
-            waits,
-        });
-        self.pool.n_deferred.store(d.len(), Ordering::Release);
+            .partition(|x| x.waits.iter().all(|(s, t)| s.reached(*t)));
+        *d = waiting;
+        mem.pool.n_deferred.store(d.len(), Ordering::Release);
+        ready
+    };
+    // Freed outside the lock (a plugged block goes back to its allocator).
+    let n = ready.len();
+    for x in ready {
+        mem.free_allocation(x.place, x.size, x.block);
     }
+    n
+}
 
-    /// Free the parked blocks whose streams have completed the work they waited for; returns
-    /// how many were freed.
-    pub fn process_deferred_frees(self: &Arc<Self>) -> usize {
-        if self.pool.n_deferred.load(Ordering::Acquire) == 0 {
-            return 0;
-        }
-        let ready: Vec<Deferred> = {
-            let mut d = self.pool.deferred.lock();
-            let (ready, waiting) = std::mem::take(&mut *d)
-                .into_iter()
-                .partition(|x| x.waits.iter().all(|(s, t)| s.reached(*t)));
-            *d = waiting;
-            self.pool.n_deferred.store(d.len(), Ordering::Release);
-            ready
-        };
-        // Freed outside the lock (a plugged block goes back to its allocator).
-        let n = ready.len();
-        for x in ready {
-            self.free_allocation(x.place, x.size, x.block);
-        }
-        n
-    }
+/// The body of [`DeviceMemory::deferred_frees`].
+pub(super) fn deferred_frees(mem: &DeviceMemory) -> usize {
+    mem.pool.n_deferred.load(Ordering::Acquire)
+}
 
-    /// Blocks parked until their recorded streams complete.
-    pub fn deferred_frees(&self) -> usize {
-        self.pool.n_deferred.load(Ordering::Acquire)
-    }
-
-    /// At shutdown (the streams were drained): free every parked block.
-    pub(super) fn drop_deferred_frees(self: &Arc<Self>) {
-        let all = std::mem::take(&mut *self.pool.deferred.lock());
-        self.pool.n_deferred.store(0, Ordering::Release);
-        for x in all {
-            self.free_allocation(x.place, x.size, x.block);
-        }
+/// At shutdown (the streams were drained): free every parked block.
+pub(super) fn drop_deferred_frees(mem: &Arc<DeviceMemory>) {
+    let all = std::mem::take(&mut *mem.pool.deferred.lock());
+    mem.pool.n_deferred.store(0, Ordering::Release);
+    for x in all {
+        mem.free_allocation(x.place, x.size, x.block);
     }
 }

@@ -18,6 +18,12 @@
 //! runs (truly asynchronous); into pageable memory the call that queued it returns only once
 //! the copy is complete, so code that reads its array right after the call (as CUDA programs
 //! may) reads the copied bytes. The bindings do that wait, interruptibly.
+//!
+//! [`copy`] and [`copy_2d`] are the entry points for a caller holding two ends of any kind
+//! ([`End`]: device buffer, host memory, or host memory that is a view of device memory):
+//! they check the ranges, refuse a host-device copy whose host side covers the device bytes
+//! it copies, make the staging choice above, and say which devices a blocking copy orders
+//! on ([`Planned`]). The Python bindings build every `memcpy*` through them.
 
 use std::sync::Arc;
 
@@ -484,6 +490,250 @@ pub fn h2h_2d(
     }))
 }
 
+/// One end of a copy ([`copy`], [`copy_2d`]).
+#[derive(Clone)]
+pub enum End {
+    /// Device memory: a buffer (a view; offsets are relative to it).
+    Device(Buffer),
+    /// Host memory.
+    Host(Arc<dyn HostMemory>),
+    /// Host memory through which device memory is seen (a host view of a device buffer, as
+    /// the Python package's numpy views of `DeviceBuffer`s): a queued copy from it reads it
+    /// when the copy runs, in stream order, and never stages it when queued.
+    DeviceView(Arc<dyn HostMemory>),
+}
+
+impl End {
+    fn len(&self) -> u64 {
+        match self {
+            End::Device(b) => b.size(),
+            End::Host(h) | End::DeviceView(h) => h.len() as u64,
+        }
+    }
+
+    fn noun(&self) -> &'static str {
+        match self {
+            End::Device(_) => "device buffer",
+            End::Host(_) | End::DeviceView(_) => "host buffer",
+        }
+    }
+
+    /// Host address of byte `offset` of this end (the device is host-backed).
+    fn addr(&self, offset: u64) -> usize {
+        let base = match self {
+            End::Device(b) => b.as_ptr() as usize,
+            End::Host(h) | End::DeviceView(h) => h.as_ptr() as usize,
+        };
+        base.wrapping_add(offset as usize)
+    }
+
+    fn check_range(&self, arg: &'static str, offset: u64, count: u64) -> Result<()> {
+        match self {
+            End::Device(b) => b.check_range(arg, offset, count),
+            End::Host(h) | End::DeviceView(h) => host_range(arg, h.len(), offset, count),
+        }
+    }
+}
+
+/// How a copy is submitted, which decides when a pageable host source is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Submit {
+    /// Queued on a stream, returning before it runs: a pageable host source is staged now
+    /// (the caller may reuse it at once); pinned memory and host views of device memory are
+    /// read when the copy runs, in stream order (CUDA's rule).
+    Queued,
+    /// Waited for by the caller: the source is read when the copy runs.
+    Blocking,
+}
+
+/// A copy built by [`copy`] or [`copy_2d`], ready to be submitted.
+pub struct Planned {
+    /// The stream op.
+    pub op: Arc<dyn Op>,
+    /// The device whose stream a blocking copy runs on: the destination's, or the source's
+    /// for a device-to-host copy; `None` for a host-to-host copy (the caller's current
+    /// device).
+    pub device: Option<usize>,
+    /// For a device-to-device copy, the source's device: a blocking copy is ordered after
+    /// its current stream's work too (as `cudaMemcpyPeer`).
+    pub peer: Option<usize>,
+    /// A queued copy into pageable host memory ([`completes_before_return`]): the call that
+    /// queues it returns only once it is complete (CUDA's rule); the caller waits.
+    pub finish: bool,
+}
+
+/// Refuse a host-device copy whose host side covers the device bytes it copies (`span`s
+/// of `count`-byte rows from each end's first byte).
+fn refuse_host_view_overlap(
+    dst: &End,
+    dst_at: usize,
+    dst_span: u64,
+    src: &End,
+    src_at: usize,
+    src_span: u64,
+    hint: &'static str,
+) -> Result<()> {
+    let host_device = matches!(
+        (dst, src),
+        (End::Device(_), End::Host(_) | End::DeviceView(_))
+            | (End::Host(_) | End::DeviceView(_), End::Device(_))
+    );
+    let (dn, sn) = (dst_span as usize, src_span as usize);
+    if host_device
+        && dn > 0
+        && sn > 0
+        && dst_at < src_at.saturating_add(sn)
+        && src_at < dst_at.saturating_add(dn)
+    {
+        return Err(MemoryError::HostViewOverlap { hint }.into());
+    }
+    Ok(())
+}
+
+/// A copy of `count` bytes from `src` at `src_off` to `dst` at `dst_off`, either end host or
+/// device memory, as a stream op to be submitted as `submit` says. The one place that
+/// decides, for every caller:
+///
+/// - ranges: each checked against its end (`OutOfBounds` naming `dst_offset`/`src_offset`);
+/// - overlap: a copy between host and device memory whose host side is a view of the same
+///   device bytes is refused (`HostViewOverlap`): it would be a memcpy over overlapping
+///   ranges. Device-to-device copies move overlapping ranges as `memmove`;
+/// - staging: a queued host-to-device copy stages a pageable source now and reads pinned
+///   memory or a [`End::DeviceView`] when it runs ([`h2d_async`]); a blocking one reads the
+///   source when it runs ([`h2d`]).
+///
+/// # Errors
+/// As above; the host destination is read-only; a pinned source was freed.
+pub fn copy(
+    dst: End,
+    dst_off: u64,
+    src: End,
+    src_off: u64,
+    count: u64,
+    submit: Submit,
+) -> Result<Planned> {
+    dst.check_range("dst_offset", dst_off, count)?;
+    src.check_range("src_offset", src_off, count)?;
+    refuse_host_view_overlap(
+        &dst,
+        dst.addr(dst_off),
+        count,
+        &src,
+        src.addr(src_off),
+        count,
+        "use memcpy_d2d for overlapping copies",
+    )?;
+    let finish = submit == Submit::Queued
+        && matches!(&dst, End::Host(h) if completes_before_return(h.as_ref(), dst_off, count));
+    let planned = match (dst, src) {
+        (End::Device(d), End::Host(h)) if submit == Submit::Queued => Planned {
+            op: h2d_async(&d, dst_off, h, src_off, count)?,
+            device: Some(d.device()),
+            peer: None,
+            finish: false,
+        },
+        (End::Device(d), End::Host(h) | End::DeviceView(h)) => Planned {
+            op: h2d(&d, dst_off, h, src_off, count)?,
+            device: Some(d.device()),
+            peer: None,
+            finish: false,
+        },
+        (End::Host(h) | End::DeviceView(h), End::Device(s)) => Planned {
+            op: d2h(h, dst_off, &s, src_off, count)?,
+            device: Some(s.device()),
+            peer: None,
+            finish: false,
+        },
+        (End::Device(d), End::Device(s)) => Planned {
+            op: d2d(&d, dst_off, &s, src_off, count)?,
+            device: Some(d.device()),
+            peer: Some(s.device()),
+            finish: false,
+        },
+        (End::Host(dh) | End::DeviceView(dh), End::Host(sh) | End::DeviceView(sh)) => {
+            let row = Rect {
+                dst_off,
+                dpitch: count,
+                src_off,
+                spitch: count,
+                width: count,
+                height: 1,
+            };
+            Planned {
+                op: h2h_2d(dh, sh, row)?,
+                device: None,
+                peer: None,
+                finish: false,
+            }
+        }
+    };
+    Ok(Planned { finish, ..planned })
+}
+
+/// A 2-D (pitched) copy of `rect` from `src` to `dst`, either end host or device memory, as
+/// a stream op to be submitted as `submit` says: checked as `cudaMemcpy2D` checks it
+/// ([`Rect::check`], naming each end by its kind), refused when the host side of a
+/// host-device copy covers the device rows it copies, and staged or read in stream order
+/// as [`copy`] decides.
+///
+/// # Errors
+/// As [`Rect::check`] and [`copy`].
+pub fn copy_2d(dst: End, src: End, rect: Rect, submit: Submit) -> Result<Planned> {
+    rect.check(dst.len(), dst.noun(), src.len(), src.noun())?;
+    let span = |pitch: u64| {
+        if rect.is_empty() {
+            0
+        } else {
+            (rect.height - 1) * pitch + rect.width
+        }
+    };
+    refuse_host_view_overlap(
+        &dst,
+        dst.addr(rect.dst_off),
+        span(rect.dpitch),
+        &src,
+        src.addr(rect.src_off),
+        span(rect.spitch),
+        "copy device to device instead",
+    )?;
+    let finish = submit == Submit::Queued
+        && matches!(&dst, End::Host(h)
+            if completes_before_return(h.as_ref(), rect.dst_off, span(rect.dpitch)));
+    let planned = match (dst, src) {
+        (End::Device(d), End::Host(h)) if submit == Submit::Queued => Planned {
+            op: h2d_2d_async(&d, h, rect)?,
+            device: Some(d.device()),
+            peer: None,
+            finish: false,
+        },
+        (End::Device(d), End::Host(h) | End::DeviceView(h)) => Planned {
+            op: h2d_2d(&d, h, rect)?,
+            device: Some(d.device()),
+            peer: None,
+            finish: false,
+        },
+        (End::Host(h) | End::DeviceView(h), End::Device(s)) => Planned {
+            op: d2h_2d(h, &s, rect)?,
+            device: Some(s.device()),
+            peer: None,
+            finish: false,
+        },
+        (End::Device(d), End::Device(s)) => Planned {
+            op: d2d_2d(&d, &s, rect)?,
+            device: Some(d.device()),
+            peer: Some(s.device()),
+            finish: false,
+        },
+        (End::Host(dh) | End::DeviceView(dh), End::Host(sh) | End::DeviceView(sh)) => Planned {
+            op: h2h_2d(dh, sh, rect)?,
+            device: None,
+            peer: None,
+            finish: false,
+        },
+    };
+    Ok(Planned { finish, ..planned })
+}
+
 /// The stream-ordered prefetch of managed buffer `buf` to `location`
 /// (`cudaMemPrefetchAsync`): the memory of virtual devices is host memory, so nothing moves;
 /// the op orders like a copy, shows in the trace, and records where the buffer was last
@@ -511,7 +761,7 @@ unsafe impl HostMemory for PinnedBuffer {
         Some(PinnedBuffer::as_ptr(self))
     }
     fn len(&self) -> usize {
-        PinnedBuffer::len(self)
+        PinnedBuffer::len(self) as usize
     }
 }
 
@@ -554,67 +804,57 @@ unsafe impl HostMemory for HostVec {
     }
 }
 
-impl Stream {
-    /// Copy `src` into `dst` at byte `offset`, in stream order. The values are staged first,
-    /// so this returns as soon as `src` may be reused (CUDA's rule for pageable host
-    /// memory); the copy itself runs when the stream gets there.
-    ///
-    /// # Errors
-    /// The range does not fit in `dst` (nothing is queued); stream errors as for
-    /// [`Stream::launch`].
-    pub fn copy_from_host<T: Element>(&self, dst: &Buffer, offset: u64, src: &[T]) -> Result<()> {
-        let staged = HostVec::new(T::as_bytes(src).to_vec());
-        let len = staged.len() as u64;
-        self.launch(h2d(dst, offset, staged, 0, len)?)
-    }
+/// The body of [`Stream::copy_from_host`].
+pub(super) fn copy_from_host<T: Element>(
+    stream: &Stream,
+    dst: &Buffer,
+    offset: u64,
+    src: &[T],
+) -> Result<()> {
+    let staged = HostVec::new(T::as_bytes(src).to_vec());
+    let len = staged.len() as u64;
+    stream.launch(h2d(dst, offset, staged, 0, len)?)
+}
 
-    /// Copy `count` bytes of pinned `src` at `src_off` into `dst` at `dst_off`, in stream
-    /// order and truly asynchronously: the command reads `src` when it runs (it holds a clone
-    /// of the block until then), so writes to `src` before the stream reaches the copy are
-    /// seen by it.
-    ///
-    /// # Errors
-    /// A range does not fit; `src` was freed; stream errors as for [`Stream::launch`].
-    pub fn copy_from_pinned(
-        &self,
-        dst: &Buffer,
-        dst_off: u64,
-        src: &PinnedBuffer,
-        src_off: u64,
-        count: u64,
-    ) -> Result<()> {
-        self.launch(h2d_async(
-            dst,
-            dst_off,
-            Arc::new(src.clone()),
-            src_off,
-            count,
-        )?)
-    }
+/// The body of [`Stream::copy_from_pinned`].
+pub(super) fn copy_from_pinned(
+    stream: &Stream,
+    dst: &Buffer,
+    dst_off: u64,
+    src: &PinnedBuffer,
+    src_off: u64,
+    count: u64,
+) -> Result<()> {
+    stream.launch(h2d_async(
+        dst,
+        dst_off,
+        Arc::new(src.clone()),
+        src_off,
+        count,
+    )?)
+}
 
-    /// Copy from `src` at byte `offset` into `dst` after the work queued so far on this
-    /// stream, and wait for it (run at once when the stream is idle). Like any
-    /// synchronisation it reports an error the stream's earlier work raised.
-    ///
-    /// # Errors
-    /// The range does not fit in `src`; the stream is capturing (`Capturing`); the stream's
-    /// pending error.
-    pub fn copy_to_host<T: Element>(&self, src: &Buffer, offset: u64, dst: &mut [T]) -> Result<()> {
-        let len = size_of_val(dst) as u64;
-        let staged = HostVec::new(vec![0u8; len as usize]);
-        let op = d2h(staged.clone(), 0, src, offset, len)?;
-        if self.try_run_inline(&op)? {
-            drop(op);
-        } else {
-            // The runner drops a command before counting it complete, so after the wait
-            // below the staging buffer has no other owner.
-            self.enqueue(op)?;
-        }
-        self.synchronize(None)?;
-        let bytes = staged
-            .into_inner()
-            .ok_or_else(|| arg_error("dst", "the staging buffer is still in use"))?;
-        T::as_bytes_mut(dst).copy_from_slice(&bytes);
-        Ok(())
+/// The body of [`Stream::copy_to_host`].
+pub(super) fn copy_to_host<T: Element>(
+    stream: &Stream,
+    src: &Buffer,
+    offset: u64,
+    dst: &mut [T],
+) -> Result<()> {
+    let len = size_of_val(dst) as u64;
+    let staged = HostVec::new(vec![0u8; len as usize]);
+    let op = d2h(staged.clone(), 0, src, offset, len)?;
+    if stream.try_run_inline(&op)? {
+        drop(op);
+    } else {
+        // The runner drops a command before counting it complete, so after the wait
+        // below the staging buffer has no other owner.
+        stream.enqueue(op)?;
     }
+    stream.synchronize(None)?;
+    let bytes = staged
+        .into_inner()
+        .ok_or_else(|| arg_error("dst", "the staging buffer is still in use"))?;
+    T::as_bytes_mut(dst).copy_from_slice(&bytes);
+    Ok(())
 }

@@ -121,7 +121,7 @@ impl Graph {
     /// Fails with `InvalidHandle` when the runtime it was captured under was shut down, and
     /// with an argument error (as for a kernel argument on another device) when `exec` runs
     /// another device.
-    pub fn check_for(&self, exec: &super::Executor) -> crate::error::Result<()> {
+    pub(crate) fn check_for(&self, exec: &super::Executor) -> crate::error::Result<()> {
         if !crate::generation::is_live(self.0.generation) || exec.generation() != self.0.generation
         {
             return Err(crate::error::DeviceError::InvalidHandle {

@@ -1,8 +1,8 @@
 //! Streams: ordered queues of commands drained by the device's engines.
 //!
 //! * [`command`]: the [`Op`] trait and the commands a stream carries.
-//! * [`engine`]: the worker threads (compute, copy and serial engines per device).
-//! * [`executor`]: what a stream needs of its device: engines, submission gate, options and
+//! * `engine`: the worker threads (compute, copy and serial engines per device).
+//! * `executor`: what a stream needs of its device: engines, submission gate, options and
 //!   the registry of the device's streams.
 //! * `gate`: the submission gate that `shutdown` closes before it drains.
 //! * `capture`: capture sessions, with fork and join across streams through events.
@@ -36,8 +36,8 @@ pub(crate) mod capture;
 pub mod command;
 pub(crate) mod completion;
 pub mod copy;
-pub mod engine;
-pub mod executor;
+pub(crate) mod engine;
+pub(crate) mod executor;
 pub(crate) mod gate;
 pub mod graph;
 mod panics;
@@ -52,13 +52,15 @@ use crate::clock::{deadline_after, now_ns};
 use crate::error::{DeviceError, KernelFailure, Result, StreamError};
 use crate::event::{Event, Wake};
 use crate::memory::access::PendingWork;
+use crate::memory::pinned::PinnedBuffer;
+use crate::memory::{Buffer, Element};
 use crate::trace;
 use capture::Session;
 use command::{Command, CommandQueue};
 pub use command::{FnOp, Op, OpKind};
 use completion::Completion;
 use engine::{EngineKind, Engines};
-pub use executor::Executor;
+pub(crate) use executor::Executor;
 use gate::GateGuard;
 pub use graph::Graph;
 use graph::Node;
@@ -187,6 +189,23 @@ impl PartialEq for Stream {
     }
 }
 
+/// What a stream is created on ([`Stream::new`]): a device (`device::Device`, of the layer
+/// above this one, implements it). Sealed.
+pub trait StreamDevice: sealed::Sealed {
+    /// The device's executor (callable only inside this crate: it takes a token only this
+    /// crate can make).
+    #[doc(hidden)]
+    fn executor(&self, token: sealed::Token) -> &Arc<Executor>;
+}
+
+pub(crate) mod sealed {
+    /// Implemented by the types that may implement [`super::StreamDevice`].
+    pub trait Sealed {}
+
+    /// Proof of a call from inside this crate.
+    pub struct Token(pub(crate) ());
+}
+
 /// Where an outcome of running one command leaves the stream.
 enum Step {
     Done,
@@ -194,24 +213,23 @@ enum Step {
 }
 
 impl Stream {
-    /// Create a stream on the device `exec` executes for, with `priority` in
-    /// `PRIORITY_HIGHEST..=PRIORITY_LOWEST`. `Stream::new(&device, priority)`, defined by the
-    /// device layer above this one, does this for a device.
+    /// Create a stream on `device` (a `device::Device`) with `priority` in
+    /// `PRIORITY_HIGHEST..=PRIORITY_LOWEST`.
     ///
     /// # Errors
     /// `InvalidArgument` for a priority out of range; `InvalidHandle` after shutdown.
-    pub fn on(exec: &Arc<Executor>, priority: i32) -> Result<Stream> {
-        Self::new_internal(exec, priority, false, false)
+    pub fn new(device: &impl StreamDevice, priority: i32) -> Result<Stream> {
+        Self::new_internal(device.executor(sealed::Token(())), priority, false, false)
     }
 
-    /// [`Stream::on`] with `non_blocking`: a non-blocking stream never synchronises with the
-    /// device's default stream, also when the `legacyDefaultStream` option makes the default
-    /// stream CUDA's legacy one (see the module documentation).
+    /// [`Stream::new`] for a non-blocking stream (CUDA's `cudaStreamNonBlocking`): it never
+    /// synchronises with the device's default stream, also when the `legacyDefaultStream`
+    /// option makes the default stream CUDA's legacy one (see the module documentation).
     ///
     /// # Errors
-    /// As for [`Stream::on`].
-    pub fn on_with(exec: &Arc<Executor>, priority: i32, non_blocking: bool) -> Result<Stream> {
-        Self::new_internal(exec, priority, false, non_blocking)
+    /// As for [`Stream::new`].
+    pub fn new_non_blocking(device: &impl StreamDevice, priority: i32) -> Result<Stream> {
+        Self::new_internal(device.executor(sealed::Token(())), priority, false, true)
     }
 
     pub(crate) fn new_internal(
@@ -264,7 +282,7 @@ impl Stream {
     }
 
     /// The executor of the stream's device.
-    pub fn executor(&self) -> &Arc<Executor> {
+    pub(crate) fn executor(&self) -> &Arc<Executor> {
         &self.0.exec
     }
 
@@ -278,7 +296,7 @@ impl Stream {
         self.0.is_default
     }
 
-    /// Whether the stream was made non-blocking ([`Stream::on_with`]).
+    /// Whether the stream was made non-blocking ([`Stream::new_non_blocking`]).
     pub fn is_non_blocking(&self) -> bool {
         self.0.non_blocking
     }
@@ -343,7 +361,7 @@ impl Stream {
 
     /// Queue an operation. In synchronous mode (`enableAsync` off) waits for it and raises
     /// its error here; otherwise waits only while the stream holds more than [`MAX_QUEUED`]
-    /// commands (see [`Stream::backlog_target`]).
+    /// commands, until half of them have run.
     pub fn launch(&self, op: Arc<dyn Op>) -> Result<()> {
         if self.enqueue(op)? {
             self.after_submit()?;
@@ -359,7 +377,7 @@ impl Stream {
     /// only do if the op runs right here: it runs inline when the stream is idle, and is
     /// otherwise refused with `NotPermitted` before anything is queued (never "refused, but
     /// run anyway").
-    pub fn enqueue(&self, op: Arc<dyn Op>) -> Result<bool> {
+    pub(crate) fn enqueue(&self, op: Arc<dyn Op>) -> Result<bool> {
         {
             let _submitting = self.enter()?;
             if let Some(session) = self.session() {
@@ -434,7 +452,7 @@ impl Stream {
     /// Run `op` right here if the stream is idle (nothing queued, not capturing), counting it
     /// as submitted and completed; its error is reported by the next synchronisation as
     /// usual. Returns false, doing nothing, when the stream is busy: queue it instead.
-    pub fn try_run_inline(&self, op: &Arc<dyn Op>) -> Result<bool> {
+    pub(crate) fn try_run_inline(&self, op: &Arc<dyn Op>) -> Result<bool> {
         let _submitting = self.enter()?;
         let s = &self.0;
         self.refuse_if_capturing("a blocking copy or memset")?;
@@ -465,17 +483,17 @@ impl Stream {
     }
 
     /// Whether synchronous mode (`enableAsync` off) is in force for this stream's runtime.
-    pub fn is_sync_mode(&self) -> bool {
+    pub(crate) fn is_sync_mode(&self) -> bool {
         !self.0.exec.options.is_async()
     }
 
     /// Commands submitted so far: a target for [`Stream::wait_for`].
-    pub fn submitted(&self) -> u64 {
+    pub(crate) fn submitted(&self) -> u64 {
         self.0.done.submitted()
     }
 
     /// Whether everything up to `target` has completed.
-    pub fn reached(&self, target: u64) -> bool {
+    pub(crate) fn reached(&self, target: u64) -> bool {
         self.0.done.reached(target)
     }
 
@@ -504,7 +522,7 @@ impl Stream {
     /// must not stall the engine that would drain the backlog). [`Stream::launch`] waits by
     /// itself; callers of [`Stream::enqueue`] that hold a lock (the Python bindings hold the
     /// GIL, which queued Python kernels need) wait after releasing it.
-    pub fn backlog_target(&self) -> Option<u64> {
+    pub(crate) fn backlog_target(&self) -> Option<u64> {
         let s = &self.0;
         let submitted = s.done.submitted();
         // Fast path without touching the counter the engine writes (its cache line stays
@@ -596,14 +614,14 @@ impl Stream {
     ///
     /// # Errors
     /// `InvalidHandle` (destroyed, or after shutdown); `Capturing` while the stream captures.
-    pub fn synchronize_target(&self) -> Result<u64> {
+    pub(crate) fn synchronize_target(&self) -> Result<u64> {
         self.check()?;
         self.refuse_if_capturing("synchronize()")?;
         Ok(self.0.done.submitted())
     }
 
     /// Raise and clear the pending error, if any.
-    pub fn take_error(&self) -> Result<()> {
+    pub(crate) fn take_error(&self) -> Result<()> {
         if self.0.failed.load(Ordering::SeqCst) {
             // Take and clear under the error lock, which is also where failures are stored, so
             // a failure racing with this call is either reported now or stays pending.
@@ -629,7 +647,7 @@ impl Stream {
     ///
     /// # Errors
     /// `NotPermitted` as above.
-    pub fn wait_for(&self, target: u64, timeout: Option<Duration>) -> Result<bool> {
+    pub(crate) fn wait_for(&self, target: u64, timeout: Option<Duration>) -> Result<bool> {
         let s = &self.0;
         if s.done.reached(target) {
             return Ok(true);
@@ -768,7 +786,7 @@ impl Stream {
 
     /// Fails with [`StreamError::Capturing`] when the stream is capturing: `what` would wait
     /// for work that is only being recorded.
-    pub fn refuse_if_capturing(&self, what: &str) -> Result<()> {
+    pub(crate) fn refuse_if_capturing(&self, what: &str) -> Result<()> {
         if self.is_capturing() {
             return Err(StreamError::Capturing {
                 stream: self.0.id,
@@ -839,7 +857,7 @@ impl Stream {
     }
 
     /// Queue a graph replay without waiting (see [`Stream::enqueue`]).
-    pub fn enqueue_graph(&self, graph: &Graph) -> Result<bool> {
+    pub(crate) fn enqueue_graph(&self, graph: &Graph) -> Result<bool> {
         let _submitting = self.enter()?;
         graph.check_for(&self.0.exec)?;
         if let Some(session) = self.session() {
@@ -889,6 +907,46 @@ impl Stream {
     /// Commands submitted / completed so far (for tests and stats).
     pub fn counters(&self) -> (u64, u64) {
         (self.0.done.submitted(), self.0.done.completed())
+    }
+
+    /// Copy `src` into `dst` at byte `offset`, in stream order. The values are staged first,
+    /// so this returns as soon as `src` may be reused (CUDA's rule for pageable host
+    /// memory); the copy itself runs when the stream gets there.
+    ///
+    /// # Errors
+    /// The range does not fit in `dst` (nothing is queued); stream errors as for
+    /// [`Stream::launch`].
+    pub fn copy_from_host<T: Element>(&self, dst: &Buffer, offset: u64, src: &[T]) -> Result<()> {
+        copy::copy_from_host(self, dst, offset, src)
+    }
+
+    /// Copy `count` bytes of pinned `src` at `src_off` into `dst` at `dst_off`, in stream
+    /// order and truly asynchronously: the command reads `src` when it runs (it holds a clone
+    /// of the block until then), so writes to `src` before the stream reaches the copy are
+    /// seen by it.
+    ///
+    /// # Errors
+    /// A range does not fit; `src` was freed; stream errors as for [`Stream::launch`].
+    pub fn copy_from_pinned(
+        &self,
+        dst: &Buffer,
+        dst_off: u64,
+        src: &PinnedBuffer,
+        src_off: u64,
+        count: u64,
+    ) -> Result<()> {
+        copy::copy_from_pinned(self, dst, dst_off, src, src_off, count)
+    }
+
+    /// Copy from `src` at byte `offset` into `dst` after the work queued so far on this
+    /// stream, and wait for it (run at once when the stream is idle). Like any
+    /// synchronisation it reports an error the stream's earlier work raised.
+    ///
+    /// # Errors
+    /// The range does not fit in `src`; the stream is capturing (`Capturing`); the stream's
+    /// pending error.
+    pub fn copy_to_host<T: Element>(&self, src: &Buffer, offset: u64, dst: &mut [T]) -> Result<()> {
+        copy::copy_to_host(self, src, offset, dst)
     }
 }
 

@@ -11,7 +11,7 @@ use runtime_core::runtime::{self, Runtime};
 pub fn settings() -> ConfigBuilder {
     ConfigBuilder {
         device_count: Some(2),
-        memory: Some("256MiB".into()),
+        memory: Some(runtime_core::Bytes::mib(256)),
         profile: None,
     }
 }

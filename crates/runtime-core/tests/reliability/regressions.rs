@@ -14,7 +14,7 @@ use runtime_core::stream::{self, Stream};
 fn init() -> Arc<Runtime> {
     runtime::init(&ConfigBuilder {
         device_count: Some(2),
-        memory: Some("64MiB".into()),
+        memory: Some(runtime_core::Bytes::mib(64)),
         profile: None,
     })
     .expect("init the runtime")
@@ -99,7 +99,7 @@ fn barrier_waits_for_work_accepted_before_a_destroy() {
                             r.fetch_add(1, Ordering::SeqCst);
                             Ok(())
                         });
-                        match s.enqueue(op) {
+                        match runtime_core::bindings::enqueue(&s, op) {
                             Ok(_) => accepted += 1,
                             Err(_) => break,
                         }
@@ -164,14 +164,13 @@ fn huge_timeouts_mean_no_limit() {
     let rt = init();
     let s = Stream::new(rt.device(0).unwrap(), 0).unwrap();
     let e = Event::with_options(EventOptions::without_timing());
-    s.enqueue(stream::FnOp::shared(
-        "short",
-        stream::OpKind::Compute,
-        || {
+    runtime_core::bindings::enqueue(
+        &s,
+        stream::FnOp::shared("short", stream::OpKind::Compute, || {
             std::thread::sleep(Duration::from_millis(5));
             Ok(())
-        },
-    ))
+        }),
+    )
     .unwrap();
     s.record(&e).unwrap();
     s.synchronize(Some(Duration::MAX)).unwrap();

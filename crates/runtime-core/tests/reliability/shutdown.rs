@@ -15,10 +15,10 @@ use runtime_core::stream::{FnOp, OpKind, Stream};
 
 static LOCK: Mutex<()> = Mutex::new(());
 
-fn init(device_count: u64) -> Arc<runtime::Runtime> {
+fn init(device_count: usize) -> Arc<runtime::Runtime> {
     runtime::init(&ConfigBuilder {
         device_count: Some(device_count),
-        memory: Some("64MiB".into()),
+        memory: Some(runtime_core::Bytes::mib(64)),
         profile: None,
     })
     .expect("init the runtime")
@@ -35,32 +35,41 @@ fn queued_work_runs_with_the_runtime_still_installed() {
         let mut streams = Vec::new();
         for i in 0..4 {
             let s = Stream::new(rt.device(i % 2).unwrap(), 0).unwrap();
-            s.enqueue(FnOp::shared("slow", OpKind::Compute, || {
-                std::thread::sleep(Duration::from_millis(20));
-                Ok(())
-            }))
+            runtime_core::bindings::enqueue(
+                &s,
+                FnOp::shared("slow", OpKind::Compute, || {
+                    std::thread::sleep(Duration::from_millis(20));
+                    Ok(())
+                }),
+            )
             .unwrap();
             let seen = saw_runtime.clone();
-            s.enqueue(FnOp::shared(
-                "looks-up-the-runtime",
-                OpKind::Compute,
-                move || match runtime::get() {
-                    Ok(r) if r.generation() == generation => {
-                        seen.fetch_add(1, Ordering::SeqCst);
-                        Ok(())
-                    }
-                    _ => Err(runtime_core::error::KernelFailure::new(
-                        "looks-up-the-runtime",
-                        "the runtime was already gone while its queued work ran",
-                    )),
-                },
-            ))
+            runtime_core::bindings::enqueue(
+                &s,
+                FnOp::shared(
+                    "looks-up-the-runtime",
+                    OpKind::Compute,
+                    move || match runtime::get() {
+                        Ok(r) if r.generation() == generation => {
+                            seen.fetch_add(1, Ordering::SeqCst);
+                            Ok(())
+                        }
+                        _ => Err(runtime_core::error::KernelFailure::new(
+                            "looks-up-the-runtime",
+                            "the runtime was already gone while its queued work ran",
+                        )),
+                    },
+                ),
+            )
             .unwrap();
             let after = ran_after.clone();
-            s.enqueue(FnOp::shared("behind-it", OpKind::Compute, move || {
-                after.store(true, Ordering::SeqCst);
-                Ok(())
-            }))
+            runtime_core::bindings::enqueue(
+                &s,
+                FnOp::shared("behind-it", OpKind::Compute, move || {
+                    after.store(true, Ordering::SeqCst);
+                    Ok(())
+                }),
+            )
             .unwrap();
             streams.push(s);
         }
@@ -90,10 +99,13 @@ fn shutdown_racing_a_launcher_never_leaves_a_waiter_hanging() {
         let s = Stream::new(rt.device(round % 2).unwrap(), 0).unwrap();
         let slow = Stream::new(rt.device((round + 1) % 2).unwrap(), 0).unwrap();
         if round % 2 == 1 {
-            slow.enqueue(FnOp::shared("slow", OpKind::Compute, || {
-                std::thread::sleep(Duration::from_millis(20));
-                Ok(())
-            }))
+            runtime_core::bindings::enqueue(
+                &slow,
+                FnOp::shared("slow", OpKind::Compute, || {
+                    std::thread::sleep(Duration::from_millis(20));
+                    Ok(())
+                }),
+            )
             .unwrap();
         }
         drop(rt);
@@ -101,7 +113,7 @@ fn shutdown_racing_a_launcher_never_leaves_a_waiter_hanging() {
             let e = Event::with_options(EventOptions::without_timing());
             loop {
                 let op = FnOp::shared("noop", OpKind::Compute, || Ok(()));
-                if s.enqueue(op).is_err() || s.record(&e).is_err() {
+                if runtime_core::bindings::enqueue(&s, op).is_err() || s.record(&e).is_err() {
                     return true;
                 }
                 match e.wait(Some(Duration::from_secs(10))) {
@@ -131,11 +143,14 @@ fn init_racing_shutdown_returns_a_new_runtime() {
         let s = Stream::new(rt.device(0).unwrap(), 0).unwrap();
         let started = Arc::new(AtomicBool::new(false));
         let flag = started.clone();
-        s.enqueue(FnOp::shared("slow", OpKind::Compute, move || {
-            flag.store(true, Ordering::SeqCst);
-            std::thread::sleep(Duration::from_millis(30));
-            Ok(())
-        }))
+        runtime_core::bindings::enqueue(
+            &s,
+            FnOp::shared("slow", OpKind::Compute, move || {
+                flag.store(true, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(30));
+                Ok(())
+            }),
+        )
         .unwrap();
         while !started.load(Ordering::SeqCst) {
             std::thread::yield_now();
