@@ -62,6 +62,21 @@ pub(crate) struct SharedFile {
     pub(crate) slots: parking_lot::Mutex<(u32, Vec<u32>)>,
 }
 
+/// Address ranges of this process's live arenas (start -> length): what
+/// [`mapping_overlapping`] answers, so that a raw address from outside (the C ABI's callers)
+/// can be recognised as device memory even where no live allocation covers it.
+static MAPPED: parking_lot::Mutex<std::collections::BTreeMap<usize, usize>> =
+    parking_lot::const_mutex(std::collections::BTreeMap::new());
+
+/// The live arena overlapping `[start, start + len)` (an empty range: containing `start`),
+/// as `(base, length)`.
+pub(crate) fn mapping_overlapping(start: usize, len: usize) -> Option<(usize, usize)> {
+    let end = start.saturating_add(len.max(1));
+    let m = MAPPED.lock();
+    let (&base, &n) = m.range(..end).next_back()?;
+    (base + n > start).then_some((base, n))
+}
+
 /// Which ranges of the file are free: everything past `end`, and ranges given back by
 /// dropped arenas (by length, reused only by an arena of that exact length).
 struct FileSpace {
@@ -223,12 +238,12 @@ impl Arena {
         let align = if len >= HUGE_PAGE { HUGE_PAGE } else { PAGE };
         let offset = file.take(len, align).map_err(|e| e.to_string())?;
         match map_range(&file.file, offset, size, align as usize) {
-            Ok(base) => Ok(Arena {
+            Ok(base) => Ok(Arena::noted(Arena {
                 base,
                 len,
                 backing: Backing::Own { file, offset },
                 keep: std::sync::atomic::AtomicBool::new(false),
-            }),
+            })),
             Err(e) => {
                 file.give_back(offset, len);
                 Err(e)
@@ -253,12 +268,20 @@ impl Arena {
             ));
         }
         let base = map_range(file, offset, size, PAGE as usize)?;
-        Ok(Arena {
+        Ok(Arena::noted(Arena {
             base,
             len,
             backing: Backing::Imported,
             keep: std::sync::atomic::AtomicBool::new(false),
-        })
+        }))
+    }
+
+    /// `arena`, with its range noted in [`MAPPED`].
+    fn noted(arena: Arena) -> Arena {
+        MAPPED
+            .lock()
+            .insert(arena.base.as_ptr() as usize, arena.len as usize);
+        arena
     }
 
     /// When dropped, unmap only: the pages stay in the file for other processes that map
@@ -476,6 +499,7 @@ impl Arena {
 
 impl Drop for Arena {
     fn drop(&mut self) {
+        MAPPED.lock().remove(&(self.base.as_ptr() as usize));
         // SAFETY: unmapping our own mapping. The slab arena lives as long as its
         // `DeviceMemory`, which every allocation holds through an `Arc`; a large block's arena
         // is owned by its allocation, then by the caches; an imported arena by its allocation;
@@ -708,6 +732,13 @@ fn copy_pool() -> &'static CopyPool {
 /// After `fork()`, in the child: forget the parent's pool (its helpers are gone and its
 /// channel may be locked by one of them); the next large copy makes a new one.
 pub(crate) fn after_fork_in_child() {
+    if MAPPED.is_locked() {
+        // SAFETY: the child has one thread, which is here: the holder vanished in the fork,
+        // possibly mid-update, so the map is abandoned (leaked) and a new one started. The
+        // inherited arenas belong to the abandoned runtime.
+        unsafe { MAPPED.force_unlock() };
+        std::mem::forget(std::mem::take(&mut *MAPPED.lock()));
+    }
     if SHARED.is_locked() {
         // SAFETY: the child has one thread, which is here: the holder vanished in the fork.
         unsafe { SHARED.force_unlock() };
