@@ -48,6 +48,14 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 
+/// This extension's ACL implementation, for a `libascendcl.so` loaded into the same process:
+/// the library looks this symbol up and calls into the extension's runtime instead of
+/// starting its own (one runtime per process; see `runtime-acl`'s `dispatch` module).
+#[no_mangle]
+pub extern "C" fn runtime_acl_provider_v1() -> *const ascendcl::capi::Table {
+    ascendcl::provider_table()
+}
+
 #[pymodule]
 fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
