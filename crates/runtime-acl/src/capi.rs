@@ -12,7 +12,7 @@
 
 use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::catch_unwind;
 
 use crate::codes::*;
 use crate::error::{self, AclError, AclResult};
@@ -27,36 +27,18 @@ thread_local! {
     static LAST: Cell<i32> = const { Cell::new(0) };
 }
 
-fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_string()
-    }
-}
-
 fn fail(e: &AclError) -> c_int {
     error::record(e);
     let _ = LAST.try_with(|l| l.set(e.code()));
     e.code()
 }
 
-/// Run one ACL call: its result as a return code, a failure recorded, a panic caught.
+/// Run one ACL call: its result as a return code, a failure recorded, a panic caught
+/// ([`error::catching`]).
 pub fn guard(name: &str, f: impl FnOnce() -> AclResult<()>) -> c_int {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => ACL_SUCCESS,
-        Ok(Err(e)) => fail(&e),
-        Err(payload) => {
-            let text = panic_text(&*payload);
-            // A payload whose own drop panics must not unwind out of here either.
-            let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
-            fail(&AclError::new(
-                ACL_ERROR_INTERNAL_ERROR,
-                format!("{name}: internal error (a panic in the runtime): {text}"),
-            ))
-        }
+    match error::catching(name, f) {
+        Ok(()) => ACL_SUCCESS,
+        Err(e) => fail(&e),
     }
 }
 

@@ -84,6 +84,29 @@ pub fn code_of(e: &Error) -> i32 {
     }
 }
 
+/// Run one ACL call with a panic caught: it becomes `ACL_ERROR_INTERNAL_ERROR` (500000) with
+/// its message, so no caller (C or Python) ever sees an unwind.
+pub fn catching<T>(name: &str, f: impl FnOnce() -> AclResult<T>) -> AclResult<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(payload) => {
+            let text = if let Some(s) = payload.downcast_ref::<&str>() {
+                (*s).to_string()
+            } else if let Some(s) = payload.downcast_ref::<String>() {
+                s.clone()
+            } else {
+                "a panic without a message".to_string()
+            };
+            // A payload whose own drop panics must not unwind out of here either.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(payload)));
+            Err(AclError::new(
+                ACL_ERROR_INTERNAL_ERROR,
+                format!("{name}: internal error (a panic in the runtime): {text}"),
+            ))
+        }
+    }
+}
+
 thread_local! {
     /// This thread's latest failure message, not yet read.
     static RECENT: RefCell<Option<String>> = const { RefCell::new(None) };

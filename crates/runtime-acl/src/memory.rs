@@ -109,6 +109,20 @@ impl Entry {
 
 static TABLE: RwLock<BTreeMap<usize, Arc<Entry>>> = RwLock::new(BTreeMap::new());
 
+/// Bumped whenever an entry leaves the table: an address resolved before may name nothing
+/// (or something else) now.
+static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The table's generation (see [`GENERATION`]): callers that cache resolved addresses (the
+/// Python face's operator plans) compare it.
+pub fn generation() -> u64 {
+    GENERATION.load(Ordering::Acquire)
+}
+
+fn bump() {
+    GENERATION.fetch_add(1, Ordering::AcqRel);
+}
+
 /// The entry whose range holds `ptr` (an empty range holds only its start).
 pub fn find(ptr: usize) -> Option<Arc<Entry>> {
     let t = TABLE.read();
@@ -130,6 +144,7 @@ fn add(entry: Entry) {
 fn take_if(ptr: usize, pred: impl Fn(&Entry) -> bool) -> Option<Arc<Entry>> {
     let mut t = TABLE.write();
     if t.get(&ptr).is_some_and(|e| pred(e)) {
+        bump();
         t.remove(&ptr)
     } else {
         None
@@ -138,6 +153,7 @@ fn take_if(ptr: usize, pred: impl Fn(&Entry) -> bool) -> Option<Arc<Entry>> {
 
 /// Every entry, taken out (`aclFinalize`).
 pub(crate) fn take_all() -> Vec<Arc<Entry>> {
+    bump();
     std::mem::take(&mut *TABLE.write()).into_values().collect()
 }
 
@@ -305,9 +321,28 @@ enum Side {
     Foreign(usize),
 }
 
-impl Side {
-    fn is_device(&self) -> bool {
-        matches!(self, Side::Device(..))
+/// The entry holding all of `[ptr, ptr + len)` and the offset of `ptr` in it, or
+/// `ACL_ERROR_INVALID_PARAM` naming the problem (for callers outside the copy calls: the
+/// Python face's converters and operators).
+pub fn resolve_known(name: &str, ptr: usize, len: u64) -> AclResult<(Arc<Entry>, u64)> {
+    match find(ptr) {
+        Some(e) => {
+            let off = (ptr - e.start) as u64;
+            if off + len > e.size {
+                return Err(AclError::param(format!(
+                    "{name}: {ptr:#x} + {len} bytes runs past the end of its {} ({:#x}, {} bytes) by {} bytes",
+                    e.describe(),
+                    e.start,
+                    e.size,
+                    off + len - e.size
+                )));
+            }
+            Ok((e, off))
+        }
+        None if ptr == 0 => Err(AclError::param(format!("{name}: the address is NULL"))),
+        None => Err(AclError::param(format!(
+            "{name}: {ptr:#x} is not inside any live allocation (device memory from aclrtMalloc, host memory from aclrtMallocHost or registered with acl.util.bytes_to_ptr / numpy_to_ptr)"
+        ))),
     }
 }
 
@@ -494,8 +529,8 @@ fn submit(
 
 /// `aclrtMemcpy` (`stream` `None`) and `aclrtMemcpyAsync`: copy `count` bytes from `src` to
 /// `dst`; both ranges are checked (see the module documentation). The direction follows the
-/// addresses (CANN's newer documentation calls `kind` reserved), except that a kind naming a
-/// device side requires device memory there. A host-to-host copy on a stream is refused
+/// addresses (CANN's newer documentation calls `kind` reserved; it only has to be a valid
+/// `aclrtMemcpyKind`). A host-to-host copy on a stream is refused
 /// (`ACL_ERROR_RT_FEATURE_NOT_SUPPORT`, as CANN in EP mode).
 ///
 /// # Safety
@@ -527,21 +562,6 @@ pub unsafe fn memcpy(
     }
     let d = resolve(name, "dst", dst, dest_max, foreign)?;
     let s = resolve(name, "src", src, count, foreign)?;
-    let dev_dst = kind == ACL_MEMCPY_HOST_TO_DEVICE
-        || kind >= ACL_MEMCPY_DEVICE_TO_DEVICE && kind != ACL_MEMCPY_DEFAULT;
-    let dev_src = kind == ACL_MEMCPY_DEVICE_TO_HOST
-        || kind == ACL_MEMCPY_DEVICE_TO_DEVICE
-        || kind >= ACL_MEMCPY_INNER_DEVICE_TO_DEVICE;
-    if dev_dst && !d.is_device() {
-        return Err(AclError::param(format!(
-            "{name}: kind {kind} copies to the device, but dst {dst:#x} is not device memory (aclrtMalloc)"
-        )));
-    }
-    if dev_src && !s.is_device() {
-        return Err(AclError::param(format!(
-            "{name}: kind {kind} copies from the device, but src {src:#x} is not device memory (aclrtMalloc)"
-        )));
-    }
     if count == 0 {
         return Ok(());
     }

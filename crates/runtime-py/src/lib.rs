@@ -17,6 +17,8 @@
 //   stream                      Stream, Graph and the stream functions
 //   comm                        Communicator and comm_init_all (runtime.comm)
 //   lifecycle                   init, shutdown, options
+//   acl                         the pyACL face's native calls (runtime-acl's Rust API)
+mod acl;
 mod buffer;
 mod comm;
 mod context;
@@ -134,5 +136,6 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(testing::_inject_alloc_failure, m)?)?;
     m.add_function(wrap_pyfunction!(testing::_register_test_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(testing::_inject_thread_spawn_failures, m)?)?;
+    acl::register(m)?;
     Ok(())
 }

@@ -198,9 +198,10 @@ ACL_FUNC_VISIBILITY aclError aclrtFree(void *devPtr);
 /* Page-locked host memory: asynchronous copies from it read it when they run. */
 ACL_FUNC_VISIBILITY aclError aclrtMallocHost(void **hostPtr, size_t size);
 ACL_FUNC_VISIBILITY aclError aclrtFreeHost(void *hostPtr);
-/* count <= destMax. The direction follows the addresses; a kind naming a device side needs
- * device memory there. Host memory ACL did not allocate is reached through checked kernel
- * copies: a bad address is an error, not a crash. */
+/* count <= destMax. The direction follows the addresses (kind must be a valid
+ * aclrtMemcpyKind). Host memory ACL did not allocate is reached through checked kernel
+ * copies: a bad address, or device memory no live allocation covers, is an error, not a
+ * crash. */
 ACL_FUNC_VISIBILITY aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count,
                                          aclrtMemcpyKind kind);
 ACL_FUNC_VISIBILITY aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src,

@@ -145,8 +145,10 @@ int main(void)
     EXPECT_ERR(ACL_ERROR_INVALID_PARAM, aclrtMemcpy((char *)d + 60, 8, src, 8, ACL_MEMCPY_HOST_TO_DEVICE));
     EXPECT_ERR(ACL_ERROR_INVALID_PARAM, aclrtMemcpy(NULL, 64, src, 64, ACL_MEMCPY_HOST_TO_DEVICE));
     EXPECT_ERR(ACL_ERROR_INVALID_PARAM, aclrtMemcpy(d, 64, NULL, 64, ACL_MEMCPY_HOST_TO_DEVICE));
-    EXPECT_ERR(ACL_ERROR_INVALID_PARAM, aclrtMemcpy(src, 64, h, 64, ACL_MEMCPY_HOST_TO_DEVICE)); /* dst not device */
-    EXPECT_ERR(ACL_ERROR_INVALID_PARAM, aclrtMemcpy(out, 64, src, 64, ACL_MEMCPY_DEVICE_TO_HOST)); /* src not device */
+    /* device memory outside every live allocation (the device mapping around d2) */
+    EXPECT_ERR(ACL_ERROR_INVALID_PARAM, aclrtMemcpy((char *)d2 + 4096, 64, src, 64, ACL_MEMCPY_HOST_TO_DEVICE));
+    EXPECT_ERR(ACL_ERROR_INVALID_PARAM, aclrtMemcpy(out, 64, (char *)d2 + 4096, 64, ACL_MEMCPY_DEVICE_TO_HOST));
+    EXPECT_ERR(ACL_ERROR_INVALID_PARAM, aclrtMemcpy((char *)d2 + 4096, 64, src, 64, ACL_MEMCPY_HOST_TO_HOST));
     EXPECT_ERR(ACL_ERROR_INVALID_PARAM, aclrtMemcpy(d, 64, h, 65, ACL_MEMCPY_HOST_TO_DEVICE)); /* past the host block */
     /* host ranges that run into a device allocation, unmapped and read-only host memory */
     EXPECT_ERR(ACL_ERROR_INVALID_PARAM, aclrtMemcpy(d, 64, (char *)d2 - 8, 16, ACL_MEMCPY_DEFAULT));
@@ -171,10 +173,16 @@ int main(void)
     EXPECT_ERR(ACL_ERROR_INVALID_PARAM, aclrtGetMemInfo((aclrtMemAttr)18, (size_t *)out, (size_t *)out));
     EXPECT_ERR(ACL_ERROR_INVALID_PARAM, aclrtGetMemInfo(ACL_HBM_MEM, NULL, (size_t *)out));
 
-    /* use after free: the pointer is refused, nothing is written */
+    /* use after free: the pointer is refused whatever the kind says, nothing is written */
     CHECK_ACL(aclrtFree(d));
     EXPECT_ERR(ACL_ERROR_INVALID_PARAM, aclrtFree(d));
     EXPECT_ERR(ACL_ERROR_INVALID_PARAM, aclrtMemcpy(d, 64, src, 64, ACL_MEMCPY_HOST_TO_DEVICE));
+    EXPECT_ERR(ACL_ERROR_INVALID_PARAM, aclrtMemcpy(d, 64, src, 64, ACL_MEMCPY_HOST_TO_HOST));
+    EXPECT_ERR(ACL_ERROR_INVALID_PARAM, aclrtMemcpy(out, 64, d, 64, ACL_MEMCPY_DEFAULT));
+    EXPECT_ERR(ACL_ERROR_INVALID_PARAM, aclrtMemset(d, 64, 1, 64));
+    /* a kind that names the wrong side: the direction follows the addresses */
+    CHECK_ACL(aclrtMemcpy(out, 64, d2, 64, ACL_MEMCPY_HOST_TO_HOST));
+    for (int i = 0; i < 64; i++) CHECK(out[i] == 0x77);
     CHECK_ACL(aclrtFreeHost(h));
     EXPECT_ERR(ACL_ERROR_INVALID_PARAM, aclrtFreeHost(h));
 
