@@ -9,6 +9,8 @@ python3 -m pip install -q atheris 2>/dev/null || echo "atheris not installable: 
 # Optional: mpi4py and the mpich wheel (its mpiexec) run the MPI tests under mpiexec -n 1/2/3;
 # without them those tests are skipped with the reason.
 python3 -m pip install -q mpi4py mpich 2>/dev/null || echo "mpi4py/mpich not installable: the MPI tests will be skipped"
+# The ACL C library's tests build C programs with CMake, as the public Ascend samples do.
+command -v cmake >/dev/null 2>&1 || python3 -m pip install -q cmake || echo "cmake not installable: the CMake builds of the C tests will be skipped"
 cargo test --workspace
 rm -rf target/wheels
 maturin build --release -q -o target/wheels
