@@ -358,3 +358,28 @@ def test_public_sample_builds_unchanged_and_runs(prefix, tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "run success!" in res.stdout
     assert "At write back memcpy host data is 7" in res.stdout
+
+
+@needs_cc
+def test_c_abi_benchmark_runs(tmp_path):
+    # BENCHMARKS.md's C-ABI rows come from this command; one short round here.
+    path = tmp_path / "bench.json"
+    out = run(
+        [sys.executable, "-m", "runtime.bench.acl_c", "--rounds", "1", "--batch", "20"]
+        + ["--json", path]
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    import json
+
+    rows = json.loads(path.read_text())["rows"]
+    assert [r["op"] for r in rows] == [
+        "malloc_free_1MiB",
+        "create_stream",
+        "record_event",
+        "memcpy_async_1MiB_sync",
+        "callback_round_trip",
+    ]
+    for r in rows:
+        assert r["c_us"] > 0 and r["acl_us"] > 0 and r["native_us"] > 0
+    table_rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]
+    assert len(table_rows) == len(rows) + 1  # the header and one row per operation
