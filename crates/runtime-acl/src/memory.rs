@@ -25,6 +25,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use runtime_core::device::submit_blocking_on;
 use runtime_core::error::KernelFailure;
+use runtime_core::memory::access::{Access, AccessSet};
 use runtime_core::memory::pinned::{self, PinnedBuffer};
 use runtime_core::memory::Buffer;
 use runtime_core::stream::copy::{self, HostMemory};
@@ -285,15 +286,24 @@ pub fn free_host(ptr: usize) -> AclResult<()> {
 
 /// Register `size` bytes at `ptr` owned by `mem` (which keeps them alive) as host memory the
 /// copy calls accept (the Python face's `bytes_to_ptr` / `numpy_to_ptr`). A range inside one
-/// registered already needs no entry; `false` then.
-pub fn register_host(mem: Arc<dyn HostMemory>, tag: &'static str) -> bool {
+/// registered already needs no entry; `Ok(false)` then.
+///
+/// # Errors
+/// `ACL_ERROR_INVALID_PARAM` when the range is device memory (a host view of a device
+/// buffer): copies treat host memory as the caller's, not as an allocation's.
+pub fn register_host(mem: Arc<dyn HostMemory>, tag: &'static str) -> AclResult<bool> {
     let ptr = mem.as_ptr() as usize;
     let size = mem.len() as u64;
+    if let Some((base, _)) = runtime_core::memory::device_mapping_overlapping(ptr, size as usize) {
+        return Err(AclError::param(format!(
+            "{tag}: {ptr:#x} + {size} bytes is device memory (the mapping at {base:#x}), not host memory; copy it with acl.rt.memcpy instead"
+        )));
+    }
     let mut t = TABLE.write();
     if let Some((_, e)) = t.range(..=ptr).next_back() {
         let inside = ptr >= e.start && (ptr - e.start) as u64 + size <= e.size;
         if inside && e.start != ptr && !e.is_device() {
-            return false;
+            return Ok(false);
         }
     }
     t.insert(
@@ -304,7 +314,7 @@ pub fn register_host(mem: Arc<dyn HostMemory>, tag: &'static str) -> bool {
             block: Block::Registered { mem, tag },
         }),
     );
-    true
+    Ok(true)
 }
 
 /// Forget a range registered with [`register_host`] (its owner is released).
@@ -427,18 +437,21 @@ impl Outcome {
     }
 }
 
-/// An op that moves bytes with the kernel's checked copy (`hostmem::copy`) between `dst` and
-/// `src` (addresses; device ones are ranges of `keep`, checked and held alive by the op).
+/// An op that copies `len` bytes of device memory (`src`, a checked range of `from`) into the
+/// caller's host memory at `dst` with the kernel's checked copy (`hostmem::copy`). It names
+/// its read of `from` ([`AccessSet`]), so it is ordered with the allocation's other users and
+/// holds it (alive and read-locked) while it runs.
 fn vm_copy_op(
     name: &'static str,
     dst: usize,
     src: usize,
     len: usize,
-    keep: Option<Buffer>,
+    from: Buffer,
     outcome: Arc<Outcome>,
 ) -> Arc<dyn Op> {
-    FnOp::shared(name, OpKind::Copy, move || {
-        let _keep = &keep;
+    let uses = AccessSet::new([(&from, Access::Read)]);
+    FnOp::with_accesses(name, OpKind::Copy, uses, move || {
+        let _keep = &from;
         match hostmem::copy(dst, src, len) {
             Ok(()) => {
                 outcome.state.store(RAN, Ordering::Release);
@@ -610,7 +623,7 @@ pub unsafe fn memcpy(
                 addr,
                 from,
                 count as usize,
-                Some(sb),
+                sb,
                 outcome.clone(),
             );
             submit(name, &st, op, true, Some(&outcome))

@@ -40,6 +40,20 @@ static NEXT_EVENT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 static USER_EVENTS: parking_lot::Mutex<Vec<std::sync::Weak<EventInner>>> =
     parking_lot::Mutex::new(Vec::new());
 
+static FORK: crate::sync::ForkGuarded<parking_lot::Mutex<Vec<std::sync::Weak<EventInner>>>> =
+    crate::sync::ForkGuarded::new(|| &USER_EVENTS);
+
+/// Around `fork()`: hold the list of user events (see `runtime::install_fork_handlers`).
+pub(crate) fn before_fork(wait: std::time::Duration) {
+    FORK.before_fork(wait);
+}
+
+/// After `fork()`: release what [`before_fork`] took (in the child also a hold of a thread
+/// that vanished in the fork).
+pub(crate) fn after_fork(child: bool) {
+    FORK.after_fork(child);
+}
+
 /// What parks on an event until one of its records completes: a stream blocked on a wait.
 /// Events sit below streams, so they only know this much about them.
 pub(crate) trait Wake: Send + Sync {
@@ -296,7 +310,11 @@ impl Wake for Callback {
                 .event
                 .upgrade()
                 .and_then(|e| e.failure().map(str::to_string));
-            f(failure);
+            // User code, on whichever thread completed the event (an engine worker running a
+            // record, a host thread setting a user event): a panic stays in the callback
+            // (the panic hook reports it) and the completing thread goes on, so the stream
+            // completes its record and the worker lives.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(failure)));
         }
     }
 }
@@ -466,7 +484,9 @@ impl Event {
     /// on the calling thread, when it already has (or the event was never recorded);
     /// otherwise on the thread that completes it. `f` gets the failure of a failed user
     /// event ([`Event::failure`]) and must not block. The event does not keep itself alive
-    /// through `f`'s registration.
+    /// through `f`'s registration. A panic in `f` is contained: it is reported by the panic
+    /// hook and goes no further (the completing thread, a stream worker for instance, goes
+    /// on).
     pub fn on_complete(&self, f: CompletionFn) -> Result<()> {
         self.check()?;
         let target = self.0.recorded();

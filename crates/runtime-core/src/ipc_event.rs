@@ -269,14 +269,28 @@ struct Watcher {
 
 /// The watcher of this process (with the fork count it was started under: a forked child
 /// starts its own).
-static WATCHER: std::sync::Mutex<Option<(u64, Arc<Watcher>)>> = std::sync::Mutex::new(None);
+static WATCHER: WatcherSlot = parking_lot::const_mutex(None);
+
+type WatcherSlot = parking_lot::Mutex<Option<(u64, Arc<Watcher>)>>;
+
+static WATCHER_FORK: crate::sync::ForkGuarded<WatcherSlot> =
+    crate::sync::ForkGuarded::new(|| &WATCHER);
+
+/// Around `fork()`: hold the watcher's slot (see `runtime::install_fork_handlers`).
+pub(crate) fn before_fork(wait: std::time::Duration) {
+    WATCHER_FORK.before_fork(wait);
+}
+
+/// After `fork()`: release what [`before_fork`] took (in the child also a hold of a thread
+/// that vanished in the fork).
+pub(crate) fn after_fork(child: bool) {
+    WATCHER_FORK.after_fork(child);
+}
 
 fn watch(event: Weak<EventInner>, remote_page: Arc<Remote>, remote: u64, local: u64) {
     let forks = crate::generation::forks();
     let w = {
-        let mut slot = WATCHER
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut slot = WATCHER.lock();
         match slot.as_ref() {
             Some((f, w)) if *f == forks => w.clone(),
             _ => {

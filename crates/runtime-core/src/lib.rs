@@ -19,13 +19,18 @@
 //!
 //! (`sync`, crate-private, holds the lock and atomic types that loom model-checks.)
 //!
-//! Soundness: no safe public function can cause undefined behaviour, whatever its arguments.
-//! Device memory is reached only through [`memory::Buffer`], whose methods check every range
-//! against the allocation; kernels see it only through [`kernel::Tensor`] (checked when built,
-//! fields private) and run only with [`kernel::Args`] that their own check accepted. Unsafe
-//! code lives in `memory::host` (the mapping and raw copies), [`memory`] (typed views and
-//! element byte views), [`kernel::builtin`] (the gemm call), `comm::reduce` (the collectives' typed views) and [`stream::copy`] (host memory
-//! behind raw pointers); each block carries a `SAFETY:` comment.
+//! Soundness: no safe public function can cause undefined behaviour, whatever its arguments
+//! or the threads calling it. Device memory is reached only through [`memory::Buffer`], whose
+//! methods check every range against the allocation and are ordered by the executor
+//! ([`memory::access`]: a host read or write waits for the stream work queued on the
+//! allocation and never overlaps a running op or another host copy; unordered access is an
+//! `unsafe fn …_unsynchronized`); kernels see it only through [`kernel::Tensor`] (checked
+//! when built, fields private) and run only with [`kernel::Args`] that their own check
+//! accepted (they hold that kernel). User code the core calls (kernels, host functions,
+//! completion callbacks, plugged allocators) runs under `catch_unwind` and never under a
+//! runtime lock; `fork()` is handled by the core's own `pthread_atfork` handlers. Every
+//! `unsafe` block is listed, with its argument, in ARCHITECTURE.md's inventory (checked by
+//! `tests/unsafe_inventory.rs`) and carries a `SAFETY:` comment.
 //!
 //! ---
 //!

@@ -6,6 +6,15 @@
 //! the runtime's references to device memory. Memory still referenced by live views stays
 //! mapped until the last view goes away, so nothing can dangle. `init` works again after
 //! `shutdown`; an `init` racing a `shutdown` waits for it and builds a new runtime.
+//!
+//! `fork()`: the first `init` registers the runtime's own handlers with `pthread_atfork`, so
+//! every fork (Python's `os.fork`, `multiprocessing`, C code) takes the process-wide locks
+//! around the copy and the child abandons the parent's runtime. The handlers are private:
+//! nothing public unlocks a lock it does not hold.
+//!
+//! ```compile_fail
+//! runtime_core::runtime::after_fork_in_parent();
+//! ```
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -85,6 +94,7 @@ pub fn init_within(
     builder: &ConfigBuilder,
     timeout: Option<std::time::Duration>,
 ) -> Result<Option<Arc<Runtime>>> {
+    install_fork_handlers();
     let deadline = crate::clock::deadline_after(timeout);
     let config = builder.build()?;
     let mut slot = RUNTIME.write();
@@ -241,34 +251,66 @@ pub fn shutdown_within(timeout: Option<std::time::Duration>) -> Result<bool> {
     Ok(true)
 }
 
-/// Call in the parent just before `fork()` (Python: `os.register_at_fork(before=...)`), then
-/// [`after_fork_in_parent`] in the parent or [`after_fork_in_child`] in the child. It takes
-/// the runtime's process-wide locks so that no other thread is inside one when the process
-/// is copied: the child then finds every one of them consistent.
-///
-/// Must not be called from a thread that holds one of them (no runtime call is in progress
-/// on the calling thread); threads holding them never wait for the caller.
-pub fn before_fork() {
-    std::mem::forget(RUNTIME.write());
-    crate::kernel::before_fork();
-    crate::trace::before_fork();
-    crate::memory::pinned::before_fork();
-    crate::memory::managed::before_fork();
+/// Register the runtime's `fork()` handlers with the C library (`pthread_atfork`), once per
+/// process. Called by [`init`]: a process forks safely whoever forks it (Python's `os.fork`,
+/// `multiprocessing`, C code), and no public function unlocks a lock it does not hold.
+fn install_fork_handlers() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        extern "C" fn prepare() {
+            before_fork();
+        }
+        extern "C" fn parent() {
+            after_fork_in_parent();
+        }
+        extern "C" fn child() {
+            after_fork_in_child();
+        }
+        // SAFETY: the three handlers are `extern "C"` functions with no arguments that live
+        // for the whole program; `pthread_atfork` only stores them.
+        // It fails only when the C library is out of memory; forks then go unhandled as
+        // before the first `init`, and the child still refuses the parent's handles (the
+        // generation check compares the process id).
+        let _ = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    });
 }
 
-/// Call in the parent after `fork()` returned (or failed), to release what
-/// [`before_fork`] took.
-pub fn after_fork_in_parent() {
-    crate::memory::managed::after_fork();
-    crate::memory::pinned::after_fork();
-    crate::trace::after_fork();
-    crate::kernel::after_fork();
-    // SAFETY: `before_fork` took the write lock on this thread and forgot the guard.
-    unsafe { RUNTIME.force_unlock_write() };
+/// Longest the fork handler waits for one of the runtime's process-wide locks: a thread that
+/// holds one only does bookkeeping under it, so the wait is short; if it is not free by then
+/// the fork goes ahead without it, and the child repairs the lock as it does for locks held
+/// by threads that vanished.
+const FORK_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The runtime slot's lock, as the fork handlers take and release it.
+static RUNTIME_FORK: crate::sync::ForkGuarded<RwLock<Option<Arc<Runtime>>>> =
+    crate::sync::ForkGuarded::new(|| &RUNTIME);
+
+/// `pthread_atfork` prepare handler: take the runtime's process-wide locks so that no other
+/// thread is inside one when the process is copied, and the child finds each consistent.
+fn before_fork() {
+    RUNTIME_FORK.before_fork(FORK_LOCK_WAIT);
+    crate::kernel::before_fork(FORK_LOCK_WAIT);
+    crate::trace::before_fork(FORK_LOCK_WAIT);
+    crate::memory::before_fork(FORK_LOCK_WAIT);
+    crate::event::before_fork(FORK_LOCK_WAIT);
+    crate::ipc_event::before_fork(FORK_LOCK_WAIT);
+    crate::stream::before_fork(FORK_LOCK_WAIT);
+    crate::comm::before_fork(FORK_LOCK_WAIT);
 }
 
-/// Call in the child after `fork()` (Python: `os.register_at_fork(after_in_child=...)`),
-/// before any other runtime call.
+/// `pthread_atfork` parent handler: release exactly what [`before_fork`] took.
+fn after_fork_in_parent() {
+    crate::comm::after_fork(false);
+    crate::stream::after_fork(false);
+    crate::ipc_event::after_fork(false);
+    crate::event::after_fork(false);
+    crate::memory::after_fork(false);
+    crate::trace::after_fork(false);
+    crate::kernel::after_fork(false);
+    RUNTIME_FORK.after_fork(false);
+}
+
+/// `pthread_atfork` child handler.
 ///
 /// The child has only the thread that forked: the engine workers, scrubbers and copy helpers
 /// of the parent's runtime are gone, and a lock one of them held stays held. So the inherited
@@ -276,25 +318,20 @@ pub fn after_fork_in_parent() {
 /// generation moves on so that every inherited handle fails (`InvalidHandle`, or
 /// `NotInitialized` until `init`), and the process-wide state (the runtime slot, the copy
 /// helpers, the calling thread's state) is reset: `init` then builds a runtime of the
-/// child's own. Works with or without [`before_fork`] having run in the parent (then a lock
-/// held by a vanished thread is released by force).
-pub fn after_fork_in_child() {
+/// child's own.
+fn after_fork_in_child() {
     crate::generation::after_fork_in_child();
     crate::sync::after_fork_in_child();
-    crate::memory::managed::after_fork();
-    crate::memory::pinned::after_fork();
-    crate::trace::after_fork();
-    crate::kernel::after_fork();
-    // Whoever holds the slot's lock (this thread after `before_fork`, or a vanished one)
-    // does not exist as a holder any more.
-    if RUNTIME.is_locked_exclusive() {
-        // SAFETY: the child has one thread, which is not inside a critical section of the lock.
-        unsafe { RUNTIME.force_unlock_write() };
-    }
-    while RUNTIME.is_locked() {
-        // SAFETY: as above, for read locks held by threads that vanished in the fork.
-        unsafe { RUNTIME.force_unlock_read() };
-    }
+    crate::comm::after_fork(true);
+    crate::stream::after_fork(true);
+    crate::ipc_event::after_fork(true);
+    crate::event::after_fork(true);
+    crate::memory::after_fork(true);
+    crate::trace::after_fork(true);
+    crate::kernel::after_fork(true);
+    // Whoever holds the slot's lock (the forking thread after `before_fork`, or a thread that
+    // vanished) does not exist as a holder any more.
+    RUNTIME_FORK.after_fork(true);
     std::mem::forget(RUNTIME.write().take());
     crate::memory::after_fork_in_child();
     crate::stream::after_fork_in_child();

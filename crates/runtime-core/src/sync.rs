@@ -59,6 +59,89 @@ where
     std::thread::Builder::new().name(name).spawn(f)
 }
 
+/// A process-wide lock the `fork()` handlers take around the fork (see
+/// `runtime::install_fork_handlers`): [`ForkGuarded::before_fork`] takes it (waiting at most
+/// a bound) and remembers whether it did; [`ForkGuarded::after_fork`] releases exactly that
+/// in the parent, and in the child also a hold of a thread that vanished in the fork.
+pub(crate) struct ForkGuarded<T: 'static> {
+    lock: fn() -> &'static T,
+    held: std::sync::atomic::AtomicBool,
+}
+
+/// The locks [`ForkGuarded`] handles: parking_lot's mutex and reader-writer lock.
+pub(crate) trait ForkLock {
+    /// Take the lock (exclusively) within `wait` and forget the guard; whether it was taken.
+    fn take_for(&self, wait: std::time::Duration) -> bool;
+    /// Release a hold whose guard was forgotten.
+    ///
+    /// # Safety
+    /// The lock is held (exclusively, or shared by threads that no longer exist) and no guard
+    /// of it is alive.
+    unsafe fn release(&self);
+    /// Whether it is held at all.
+    fn is_held(&self) -> bool;
+}
+
+impl<T> ForkLock for parking_lot::Mutex<T> {
+    fn take_for(&self, wait: std::time::Duration) -> bool {
+        self.try_lock_for(wait).map(std::mem::forget).is_some()
+    }
+    unsafe fn release(&self) {
+        // SAFETY: the caller's contract.
+        unsafe { self.force_unlock() }
+    }
+    fn is_held(&self) -> bool {
+        self.is_locked()
+    }
+}
+
+impl<T> ForkLock for parking_lot::RwLock<T> {
+    fn take_for(&self, wait: std::time::Duration) -> bool {
+        self.try_write_for(wait).map(std::mem::forget).is_some()
+    }
+    unsafe fn release(&self) {
+        if self.is_locked_exclusive() {
+            // SAFETY: the caller's contract.
+            unsafe { self.force_unlock_write() };
+        }
+        while self.is_locked() {
+            // SAFETY: the caller's contract (readers that vanished in the fork).
+            unsafe { self.force_unlock_read() };
+        }
+    }
+    fn is_held(&self) -> bool {
+        self.is_locked()
+    }
+}
+
+impl<T: ForkLock> ForkGuarded<T> {
+    pub(crate) const fn new(lock: fn() -> &'static T) -> Self {
+        ForkGuarded {
+            lock,
+            held: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Prepare handler: take the lock within `wait`.
+    pub(crate) fn before_fork(&self, wait: std::time::Duration) {
+        let took = (self.lock)().take_for(wait);
+        self.held.store(took, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Parent or child handler.
+    pub(crate) fn after_fork(&self, child: bool) {
+        let mine = self.held.swap(false, std::sync::atomic::Ordering::SeqCst);
+        let lock = (self.lock)();
+        if mine || (child && lock.is_held()) {
+            // SAFETY: in the parent, the prepare handler took the lock on this thread (the
+            // one that forked) and forgot its guard. In the child, the calling thread is the
+            // only one: whoever holds the lock is that hold of the prepare handler or a
+            // thread that did not survive the fork, and no guard of it is alive here.
+            unsafe { lock.release() };
+        }
+    }
+}
+
 /// After `fork()`, in the child: the calling thread is the only one, and it is no engine
 /// worker even if the parent's forking thread was.
 pub(crate) fn after_fork_in_child() {

@@ -15,18 +15,17 @@ static LOG: Mutex<Vec<Record>> = Mutex::new(Vec::new());
 
 /// Around `fork()`: hold the log's lock so no other thread is inside it when the process
 /// is copied (see `runtime::before_fork`).
-pub(crate) fn before_fork() {
-    std::mem::forget(LOG.lock());
+pub(crate) fn before_fork(wait: std::time::Duration) {
+    LOG_FORK.before_fork(wait);
 }
 
-/// After `fork()`, in the parent or the child: release the log's lock if it is held.
-pub(crate) fn after_fork() {
-    if LOG.is_locked() {
-        // SAFETY: held by this thread's `before_fork` (guard forgotten), or in a child by a
-        // thread that no longer exists.
-        unsafe { LOG.force_unlock() };
-    }
+/// After `fork()`, in the parent or the child: release what [`before_fork`] took.
+pub(crate) fn after_fork(child: bool) {
+    LOG_FORK.after_fork(child);
 }
+
+static LOG_FORK: crate::sync::ForkGuarded<parking_lot::Mutex<Vec<Record>>> =
+    crate::sync::ForkGuarded::new(|| &LOG);
 
 /// What happened.
 #[derive(Debug, Clone, PartialEq)]

@@ -334,3 +334,33 @@ fn an_event_recorded_last_completing_means_its_stream_is_idle() {
         }
     }
 }
+
+/// Every user callback is contained: a completion callback that panics on the stream worker
+/// that completes the event does not kill the worker. (Before, it ran outside `catch_unwind`:
+/// the worker died mid-command, the stream never completed, and shutdown timed out.)
+#[test]
+fn a_panicking_completion_callback_leaves_the_worker_and_the_stream_running() {
+    let rt = init();
+    let s = stream(&rt, 1);
+    for _ in 0..8 {
+        let gate = Gate::new();
+        s.launch(gate.op()).unwrap();
+        let e = Event::new();
+        s.record(&e).unwrap();
+        let called = Arc::new(AtomicBool::new(false));
+        let c = called.clone();
+        e.on_complete(Box::new(move |_| {
+            c.store(true, Ordering::SeqCst);
+            panic!("callback exploded");
+        }))
+        .unwrap();
+        gate.open();
+        s.synchronize(Some(Duration::from_secs(120))).unwrap();
+        assert!(called.load(Ordering::SeqCst) && e.query().unwrap());
+        // The same workers run the next work.
+        let flag = Arc::new(AtomicBool::new(false));
+        s.launch(flag_op(&flag)).unwrap();
+        s.synchronize(Some(Duration::from_secs(120))).unwrap();
+        assert!(flag.load(Ordering::SeqCst));
+    }
+}

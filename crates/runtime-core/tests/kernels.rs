@@ -880,17 +880,56 @@ fn a_builtin_refuses_arguments_checked_by_another_kernel() {
         tensor::<f32>(&b, 2, &[8]),
     ];
     let add = kernel::find("add").unwrap();
-    match kernel::Args::check(&*add, overlapping.clone()) {
+    match kernel::Args::check(&add, overlapping.clone()) {
         Err(e) => assert_eq!(e.arg, "a"),
         Ok(_) => panic!("partly overlapping views passed add's check"),
     }
-    let laundered = kernel::Args::check(&Lax, overlapping).unwrap();
-    assert!(laundered.checked_by(&Lax) && !laundered.checked_by(&*add));
+    let lax: Arc<dyn kernel::Kernel> = Arc::new(Lax);
+    let laundered = kernel::Args::check(&lax, overlapping).unwrap();
+    assert!(laundered.checked_by(&*lax) && !laundered.checked_by(&*add));
     let failure = add.run(&laundered).unwrap_err();
     assert!(
         failure.to_string().contains("checked by another kernel"),
         "{failure}"
     );
+}
+
+/// Identity by ownership: arguments hold the kernel that checked them, so a kernel made after
+/// the checking one was dropped can never sit at its address and pass for it. (With an
+/// address kept instead, a fresh built-in `add` landed where a freed lax kernel had been and
+/// accepted its partly overlapping arguments: `&mut [f32]` aliasing `&[f32]`.)
+#[test]
+fn arguments_checked_by_a_dropped_kernel_never_pass_for_a_new_one() {
+    struct Lax(#[allow(dead_code)] u8);
+    impl kernel::Kernel for Lax {
+        fn name(&self) -> &str {
+            "lax"
+        }
+        fn check(&self, _: &[KernelArg]) -> Result<(), ArgError> {
+            Ok(())
+        }
+        fn run(&self, _: &kernel::Args) -> Result<(), runtime_core::error::KernelFailure> {
+            Ok(())
+        }
+    }
+    let c = Ctx::new();
+    let b = c.alloc(64);
+    for _ in 0..2000 {
+        let overlapping = vec![
+            tensor::<f32>(&b, 0, &[8]),
+            tensor::<f32>(&b, 1, &[8]),
+            tensor::<f32>(&b, 2, &[8]),
+        ];
+        let lax: Arc<dyn kernel::Kernel> = Arc::new(Lax(1));
+        let args = kernel::Args::check(&lax, overlapping).unwrap();
+        drop(lax);
+        for fresh in kernel::builtin::all() {
+            assert!(!args.checked_by(&*fresh), "{} passed for lax", fresh.name());
+            if fresh.name() == "add" {
+                assert!(fresh.run(&args).is_err());
+            }
+        }
+    }
 }
 
 /// Raw typed views check the allocation's bounds and the alignment in every build.
@@ -901,16 +940,16 @@ fn raw_views_are_checked_against_the_allocation() {
     let _neighbour = c.alloc(64);
     let past_end = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // SAFETY: nothing else uses `b`; the call must panic before making a slice.
-        unsafe { b.slice::<f32>(0, 17).len() }
+        unsafe { b.slice_unsynchronized::<f32>(0, 17).len() }
     }));
     assert!(past_end.is_err());
     let misaligned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // SAFETY: as above.
-        unsafe { b.slice::<f64>(4, 1).len() }
+        unsafe { b.slice_unsynchronized::<f64>(4, 1).len() }
     }));
     assert!(misaligned.is_err());
     // SAFETY: as above; in bounds and aligned.
-    assert_eq!(unsafe { b.slice::<f64>(8, 7) }, &[0.0; 7]);
+    assert_eq!(unsafe { b.slice_unsynchronized::<f64>(8, 7) }, &[0.0; 7]);
 }
 
 #[test]

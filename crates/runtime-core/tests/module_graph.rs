@@ -172,3 +172,62 @@ fn the_checker_sees_references_and_cycles() {
     g.insert("b".to_string(), BTreeSet::from(["a".to_string()]));
     assert_eq!(find_cycle(&g).map(|c| c.len()), Some(3));
 }
+
+/// The bindings are layered as ARCHITECTURE.md's table of `crates/runtime-py/src` says: every
+/// file is in the table, and uses only files of the rows above its own.
+#[test]
+fn the_bindings_follow_their_layer_table() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let doc = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let section = doc
+        .split("## The bindings (`crates/runtime-py/src`)")
+        .nth(1)
+        .expect("the bindings section")
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let mut row_of = std::collections::HashMap::new();
+    for (row, line) in section.lines().filter(|l| l.starts_with("| `")).enumerate() {
+        let first = line.split('|').nth(1).unwrap();
+        for name in first.split('`').skip(1).step_by(2) {
+            row_of.insert(name.trim_end_matches(".rs").to_string(), row);
+        }
+    }
+    let src = root.join("crates/runtime-py/src");
+    let mut wrong = Vec::new();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        let me = p.file_stem().unwrap().to_string_lossy().to_string();
+        let Some(&my_row) = row_of.get(&me) else {
+            wrong.push(format!("{me}.rs is not in the table"));
+            continue;
+        };
+        let code = std::fs::read_to_string(&p).unwrap();
+        let mut used = std::collections::BTreeSet::new();
+        for (i, _) in code.match_indices("crate::") {
+            let rest = &code[i + 7..];
+            if let Some(group) = rest.strip_prefix('{') {
+                let inner = &group[..group.find('}').unwrap_or(0)];
+                used.extend(
+                    inner
+                        .split(',')
+                        .map(|x| x.trim().split("::").next().unwrap().to_string()),
+                );
+            } else {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                used.insert(name);
+            }
+        }
+        for u in used {
+            if let Some(&row) = row_of.get(&u) {
+                if u != me && row >= my_row {
+                    wrong.push(format!("{me}.rs uses {u}.rs, which is not above it"));
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}

@@ -10,7 +10,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use runtime_core::config::Options;
 use runtime_core::error::{Error, MemoryError};
-use runtime_core::memory::{Allocator, Block, DeviceMemory, StreamFence};
+use runtime_core::memory::{Allocator, Block, DeviceMemory};
 use runtime_core::stream::{FnOp, OpKind};
 
 const MIB: u64 = 1 << 20;
@@ -80,50 +80,60 @@ fn limit_caps_reserved_bytes() {
     drop((a, b));
 }
 
-/// A fence whose completion the test controls.
-struct Fence {
-    submitted: AtomicU64,
-    completed: AtomicU64,
+/// A gate an op on a stream waits on until the test opens it.
+type Gate = Arc<(Mutex<bool>, Condvar)>;
+
+fn gated(s: &runtime_core::stream::Stream) -> Gate {
+    let gate: Gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let g = gate.clone();
+    s.launch(FnOp::shared("hold", OpKind::Compute, move || {
+        let (l, cv) = &*g;
+        let mut open = l.lock().unwrap();
+        while !*open {
+            open = cv.wait(open).unwrap();
+        }
+        Ok(())
+    }))
+    .unwrap();
+    gate
 }
 
-impl StreamFence for Fence {
-    fn fence_id(&self) -> u64 {
-        1
-    }
-    fn submitted(&self) -> u64 {
-        self.submitted.load(Ordering::SeqCst)
-    }
-    fn reached(&self, target: u64) -> bool {
-        self.completed.load(Ordering::SeqCst) >= target
-    }
+fn open(gate: &Gate) {
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
 }
 
 #[test]
 fn record_stream_defers_the_free_until_the_queued_work_completes() {
     // torch test/test_cuda.py test_record_stream: the freed block is not reused while the
     // stream it was recorded on still has the work queued at free time.
-    let m = fresh(16 * MIB);
-    let f = Arc::new(Fence {
-        submitted: AtomicU64::new(3),
-        completed: AtomicU64::new(1),
-    });
+    let rt = common::init();
+    let d = rt.device(0).unwrap().clone();
+    let m = d.memory().clone();
+    let s = runtime_core::stream::Stream::on(d.executor(), 0).unwrap();
+    let first = gated(&s);
     let b = m.allocate(4096).unwrap();
     let addr = b.as_ptr() as usize;
-    b.record_stream(f.clone()).unwrap();
-    b.record_stream(f.clone()).unwrap();
+    b.record_stream(Arc::new(s.clone())).unwrap();
+    b.record_stream(Arc::new(s.clone())).unwrap();
+    let allocated = m.stats().allocated;
     drop(b);
     assert_eq!(m.deferred_frees(), 1);
-    assert_eq!(m.stats().allocated, 4096);
+    assert_eq!(m.stats().allocated, allocated);
     let other = m.allocate(4096).unwrap();
     assert_ne!(other.as_ptr() as usize, addr);
     // Work submitted after the free does not hold the block longer.
-    f.submitted.store(10, Ordering::SeqCst);
-    f.completed.store(3, Ordering::SeqCst);
+    let later = gated(&s);
+    open(&first);
+    while s.pending() > 1 {
+        std::thread::yield_now();
+    }
     drop(other);
     let again = m.allocate(4096).unwrap();
     assert_eq!(m.deferred_frees(), 0);
-    assert_eq!(m.stats().allocated, 4096);
     drop(again);
+    open(&later);
+    s.synchronize(None).unwrap();
 }
 
 #[test]
@@ -210,11 +220,17 @@ fn a_plugged_rust_allocator_serves_malloc_and_gets_every_block_back() {
     b.write(0, &[9; 300]).unwrap();
     assert!(b.write(1, &[9; 300]).is_err());
     drop(a);
+    // Given back when the core next passes blocks on (never from the dropping thread, which
+    // may be a stream worker or hold a runtime lock).
+    assert_eq!(bump.freed.load(Ordering::SeqCst), 0);
+    assert_eq!(m.return_blocks(), 1);
     assert_eq!(bump.freed.load(Ordering::SeqCst), 1);
     let view = b.view(8, 8).unwrap();
     drop(b);
+    assert_eq!(m.return_blocks(), 0);
     assert_eq!(bump.freed.load(Ordering::SeqCst), 1);
     drop(view);
+    let _ = m.malloc(16).unwrap(); // an allocation passes them on too
     assert_eq!(bump.freed.load(Ordering::SeqCst), 2);
     // Built-in again once unplugged.
     m.set_allocator(None);
@@ -258,4 +274,41 @@ fn a_block_too_small_or_of_another_device_is_refused_and_given_back() {
     assert!(e.to_string().contains("not memory of that device"), "{e}");
     assert_eq!(foreign.1.load(Ordering::SeqCst), 1);
     assert_eq!(other.stats().active_allocations, 0);
+}
+
+/// A plugged allocator is user code: a panic in `allocate` is an error of that allocation,
+/// and a panic in `free` stays in the call that passes blocks back.
+#[test]
+fn a_panicking_plugged_allocator_is_an_error_not_an_unwind() {
+    struct Bad {
+        freed: AtomicU64,
+    }
+    impl Allocator for Bad {
+        fn allocate(&self, mem: &Arc<DeviceMemory>, size: u64) -> runtime_core::Result<Block> {
+            if size == 13 {
+                panic!("allocate exploded");
+            }
+            Ok(Block::new(mem.allocate(size)?))
+        }
+        fn free(&self, _: Block) {
+            self.freed.fetch_add(1, Ordering::SeqCst);
+            panic!("free exploded");
+        }
+    }
+    let m = fresh(16 * MIB);
+    let bad = Arc::new(Bad {
+        freed: AtomicU64::new(0),
+    });
+    m.set_allocator(Some(bad.clone()));
+    let e = m.malloc(13).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("allocate panicked: allocate exploded"),
+        "{e}"
+    );
+    drop(m.malloc(100).unwrap());
+    drop(m.malloc(200).unwrap()); // passes the first block back, whose free panics
+    assert_eq!(m.return_blocks(), 1);
+    assert_eq!(bad.freed.load(Ordering::SeqCst), 2);
+    m.set_allocator(None);
 }

@@ -492,7 +492,7 @@ unsafe impl HostMemory for Borrowed {
 
 /// Register `len` bytes at `ptr`, the data of `owner`, as host memory the copy calls accept
 /// (`acl.util.bytes_to_ptr` / `numpy_to_ptr`). False when the range lies inside one
-/// registered already.
+/// registered already; `ValueError` for device memory (a host view of a device buffer).
 #[pyfunction]
 pub fn acl_register_host(
     owner: Py<PyAny>,
@@ -500,7 +500,7 @@ pub fn acl_register_host(
     len: usize,
     writable: bool,
     tag: &str,
-) -> bool {
+) -> PyResult<bool> {
     let tag: &'static str = match tag {
         "bytes_to_ptr" => "acl.util.bytes_to_ptr",
         _ => "acl.util.numpy_to_ptr",
@@ -514,6 +514,7 @@ pub fn acl_register_host(
         }),
         tag,
     )
+    .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.message().to_string()))
 }
 
 /// Forget a registered range (its object is released).

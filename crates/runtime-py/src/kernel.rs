@@ -11,7 +11,8 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyComplex, PyComplexMethods, PyFloat, PyInt, PyString, PyTuple};
 use runtime_core::error::KernelFailure;
 use runtime_core::kernel::{self, KernelArg, Tensor};
-use runtime_core::stream::{Op, OpKind, Stream};
+use runtime_core::memory::access::{Access, AccessSet};
+use runtime_core::stream::{FnOp, Op, OpKind, Stream};
 
 use crate::convert::{numpy, stream_or_current, type_name};
 use crate::errors::{self, RtErr};
@@ -25,6 +26,16 @@ struct PyOp {
     args: Py<PyTuple>,
     /// Convert DeviceBuffer arguments to numpy views before the call.
     views: bool,
+}
+
+impl PyOp {
+    /// The stream op: `accesses` are the buffer arguments of a kernel, all as written (what
+    /// Python code does with a view is not known), held while it runs so that no other work
+    /// touches them meanwhile.
+    fn into_op(self, accesses: AccessSet) -> Arc<dyn Op> {
+        let name = self.name.clone();
+        FnOp::with_accesses(name, OpKind::Compute, accesses, move || self.run())
+    }
 }
 
 impl Drop for PyOp {
@@ -45,13 +56,7 @@ impl Drop for PyOp {
     }
 }
 
-impl Op for PyOp {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn kind(&self) -> OpKind {
-        OpKind::Compute
-    }
+impl PyOp {
     fn run(&self) -> Result<(), KernelFailure> {
         if !crate::interp::prepare() {
             return Err(KernelFailure::new(
@@ -283,19 +288,22 @@ pub fn launch_kernel(
     s.check().map_err(RtErr)?;
     // Views keep the memory of every buffer argument alive until the kernel has run.
     let mut held = Vec::with_capacity(args.len());
+    let mut buffers = Vec::new();
     for a in args.iter() {
         if let Ok(b) = a.cast::<PyDeviceBuffer>() {
+            buffers.push(b.get().buffer(py)?);
             held.push(Bound::new(py, b.get().share(py)?)?.into_any());
         } else {
             held.push(a);
         }
     }
-    let op = Arc::new(PyOp {
+    let op = PyOp {
         name: callable_name(kernel),
         func: kernel.clone().unbind(),
         args: PyTuple::new(py, held)?.unbind(),
         views: true,
-    });
+    }
+    .into_op(AccessSet::new(buffers.iter().map(|b| (b, Access::Write))));
     wait::submit(py, s, op)
 }
 
@@ -312,11 +320,12 @@ pub fn launch_host_func(
             type_name(func)
         )));
     }
-    let op = Arc::new(PyOp {
+    let op = PyOp {
         name: callable_name(func),
         func: func.clone().unbind(),
         args: args.clone().unbind(),
         views: false,
-    });
+    }
+    .into_op(AccessSet::default());
     wait::submit(py, s, op)
 }

@@ -98,7 +98,8 @@ pub fn shutdown(py: Python<'_>) -> PyResult<()> {
     Ok(())
 }
 
-/// Register the process-life hooks: at interpreter exit, and around `os.fork()`.
+/// Register the process-life hooks: at interpreter exit, and after `os.fork()` in the
+/// child (the core's own `fork()` handlers do the rest, for every fork).
 pub fn register_process_hooks(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     let at_exit = wrap_pyfunction!(_at_exit, m)?;
@@ -106,15 +107,8 @@ pub fn register_process_hooks(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Registered at the extension's import, before the package registers `shutdown`: atexit
     // runs this one after it.
     py.import("atexit")?.call_method1("register", (at_exit,))?;
-    let before = wrap_pyfunction!(_before_fork, m)?;
-    let parent = wrap_pyfunction!(_after_fork_in_parent, m)?;
-    let child = wrap_pyfunction!(_after_fork_in_child, m)?;
-    m.add_function(before.clone())?;
-    m.add_function(parent.clone())?;
-    m.add_function(child.clone())?;
+    let child = wrap_pyfunction!(_forget_thread_state, m)?;
     let kw = PyDict::new(py);
-    kw.set_item("before", before)?;
-    kw.set_item("after_in_parent", parent)?;
     kw.set_item("after_in_child", child)?;
     py.import("os")?
         .call_method("register_at_fork", (), Some(&kw))?;
@@ -133,24 +127,11 @@ pub fn _at_exit(py: Python<'_>) -> PyResult<()> {
     Ok(())
 }
 
-/// `os.register_at_fork(before=...)`: take the runtime's process-wide locks across the fork.
-/// The interpreter lock stays held: no thread waits for it while holding one of them.
+/// `os.register_at_fork(after_in_child=...)`: the bindings' per-thread state (current
+/// streams) belongs to the parent's runtime, which the core abandoned in its own fork
+/// handler; it touches no lock.
 #[pyfunction]
-pub fn _before_fork() {
-    rt::before_fork();
-}
-
-/// `os.register_at_fork(after_in_parent=...)`.
-#[pyfunction]
-pub fn _after_fork_in_parent() {
-    rt::after_fork_in_parent();
-}
-
-/// `os.register_at_fork(after_in_child=...)`: abandon the parent's runtime (its threads did
-/// not survive the fork); every inherited handle now fails, and `init()` builds a new one.
-#[pyfunction]
-pub fn _after_fork_in_child() {
-    rt::after_fork_in_child();
+fn _forget_thread_state() {
     stream::clear_thread_state();
 }
 

@@ -33,7 +33,7 @@ pub fn device_malloc(
 #[pyfunction]
 pub fn device_free(py: Python<'_>, buf: &Bound<'_, PyAny>) -> PyResult<()> {
     buffer_arg(buf, "buf")?.get().free(py)?;
-    crate::pool::drain_frees(py);
+    crate::pool::return_blocks(py);
     Ok(())
 }
 

@@ -6,10 +6,9 @@
 //! A plugged Python allocator is `alloc(nbytes, device, stream) -> DeviceBuffer` (the core
 //! validates the buffer: see `runtime_core::memory::allocator`) and an optional
 //! `free(buf, nbytes, device)`, called with the object `alloc` returned once the runtime no
-//! longer uses it. The core may give a block back on any thread (a stream worker dropping a
-//! queued copy), possibly under a runtime lock, where calling Python is not safe; so a
-//! given-back block is queued here and `free` is called on a Python thread at the next
-//! allocation, `device_free`, `set_allocator` or `MemoryPool` query.
+//! longer uses it. The core queues given-back blocks and passes them to `free` from the
+//! calling thread of its next allocation, `set_allocator`, `empty_cache` or shutdown, and of
+//! `return_blocks`, which `device_free` and the `MemoryPool` queries call here.
 
 use std::cell::RefCell;
 
@@ -26,12 +25,6 @@ use crate::convert::{device_arg, resolve, type_name};
 use crate::errors::RtErr;
 use crate::handles::{PyDevice, PyDeviceBuffer};
 
-/// A block given back by the core, waiting for its `free` call: (free, object, nbytes, device).
-type Pending = (Arc<Py<PyAny>>, Py<PyAny>, u64, usize);
-
-/// Blocks given back and not yet passed to their allocator's `free`.
-static PENDING: Mutex<Vec<Pending>> = Mutex::new(Vec::new());
-
 /// The `(alloc, free)` functions plugged in with `set_allocator`.
 type Plugged = (Py<PyAny>, Option<Py<PyAny>>);
 
@@ -43,18 +36,14 @@ thread_local! {
     static RAISED: RefCell<Option<PyErr>> = const { RefCell::new(None) };
 }
 
-/// Call `free` for every block given back so far (on this Python thread).
-pub fn drain_frees(py: Python<'_>) {
-    loop {
-        let batch = std::mem::take(&mut *PENDING.lock());
-        if batch.is_empty() {
-            return;
-        }
-        for (free, obj, nbytes, device) in batch {
-            if let Err(e) = free.call1(py, (obj, nbytes, device)) {
-                e.write_unraisable(py, Some(free.bind(py)));
+/// Pass every block given back so far to its allocator's `free` (see the module docs).
+pub fn return_blocks(py: Python<'_>) {
+    if let Ok(r) = rt::get() {
+        py.detach(|| {
+            for d in r.devices() {
+                d.memory().return_blocks();
             }
-        }
+        });
     }
 }
 
@@ -67,7 +56,6 @@ struct PyAllocator {
 
 impl PyAllocator {
     fn call(&self, py: Python<'_>, mem: &Arc<DeviceMemory>, size: u64) -> PyResult<Block> {
-        drain_frees(py);
         let dev = mem.device();
         let stream = crate::stream::current_stream(py, Some(&dev.into_pyobject(py)?.into_any()))?;
         let obj = self.alloc.call1(py, (size, dev, stream))?;
@@ -97,18 +85,26 @@ impl Allocator for PyAllocator {
     }
 
     fn free(&self, block: Block) {
-        let Some(free) = &self.free else {
-            // No `free`: dropping our reference is all (CuPy's style); the token is dropped
-            // here, and pyo3 defers the decref when this thread does not hold the GIL.
+        // The core calls this on a thread that holds no runtime lock (see the module docs).
+        // Once the interpreter is finalising nothing attaches: the object is left to it.
+        if !crate::interp::prepare() {
+            std::mem::forget(block.token);
             return;
-        };
+        }
         let nbytes = block.buffer.size();
         let device = block.buffer.device();
-        let Some(token) = block.token else { return };
-        let Ok(obj) = token.downcast::<Py<PyAny>>() else {
-            return;
-        };
-        PENDING.lock().push((free.clone(), *obj, nbytes, device));
+        Python::attach(|py| {
+            let obj = block
+                .token
+                .and_then(|t| t.downcast::<Py<PyAny>>().ok())
+                .map(|o| *o);
+            // No `free`: dropping our reference is all (CuPy's style).
+            if let (Some(free), Some(obj)) = (&self.free, obj) {
+                if let Err(e) = free.call1(py, (obj, nbytes, device)) {
+                    e.write_unraisable(py, Some(free.bind(py)));
+                }
+            }
+        });
     }
 }
 
@@ -168,7 +164,7 @@ pub fn set_allocator(
         alloc.map(|a| (a.unbind(), free.map(Bound::unbind))),
     );
     drop(old);
-    drain_frees(py);
+    return_blocks(py);
     Ok(())
 }
 
@@ -202,7 +198,7 @@ impl PyMemoryPool {
     }
 
     fn mem(&self, py: Python<'_>) -> PyResult<Arc<DeviceMemory>> {
-        drain_frees(py);
+        return_blocks(py);
         let m = self.dev()?.memory().clone();
         m.process_deferred_frees();
         Ok(m)

@@ -49,6 +49,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::device::Device;
 use crate::error::{arg_error, DeviceError, Error, KernelFailure, Result, StreamError};
 use crate::kernel::{DType, Tensor};
+use crate::memory::access::{Access, AccessSet};
 use crate::stream::{FnOp, OpKind, Stream};
 
 /// Reduction operators (NCCL's `ncclRedOp_t`).
@@ -184,6 +185,15 @@ struct Part {
 }
 
 impl Part {
+    /// The device memory this rank's part touches: its send tensor read, its recv written
+    /// (one allocation in place: written). Other ranks reach these buffers only while this
+    /// rank's op runs inside the collective, holding them.
+    fn accesses(&self) -> AccessSet {
+        let send = self.send.iter().map(|t| (t.buffer(), Access::Read));
+        let recv = self.recv.iter().map(|t| (t.buffer(), Access::Write));
+        AccessSet::new(send.chain(recv))
+    }
+
     fn describe(&self) -> String {
         match self.dtype {
             Some(d) => format!("{} of {} x {}", self.kind.describe(), self.count, d.name()),
@@ -233,6 +243,20 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Live communicators, so that shutdown can release their pending collectives.
 static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+static FORK: crate::sync::ForkGuarded<Mutex<Vec<Weak<Shared>>>> =
+    crate::sync::ForkGuarded::new(|| &LIVE);
+
+/// Around `fork()`: hold the list of live communicators (see `runtime::install_fork_handlers`).
+pub(crate) fn before_fork(wait: std::time::Duration) {
+    FORK.before_fork(wait);
+}
+
+/// After `fork()`: release what [`before_fork`] took (in the child also a hold of a thread
+/// that vanished in the fork).
+pub(crate) fn after_fork(child: bool) {
+    FORK.after_fork(child);
+}
 
 /// One rank of a communicator. Cheap to clone; clones are the same rank.
 #[derive(Clone)]
@@ -658,13 +682,14 @@ impl Communicator {
         self.check()?;
         self.check_stream(stream)?;
         let name = part.kind.name();
+        let uses = part.accesses();
         let part = Arc::new(part);
         let shared = self.shared.clone();
         let rank = self.rank;
         let mut next = self.shared.issue[rank].lock();
         let seq = Arc::new(AtomicU64::new(*next));
         let cell = seq.clone();
-        let op = FnOp::shared(name, OpKind::Compute, move || {
+        let op = FnOp::with_accesses(name, OpKind::Compute, uses, move || {
             let seq = match cell.load(Ordering::SeqCst) {
                 RUN_TIME => shared.take_seq(rank),
                 k => k,
@@ -906,7 +931,8 @@ impl Communicator {
     pub fn send(&self, buf: &Tensor, peer: usize, stream: &Stream) -> Result<()> {
         self.check_p2p(buf, peer, stream)?;
         let (shared, rank, t) = (self.shared.clone(), self.rank, buf.clone());
-        let op = FnOp::shared("send", OpKind::Compute, move || {
+        let uses = buf.buffer().access(Access::Read);
+        let op = FnOp::with_accesses("send", OpKind::Compute, uses, move || {
             let bytes = reduce::stage(&t).map_err(|e| failure("send", e))?;
             let msg = Message {
                 dtype: t.dtype(),
@@ -927,7 +953,8 @@ impl Communicator {
     pub fn recv(&self, buf: &Tensor, peer: usize, stream: &Stream) -> Result<()> {
         self.check_p2p(buf, peer, stream)?;
         let (shared, rank, t) = (self.shared.clone(), self.rank, buf.clone());
-        let op = FnOp::shared("recv", OpKind::Compute, move || {
+        let uses = buf.buffer().access(Access::Write);
+        let op = FnOp::with_accesses("recv", OpKind::Compute, uses, move || {
             let msg = shared.take(peer, rank).map_err(|e| failure("recv", e))?;
             if msg.dtype != t.dtype() || msg.count != t.len() {
                 return Err(failure(

@@ -190,14 +190,15 @@ pub(crate) fn range(count: usize, r: usize, n: usize) -> (usize, usize) {
 /// A shared view of elements `[lo, hi)` of `t`.
 fn view<T: Num>(t: &Tensor, lo: usize, hi: usize) -> &[T] {
     let off = t.offset() + (lo * size_of::<T>()) as u64;
-    // SAFETY: `Buffer::slice` checks bounds and alignment itself (panicking otherwise). No
-    // exclusive view of these bytes exists meanwhile: within a collective only this rank
-    // touches this element range of any participating tensor (disjoint shares), each tile's
-    // shared view is dropped before any exclusive view of the same bytes is made, and inputs
-    // and outputs of one rank are identical or disjoint (checked at issue). The ranks' streams
-    // are all inside this collective, so they do not touch these buffers; other streams'
-    // accesses are ordered by the caller, as for kernels.
-    unsafe { t.buffer().slice::<T>(off, hi - lo) }
+    // SAFETY: `Buffer::slice_unsynchronized` checks bounds and alignment itself (panicking
+    // otherwise). No exclusive view of these bytes exists meanwhile: within a collective only
+    // this rank touches this element range of any participating tensor (disjoint shares),
+    // each tile's shared view is dropped before any exclusive view of the same bytes is made,
+    // and inputs and outputs of one rank are identical or disjoint (checked at issue). Every
+    // rank's op is running inside this collective and holds its tensors' allocations
+    // (`Part::accesses`) until all shares are done, so no other op or host thread touches
+    // these buffers meanwhile.
+    unsafe { t.buffer().slice_unsynchronized::<T>(off, hi - lo) }
 }
 
 /// An exclusive view of elements `[lo, hi)` of `t`.
@@ -206,7 +207,7 @@ fn view_mut<T: Num>(t: &Tensor, lo: usize, hi: usize) -> &mut [T] {
     let off = t.offset() + (lo * size_of::<T>()) as u64;
     // SAFETY: as for `view`; in addition the view is the only one of these bytes alive (each
     // is made, written and dropped within one statement of the tile loop).
-    unsafe { t.buffer().slice_mut::<T>(off, hi - lo) }
+    unsafe { t.buffer().slice_mut_unsynchronized::<T>(off, hi - lo) }
 }
 
 fn tile_elems<T>() -> usize {

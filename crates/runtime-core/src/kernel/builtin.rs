@@ -22,10 +22,11 @@
 //! (in place) but must not partly overlap one. float32/float64 (and float16, widened) matrix
 //! products use the `matrixmultiply` crate (blocked, SIMD); the others a plain i-k-j loop.
 //!
-//! Memory access: kernels read and write device memory through raw views
-//! ([`Buffer::slice`](crate::memory::Buffer::slice)); `check` has verified bounds, alignment
-//! and overlap, which is what those views require. Concurrent access by another stream to the
-//! same bytes is a race in the device memory model, as on real hardware.
+//! Memory access: kernels read and write device memory through typed views
+//! ([`Buffer::slice_unsynchronized`](crate::memory::Buffer::slice_unsynchronized)); `check`
+//! has verified bounds, alignment and overlap, and the launch holds the output's allocation
+//! exclusively and the inputs' shared ([`Kernel::access`], [`crate::memory::access`]) while
+//! the kernel runs, which is what those views require.
 
 use std::sync::Arc;
 
@@ -34,6 +35,7 @@ use num_complex::Complex;
 
 use crate::error::{ArgError, KernelFailure};
 use crate::kernel::{Args, DType, Kernel, KernelArg, Tensor};
+use crate::memory::access::Access;
 
 /// All built-in kernels.
 pub fn all() -> Vec<Arc<dyn Kernel>> {
@@ -458,8 +460,7 @@ fn same(
 /// Inputs may be exactly the output, or disjoint from it; partial overlap is refused.
 fn no_partial_overlap(out: &Tensor, x: &Tensor, name: &str, kernel: &str) -> Result<(), ArgError> {
     let (a, b) = (out.span(), x.span());
-    let overlap = a.0 < b.1 && b.0 < a.1;
-    if overlap && a != b {
+    if a.overlaps(&b) && a != b {
         Err(err(name, format!("{kernel}: {name} partly overlaps the output; use disjoint buffers or exactly the same view")))
     } else {
         Ok(())
@@ -467,8 +468,7 @@ fn no_partial_overlap(out: &Tensor, x: &Tensor, name: &str, kernel: &str) -> Res
 }
 
 fn disjoint(out: &Tensor, x: &Tensor, name: &str, kernel: &str) -> Result<(), ArgError> {
-    let (a, b) = (out.span(), x.span());
-    if a.0 < b.1 && b.0 < a.1 {
+    if out.span().overlaps(&x.span()) {
         Err(err(
             name,
             format!("{kernel}: {name} overlaps the output; matmul needs a separate output"),
@@ -585,6 +585,15 @@ impl Kernel for Builtin {
         }
     }
 
+    fn access(&self, index: usize) -> Access {
+        // Output first; `axpy` reads its output too, which a write access covers.
+        if index == 0 {
+            Access::Write
+        } else {
+            Access::Read
+        }
+    }
+
     fn run(&self, args: &Args) -> Result<(), KernelFailure> {
         if !args.checked_by(self) {
             return Err(KernelFailure::new(
@@ -643,19 +652,24 @@ fn dispatch(k: Builtin, args: &[KernelArg]) {
     }
 }
 
-/// Read-only view. SAFETY contract of `Buffer::slice`: `check` verified bounds, alignment (the
-/// offset is a multiple of the item size, which every `Repr`'s alignment divides), and that the
-/// range is either disjoint from every output or exactly an output (in which case callers use
-/// the in-place paths and never hold both views).
+/// Read-only view. SAFETY contract of `Buffer::slice_unsynchronized`: `check` verified
+/// bounds, alignment (the offset is a multiple of the item size, which every `Repr`'s
+/// alignment divides), and that the range is either disjoint from every output or exactly an
+/// output (in which case callers use the in-place paths and never hold both views); the
+/// kernel runs as an op holding every tensor's allocation (the output exclusively, `access`),
+/// so no other op or host thread touches the bytes meanwhile.
 fn view<T: Elem>(x: &Tensor) -> &[T::Repr] {
     // SAFETY: see above.
-    unsafe { x.buffer.slice::<T::Repr>(x.offset, x.len()) }
+    unsafe { x.buffer.slice_unsynchronized::<T::Repr>(x.offset, x.len()) }
 }
 
-#[allow(clippy::mut_from_ref)] // device memory is shared by design; see the module docs
+#[allow(clippy::mut_from_ref)] // the op holds the allocation exclusively; see `view`
 fn view_mut<T: Elem>(x: &Tensor) -> &mut [T::Repr] {
     // SAFETY: see `view`; the output is the only mutable view alive in each kernel.
-    unsafe { x.buffer.slice_mut::<T::Repr>(x.offset, x.len()) }
+    unsafe {
+        x.buffer
+            .slice_mut_unsynchronized::<T::Repr>(x.offset, x.len())
+    }
 }
 
 fn typed<T: Elem>(k: Builtin, args: &[KernelArg]) {

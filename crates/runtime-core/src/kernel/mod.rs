@@ -21,7 +21,8 @@ use std::sync::{Arc, LazyLock};
 use parking_lot::RwLock;
 
 use crate::error::{arg_error, ArgError, KernelFailure, Result};
-use crate::memory::{Buffer, Element};
+use crate::memory::access::{Access, AccessSet};
+use crate::memory::{Buffer, Element, MemorySpan};
 use crate::stream::{Op, OpKind, Stream};
 
 /// A typed, C-contiguous view of part of a buffer: the only way a kernel sees device memory.
@@ -109,10 +110,10 @@ impl Tensor {
         (self.len() * self.dtype.size()) as u64
     }
 
-    /// Host address range `[start, end)` (for overlap checks).
-    pub fn span(&self) -> (usize, usize) {
-        let start = self.buffer.as_ptr() as usize + self.offset as usize;
-        (start, start + self.nbytes() as usize)
+    /// The memory the tensor occupies (for overlap checks: compared by memory, never by
+    /// address; see [`MemorySpan`]).
+    pub fn span(&self) -> MemorySpan {
+        self.buffer.memory_span(self.offset, self.nbytes())
     }
 
     /// Copy the elements out (synchronous, not stream ordered: call it from a kernel's `run`
@@ -177,35 +178,47 @@ pub enum KernelArg {
 
 /// Arguments that passed a kernel's [`Kernel::check`]: the only value [`Kernel::run`]
 /// accepts. Built only by [`Args::check`] (which [`prepare`] and [`launch`] call), and it
-/// remembers which kernel checked it, so a kernel can rely on its own check:
+/// holds the kernel that checked it, so a kernel can rely on its own check:
 ///
 /// ```compile_fail
 /// # use runtime_core::kernel::Args;
-/// let args = Args { args: vec![], checked_by: 0 };
+/// let args = Args { args: vec![], checked_by: todo!() };
 /// ```
-#[derive(Debug)]
 pub struct Args {
     args: Vec<KernelArg>,
-    /// Address of the kernel whose `check` accepted `args`.
-    checked_by: usize,
+    /// The kernel whose `check` accepted `args`. Held, so no other kernel can be made at
+    /// its address while these arguments live (identity by ownership, not by an address
+    /// that a freed kernel's successor may reuse).
+    checked_by: Arc<dyn Kernel>,
+}
+
+impl std::fmt::Debug for Args {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Args")
+            .field("args", &self.args)
+            .field("checked_by", &self.checked_by.name())
+            .finish()
+    }
 }
 
 impl Args {
-    /// Run `kernel.check(&args)` and, if it passes, wrap the arguments.
+    /// Run `kernel.check(&args)` and, if it passes, wrap the arguments (holding `kernel`).
     ///
     /// # Errors
     /// The check's `ArgError`.
-    pub fn check<K: Kernel + ?Sized>(kernel: &K, args: Vec<KernelArg>) -> Result<Args, ArgError> {
+    pub fn check(kernel: &Arc<dyn Kernel>, args: Vec<KernelArg>) -> Result<Args, ArgError> {
         kernel.check(&args)?;
         Ok(Args {
             args,
-            checked_by: address(kernel),
+            checked_by: kernel.clone(),
         })
     }
 
     /// Whether `kernel` (this very object) is the one whose check accepted these arguments.
+    /// Sound as an identity test: the checking kernel is alive (held by these arguments),
+    /// and two live objects do not share an address.
     pub fn checked_by<K: Kernel + ?Sized>(&self, kernel: &K) -> bool {
-        self.checked_by == address(kernel)
+        std::ptr::addr_eq(Arc::as_ptr(&self.checked_by), kernel as *const K)
     }
 
     /// The arguments.
@@ -221,10 +234,6 @@ impl std::ops::Deref for Args {
     }
 }
 
-fn address<K: ?Sized>(kernel: &K) -> usize {
-    (kernel as *const K).cast::<()>() as usize
-}
-
 /// A kernel that can be launched on a stream by name.
 ///
 /// `check` runs on the launching thread; `run` gets the same arguments, wrapped in [`Args`],
@@ -236,6 +245,14 @@ pub trait Kernel: Send + Sync {
     fn name(&self) -> &str;
     /// Validate the arguments at launch time (on the caller's thread).
     fn check(&self, args: &[KernelArg]) -> Result<(), ArgError>;
+    /// How `run` uses the tensor at `index` of the arguments. The default, `Write`, is
+    /// always right; a kernel that only reads an input may say `Read`, so that work reading
+    /// the same memory runs beside it. Writing through a tensor declared `Read` is refused
+    /// (see [`crate::memory::access`]).
+    fn access(&self, index: usize) -> Access {
+        let _ = index;
+        Access::Write
+    }
     /// Run with arguments that passed a check. May panic; the executor catches it.
     fn run(&self, args: &Args) -> Result<(), KernelFailure>;
 }
@@ -248,26 +265,28 @@ static REGISTRY: LazyLock<RwLock<HashMap<String, Arc<dyn Kernel>>>> = LazyLock::
     RwLock::new(m)
 });
 
+static REGISTRY_FORK: crate::sync::ForkGuarded<RwLock<HashMap<String, Arc<dyn Kernel>>>> =
+    crate::sync::ForkGuarded::new(|| &REGISTRY);
+
 /// Around `fork()`: hold the registry's lock so no other thread is inside it when the
-/// process is copied (see `runtime::before_fork`).
-pub(crate) fn before_fork() {
-    std::mem::forget(REGISTRY.write());
+/// process is copied (see `runtime::install_fork_handlers`).
+pub(crate) fn before_fork(wait: std::time::Duration) {
+    REGISTRY_FORK.before_fork(wait);
 }
 
-/// After `fork()`, in the parent or the child: release the registry's lock if it is held
-/// (by [`before_fork`] on this thread, or in a child by a thread that vanished).
-pub(crate) fn after_fork() {
-    if REGISTRY.is_locked_exclusive() {
-        // SAFETY: held by this thread's `before_fork` (guard forgotten), or in a child by a
-        // thread that no longer exists.
-        unsafe { REGISTRY.force_unlock_write() };
-    }
+/// After `fork()`, in the parent or the child: release what [`before_fork`] took (and in
+/// the child a hold of a thread that vanished).
+pub(crate) fn after_fork(child: bool) {
+    REGISTRY_FORK.after_fork(child);
 }
 
 /// Register a kernel under its name, replacing any kernel of that name. Returns the one it
 /// replaced.
 pub fn register(kernel: Arc<dyn Kernel>) -> Option<Arc<dyn Kernel>> {
-    REGISTRY.write().insert(kernel.name().to_string(), kernel)
+    // The name is asked before the lock is taken: `name` is user code, which must not run
+    // while the registry is locked. The replaced kernel is dropped after the lock too.
+    let name = kernel.name().to_string();
+    REGISTRY.write().insert(name, kernel)
 }
 
 /// Look a kernel up by name.
@@ -297,15 +316,24 @@ pub fn find(name: &str) -> Result<Arc<dyn Kernel>> {
 
 struct KernelOp {
     kernel: Arc<dyn Kernel>,
+    /// The kernel's name, asked once on the launching thread (`Kernel::name` is user code:
+    /// the engines never call it).
+    name: String,
     args: Args,
+    accesses: AccessSet,
 }
+
+impl crate::stream::command::sealed::Sealed for KernelOp {}
 
 impl Op for KernelOp {
     fn name(&self) -> &str {
-        self.kernel.name()
+        &self.name
     }
     fn kind(&self) -> OpKind {
         OpKind::Compute
+    }
+    fn accesses(&self) -> &AccessSet {
+        &self.accesses
     }
     fn run(&self) -> Result<(), KernelFailure> {
         self.kernel.run(&self.args)
@@ -328,7 +356,7 @@ pub fn prepare(
     kernel: Arc<dyn Kernel>,
     args: Vec<KernelArg>,
 ) -> Result<Arc<dyn Op>> {
-    let args = Args::check(&*kernel, args)?;
+    let args = Args::check(&kernel, args)?;
     for a in args.iter() {
         if let KernelArg::Tensor(t) = a {
             if t.buffer.device() != stream.device_index() {
@@ -344,7 +372,16 @@ pub fn prepare(
             }
         }
     }
-    Ok(Arc::new(KernelOp { kernel, args }))
+    let accesses = AccessSet::new(args.iter().enumerate().filter_map(|(i, a)| match a {
+        KernelArg::Tensor(t) => Some((&t.buffer, kernel.access(i))),
+        _ => None,
+    }));
+    Ok(Arc::new(KernelOp {
+        name: kernel.name().to_string(),
+        kernel,
+        args,
+        accesses,
+    }))
 }
 
 impl Stream {

@@ -43,9 +43,10 @@ pub trait Allocator: Send + Sync {
     /// Whatever the allocator fails with; it is returned to the caller of `malloc`.
     fn allocate(&self, mem: &Arc<DeviceMemory>, size: u64) -> Result<Block>;
 
-    /// Take back a block `allocate` returned, once nothing uses it any more. Called from
-    /// whichever thread drops the last handle (a runtime thread included), possibly while a
-    /// runtime lock is held: it must not block or call into the runtime.
+    /// Take back a block `allocate` returned, once nothing uses it any more. Blocks given
+    /// back are queued by the core and passed here by [`DeviceMemory::return_blocks`]: at
+    /// the next [`DeviceMemory::malloc`], `set_allocator`, `empty_cache` and shutdown, on
+    /// that caller's thread, with no runtime lock held; a panic here is contained there.
     fn free(&self, block: Block);
 }
 
@@ -98,20 +99,38 @@ impl Lease {
             .at()
     }
 
-    /// Hand the block back to its allocator.
-    pub(super) fn give_back(mut self) {
-        if let Some(b) = self.block.take() {
-            self.allocator.free(b);
-        }
+    /// Hand the block back to its allocator (queued: see [`DeviceMemory::return_blocks`]).
+    pub(super) fn give_back(self) {
+        drop(self);
     }
 }
 
 impl Drop for Lease {
+    /// Whichever thread drops the last handle (a stream worker, a thread holding a runtime
+    /// lock) only queues the block: the allocator's `free` is user code.
     fn drop(&mut self) {
         if let Some(b) = self.block.take() {
-            self.allocator.free(b);
+            let mem = b.buffer.memory().clone();
+            mem.pool.returned.lock().push((self.allocator.clone(), b));
         }
     }
+}
+
+/// Run `f`, a call into a plugged allocator (user code), turning a panic into an error that
+/// names the method.
+fn contained<R>(what: &str, f: impl FnOnce() -> R) -> Result<R> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-string payload".into());
+        ArgError::new(
+            "allocator",
+            format!("the plugged allocator's {what} panicked: {msg}"),
+        )
+        .into()
+    })
 }
 
 thread_local! {
@@ -136,11 +155,31 @@ impl DeviceMemory {
         // The old one is dropped after the lock is released.
         let old = std::mem::replace(&mut *self.pool.plug.lock(), allocator);
         drop(old);
+        self.return_blocks();
     }
 
     /// The plugged allocator, if any.
     pub fn allocator(&self) -> Option<Arc<dyn Allocator>> {
         self.pool.plug.lock().clone()
+    }
+
+    /// Pass the blocks given back since the last call to their allocators' `free`, on this
+    /// thread, with no runtime lock held; returns how many. A panicking `free` is contained
+    /// (the panic hook reports it; the block is dropped). [`DeviceMemory::malloc`],
+    /// `set_allocator`, `empty_cache` and shutdown call it; callers that want blocks back
+    /// sooner (a pool's statistics, `device_free`) may too.
+    pub fn return_blocks(&self) -> usize {
+        let mut n = 0;
+        loop {
+            let batch = std::mem::take(&mut *self.pool.returned.lock());
+            if batch.is_empty() {
+                return n;
+            }
+            n += batch.len();
+            for (allocator, block) in batch {
+                let _ = contained("free", || allocator.free(block));
+            }
+        }
     }
 
     /// Allocate `size` zeroed bytes through the plugged allocator, or the built-in pool when
@@ -159,16 +198,17 @@ impl DeviceMemory {
             return self.allocate(size);
         }
         self.process_deferred_frees();
+        self.return_blocks();
         let block = {
             IN_PLUG.with(|f| f.set(true));
             let _guard = PlugGuard;
-            allocator.allocate(self, size)?
+            contained("allocate", || allocator.allocate(self, size))??
         };
         if let Err(e) = self.accept(&block, size) {
-            allocator.free(block);
+            let _ = contained("free", || allocator.free(block));
             return Err(e);
         }
-        let id = block.buffer.id();
+        let (id, tracker) = (block.buffer.id(), block.buffer.alloc.tracker.clone());
         let place = Place::Plugged(Lease {
             allocator,
             block: Some(block),
@@ -182,6 +222,8 @@ impl DeviceMemory {
                 id,
                 recorded: parking_lot::Mutex::new(Vec::new()),
                 export: std::sync::OnceLock::new(),
+                // The block is a range of a buffer the core made: one memory, one lock.
+                tracker,
             }),
             offset: 0,
             len: size,

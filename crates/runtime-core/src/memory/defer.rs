@@ -18,6 +18,20 @@ use super::Buffer;
 /// Open scopes, and the buffers held until the last one closes.
 static STATE: Mutex<(usize, Vec<Buffer>)> = Mutex::new((0, Vec::new()));
 
+static FORK: crate::sync::ForkGuarded<Mutex<(usize, Vec<Buffer>)>> =
+    crate::sync::ForkGuarded::new(|| &STATE);
+
+/// Around `fork()`: hold the defer scopes' state (see `runtime::install_fork_handlers`).
+pub(crate) fn before_fork(wait: std::time::Duration) {
+    FORK.before_fork(wait);
+}
+
+/// After `fork()`: release what [`before_fork`] took (in the child also a hold of a thread
+/// that vanished in the fork).
+pub(crate) fn after_fork(child: bool) {
+    FORK.after_fork(child);
+}
+
 /// A copy of the open scope count (written under the lock), so that [`release`] outside any
 /// scope, the common case on every handle drop, takes no lock.
 static OPEN: AtomicUsize = AtomicUsize::new(0);

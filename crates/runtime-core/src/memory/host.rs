@@ -22,9 +22,8 @@
 //! Soundness: the arena only hands out raw pointers and performs raw copies; it never creates
 //! Rust references into device memory except through [`Arena::slice`] and
 //! [`Arena::slice_mut`], whose callers promise the range lies inside a live allocation they
-//! own for the duration. Concurrent access to the same bytes from two streams, or from a
-//! stream and a host view, is a data race in the device's memory model exactly as on a real
-//! accelerator; the runtime orders it only through streams and events. Memory shared with
+//! own for the duration. Who may touch which bytes when is decided above, in
+//! `memory::access` (ops and safe host access hold an allocation's lock). Memory shared with
 //! another process can be written by it at any time: the bytes are plain integers to Rust
 //! (every device element type is valid for every bit pattern), and a mapping's range always
 //! lies inside its file (imports check the file size; the runtime never shrinks its file), so
@@ -170,6 +169,11 @@ pub(crate) fn shared_file() -> io::Result<Arc<SharedFile>> {
     let f = Arc::new(SharedFile::create()?);
     *slot = Some(f.clone());
     Ok(f)
+}
+
+/// The nonce of this process's device memory file, if it has made one.
+pub(crate) fn own_file_nonce() -> Option<u64> {
+    SHARED.lock().as_ref().map(|f| f.nonce)
 }
 
 /// A random 64-bit number (not for cryptography: it tells files and handles apart).
@@ -732,24 +736,33 @@ fn copy_pool() -> &'static CopyPool {
 /// After `fork()`, in the child: forget the parent's pool (its helpers are gone and its
 /// channel may be locked by one of them); the next large copy makes a new one.
 pub(crate) fn after_fork_in_child() {
-    if MAPPED.is_locked() {
-        // SAFETY: the child has one thread, which is here: the holder vanished in the fork,
-        // possibly mid-update, so the map is abandoned (leaked) and a new one started. The
-        // inherited arenas belong to the abandoned runtime.
-        unsafe { MAPPED.force_unlock() };
-        std::mem::forget(std::mem::take(&mut *MAPPED.lock()));
-    }
-    if SHARED.is_locked() {
-        // SAFETY: the child has one thread, which is here: the holder vanished in the fork.
-        unsafe { SHARED.force_unlock() };
-    }
     // The parent's file stays mapped under inherited arenas; new memory comes from a new one.
     std::mem::forget(SHARED.lock().take());
-    if POOL_INIT.is_locked() {
-        // SAFETY: the child has one thread, which is here: the holder vanished in the fork.
-        unsafe { POOL_INIT.force_unlock() };
-    }
     POOL.store(std::ptr::null_mut(), std::sync::atomic::Ordering::Release);
+}
+
+static SHARED_FORK: crate::sync::ForkGuarded<parking_lot::Mutex<Option<Arc<SharedFile>>>> =
+    crate::sync::ForkGuarded::new(|| &SHARED);
+static POOL_INIT_FORK: crate::sync::ForkGuarded<parking_lot::Mutex<()>> =
+    crate::sync::ForkGuarded::new(|| &POOL_INIT);
+static MAPPED_FORK: crate::sync::ForkGuarded<
+    parking_lot::Mutex<std::collections::BTreeMap<usize, usize>>,
+> = crate::sync::ForkGuarded::new(|| &MAPPED);
+
+/// Around `fork()`: hold the device memory file's slot, the copy pool's start lock and the
+/// arenas' range map (see `runtime::install_fork_handlers`).
+pub(crate) fn before_fork(wait: std::time::Duration) {
+    SHARED_FORK.before_fork(wait);
+    POOL_INIT_FORK.before_fork(wait);
+    MAPPED_FORK.before_fork(wait);
+}
+
+/// After `fork()`: release what [`before_fork`] took (in the child also a hold of a thread
+/// that vanished in the fork).
+pub(crate) fn after_fork(child: bool) {
+    MAPPED_FORK.after_fork(child);
+    POOL_INIT_FORK.after_fork(child);
+    SHARED_FORK.after_fork(child);
 }
 
 /// A pool with its helpers started, as many as the OS lets start (a copy with none runs on

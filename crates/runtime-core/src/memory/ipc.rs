@@ -47,8 +47,55 @@ const LIVE: u64 = 0x4556_494c_4350_4952; // "RIPCLIVE"
 /// Ids of imported buffers (kept apart from allocator ids, which count from 1 per device).
 static NEXT_IMPORT_ID: AtomicU64 = AtomicU64::new(1 << 48);
 
+/// The allocations of this process that other handles may name, by the memory they are (the
+/// file's nonce and the block's offset in it): blocks this process exported, and blocks it
+/// imported. Opening a handle whose block is here returns that allocation, so one process
+/// never holds two allocations over the same memory (an alias would have its own lock, and
+/// its own idea of which bytes overlap).
+static OPEN: OpenTable = parking_lot::const_mutex(Vec::new());
+
+/// Note `alloc` as the allocation of the memory `key` (dropping entries whose allocation is
+/// gone).
+fn note_open(key: (u64, u64), alloc: &Arc<Allocation>) {
+    let mut open = OPEN.lock();
+    open.retain(|(_, a)| a.strong_count() > 0);
+    open.push((key, Arc::downgrade(alloc)));
+}
+
+/// The live allocation of the memory `key`, if this process has one.
+fn find_open(key: (u64, u64)) -> Option<Arc<Allocation>> {
+    let open = OPEN.lock();
+    open.iter()
+        .filter(|(k, _)| *k == key)
+        .find_map(|(_, a)| a.upgrade())
+}
+
+type OpenTable = parking_lot::Mutex<Vec<((u64, u64), std::sync::Weak<Allocation>)>>;
+
+static OPEN_FORK: crate::sync::ForkGuarded<OpenTable> = crate::sync::ForkGuarded::new(|| &OPEN);
+
+/// Around `fork()`: hold the table's lock so no other thread is inside it when the process
+/// is copied; released by [`after_fork`].
+pub(crate) fn before_fork(wait: std::time::Duration) {
+    OPEN_FORK.before_fork(wait);
+    IMPORTED_FORK.before_fork(wait);
+}
+
+/// After `fork()`, in the parent or the child: release what [`before_fork`] took. The
+/// child's entries are the parent's allocations, which it refuses anyway: it forgets them.
+pub(crate) fn after_fork(child: bool) {
+    IMPORTED_FORK.after_fork(child);
+    OPEN_FORK.after_fork(child);
+    if child {
+        std::mem::forget(std::mem::take(&mut *OPEN.lock()));
+    }
+}
+
 /// Imported buffers and their bytes, by device.
 static IMPORTED: parking_lot::Mutex<Vec<(u64, u64)>> = parking_lot::const_mutex(Vec::new());
+
+static IMPORTED_FORK: crate::sync::ForkGuarded<parking_lot::Mutex<Vec<(u64, u64)>>> =
+    crate::sync::ForkGuarded::new(|| &IMPORTED);
 
 /// Live imported buffers on a device and their bytes (mapped pages, whole pages).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -171,12 +218,21 @@ pub(crate) struct Imported {
     offset: u64,
     handle: Vec<u8>,
     device: usize,
+    /// The exporter's device memory file and the block's offset in it: what the block *is*,
+    /// whatever address it is mapped at here.
+    file_nonce: u64,
+    file_offset: u64,
 }
 
 impl Imported {
     /// The mapping and the offset of the block's byte 0 in it.
     pub(crate) fn at(&self) -> (&Arena, u64) {
         (&self.arena, self.offset)
+    }
+
+    /// The memory behind byte 0: the exporter's file and the offset in it.
+    pub(crate) fn memory(&self) -> (u64, u64) {
+        (self.file_nonce, self.file_offset)
     }
 }
 
@@ -335,7 +391,9 @@ impl Buffer {
             .write_all_at(&entry, u64::from(slot) * SLOT_BYTES)
             .map_err(|e| invalid(format!("cannot write the export table: {e}")))?;
         // Two racing first exports: the loser's `Export` drops and clears its own slot.
-        let _ = a.export.set(export);
+        if a.export.set(export).is_ok() {
+            note_open((h.file_nonce, h.offset), a);
+        }
         Ok(a.export.get().expect("set above").handle.clone())
     }
 
@@ -349,6 +407,11 @@ impl DeviceMemory {
     /// Map the buffer `handle` names (made by [`Buffer::ipc_handle`] in another process of
     /// the same user, or in this one) as a buffer of this device, zero-copy. Only the pages
     /// covering the exported block are mapped, and the buffer's bounds are exactly the block.
+    ///
+    /// A process never holds two allocations over the same memory: a handle this process
+    /// exported opens as the exported allocation itself, and a block it has open already
+    /// opens as that allocation (both on the device they belong to, which may differ from
+    /// this one). So a copy between a buffer and "its alias" is a copy within one allocation.
     ///
     /// # Errors
     /// An argument error for bytes that are not a handle; `InvalidHandle` when the exporting
@@ -379,6 +442,19 @@ impl DeviceMemory {
         }
         if process_start_time(h.pid) != Some(h.start_time) {
             return Err(gone());
+        }
+        let key = (h.file_nonce, h.offset);
+        if super::host::own_file_nonce() == Some(h.file_nonce) {
+            // This process's own memory: the exported allocation itself, or nothing. Mapping
+            // the file again would alias whatever lives there now (after a free, a new
+            // allocation that must read zero).
+            return match find_open(key).filter(|a| a.was_opened_as(handle)) {
+                Some(alloc) => Ok(opened(alloc)?),
+                None => Err(invalid(
+                    "it names a block of this process's memory that is no longer exported \
+                     (the buffer was freed) or never was (stale or forged handle)",
+                )),
+            };
         }
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -426,6 +502,19 @@ impl DeviceMemory {
                 field(0)
             )));
         }
+        if let Some(alloc) = find_open(key) {
+            // Open here already: the same allocation (one lock, one idea of overlap).
+            return if alloc.was_opened_as(handle) {
+                opened(alloc)
+            } else {
+                Err(invalid(format!(
+                    "this process still holds an import of the block at offset {} of process \
+                     {}'s memory from an earlier export of it (freed by its exporter since); \
+                     drop that buffer first",
+                    h.offset, h.pid
+                )))
+            };
+        }
         let start = h.offset / PAGE * PAGE;
         let end = h
             .offset
@@ -441,20 +530,65 @@ impl DeviceMemory {
             offset: h.offset - start,
             handle: handle.to_vec(),
             device: self.device,
+            file_nonce: h.file_nonce,
+            file_offset: h.offset,
+        };
+        let alloc = Arc::new(Allocation {
+            mem: self.clone(),
+            place: Place::Imported(imported),
+            size: h.len,
+            block: 0,
+            id: NEXT_IMPORT_ID.fetch_add(1, Ordering::Relaxed),
+            recorded: parking_lot::Mutex::new(Vec::new()),
+            export: std::sync::OnceLock::new(),
+            tracker: super::access::Tracker::new(),
+        });
+        // Two threads opening the same block at once: the first noted wins, the other's
+        // mapping is dropped unused.
+        let alloc = {
+            let mut open = OPEN.lock();
+            let key = (h.file_nonce, h.offset);
+            match open
+                .iter()
+                .filter(|(k, _)| *k == key)
+                .find_map(|(_, a)| a.upgrade())
+            {
+                Some(first) => first,
+                None => {
+                    open.retain(|(_, a)| a.strong_count() > 0);
+                    open.push((key, Arc::downgrade(&alloc)));
+                    alloc
+                }
+            }
         };
         Ok(Buffer {
-            alloc: Arc::new(Allocation {
-                mem: self.clone(),
-                place: Place::Imported(imported),
-                size: h.len,
-                block: 0,
-                id: NEXT_IMPORT_ID.fetch_add(1, Ordering::Relaxed),
-                recorded: parking_lot::Mutex::new(Vec::new()),
-                export: std::sync::OnceLock::new(),
-            }),
+            alloc,
             offset: 0,
             len: h.len,
         })
+    }
+}
+
+/// A buffer over the whole of `alloc`, opened again.
+fn opened(alloc: Arc<Allocation>) -> Result<Buffer> {
+    let len = alloc.size;
+    let buf = Buffer {
+        alloc,
+        offset: 0,
+        len,
+    };
+    buf.check()?;
+    Ok(buf)
+}
+
+impl Allocation {
+    /// Whether `handle` is exactly the handle this allocation was exported as or imported
+    /// from (every field: a forged nonce or slot does not open it).
+    fn was_opened_as(&self, handle: &[u8]) -> bool {
+        match &self.place {
+            Place::Imported(m) => m.handle == handle,
+            _ => self.export.get().is_some_and(|e| e.handle == handle),
+        }
     }
 }
 

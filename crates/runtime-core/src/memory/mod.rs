@@ -71,6 +71,7 @@
 //!   the capacity; `allocated` is what live buffers consume; `cached = reserved - allocated`.
 //! * The reclaimer is never called with the allocator's state lock held.
 
+pub mod access;
 pub mod allocator;
 pub(crate) mod buddy;
 pub mod defer;
@@ -364,6 +365,7 @@ impl DeviceMemory {
     pub(crate) fn close(self: &Arc<Self>) {
         self.closed.store(true, Ordering::Release);
         self.drop_deferred_frees();
+        self.return_blocks();
     }
 
     /// Install the hook an allocation calls once before it fails with `OutOfMemory`, after
@@ -470,6 +472,7 @@ impl DeviceMemory {
                 id,
                 recorded: Mutex::new(Vec::new()),
                 export: std::sync::OnceLock::new(),
+                tracker: access::Tracker::new(),
             }),
             offset: 0,
             len: size,
@@ -637,6 +640,7 @@ impl DeviceMemory {
     /// (waited for, so that afterwards nothing freed before the call is still cached).
     pub fn empty_cache(self: &Arc<Self>) {
         self.process_deferred_frees();
+        self.return_blocks();
         let mut flushed = Vec::new();
         let _busy = self.scrub.busy.lock();
         let mut st = self.state.lock();
@@ -858,6 +862,26 @@ fn scrub_loop(mem: std::sync::Weak<DeviceMemory>) {
     }
 }
 
+/// Around `fork()` (see `runtime::install_fork_handlers`): hold the memory layer's
+/// process-wide locks (the pinned cache, managed memory, the IPC tables, defer scopes, the
+/// device memory file and the copy pool's start).
+pub(crate) fn before_fork(wait: std::time::Duration) {
+    pinned::before_fork(wait);
+    managed::before_fork(wait);
+    ipc::before_fork(wait);
+    defer::before_fork(wait);
+    host::before_fork(wait);
+}
+
+/// After `fork()`, in the parent or the child: release what [`before_fork`] took.
+pub(crate) fn after_fork(child: bool) {
+    host::after_fork(child);
+    defer::after_fork(child);
+    ipc::after_fork(child);
+    managed::after_fork(child);
+    pinned::after_fork(child);
+}
+
 /// After `fork()`, in the child: the copy helpers are made afresh on next use.
 pub(crate) fn after_fork_in_child() {
     host::after_fork_in_child();
@@ -885,6 +909,8 @@ pub struct Allocation {
     recorded: Mutex<Vec<Arc<dyn StreamFence>>>,
     /// Its export-table slot once shared with other processes (`ipc`); cleared when freed.
     export: std::sync::OnceLock<ipc::Export>,
+    /// The work pending on its memory and the lock that orders host access (`access`).
+    tracker: Arc<access::Tracker>,
 }
 
 impl Allocation {
@@ -899,6 +925,49 @@ impl Allocation {
             Place::Plugged(lease) => lease.at(),
             Place::Imported(mapping) => mapping.at(),
         }
+    }
+}
+
+impl Allocation {
+    /// What byte 0 of the allocation *is*: the device memory file it lives in (its nonce) and
+    /// the offset in that file; `(0, 0)` for a zero-byte allocation. Two mappings of one
+    /// block (an imported buffer, a plugged allocator's block) give the same answer.
+    fn memory(&self) -> (u64, u64) {
+        match &self.place {
+            Place::Empty => (0, 0),
+            Place::Imported(imported) => imported.memory(),
+            _ => {
+                let (arena, base) = self.at();
+                match arena.file_range() {
+                    Some((file, offset)) => (file.nonce(), offset + base),
+                    // Not reached: only imported arenas lack a file range of ours.
+                    None => (0, arena.ptr(base) as u64),
+                }
+            }
+        }
+    }
+}
+
+/// Where a range of device memory is: the device memory file (its nonce) and byte offsets in
+/// it. Overlap is decided on this, never on addresses, so two mappings of the same memory
+/// (another process's block imported here) are seen as the same bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MemorySpan {
+    /// The file: 0 for zero-byte ranges, which overlap nothing.
+    pub file: u64,
+    /// First byte.
+    pub start: u64,
+    /// One past the last byte.
+    pub end: u64,
+}
+
+impl MemorySpan {
+    /// Whether the two ranges share a byte.
+    pub fn overlaps(&self, other: &MemorySpan) -> bool {
+        self.file == other.file
+            && self.file != 0
+            && self.start < other.end
+            && other.start < self.end
     }
 }
 
@@ -1019,6 +1088,39 @@ impl Buffer {
         Arc::ptr_eq(&self.alloc, &other.alloc)
     }
 
+    /// The memory `count` bytes at `offset` of this view occupy (see [`MemorySpan`]); the
+    /// range is not checked (it is for overlap questions only).
+    pub fn memory_span(&self, offset: u64, count: u64) -> MemorySpan {
+        if count == 0 || self.alloc.size == 0 {
+            return MemorySpan {
+                file: 0,
+                start: 0,
+                end: 0,
+            };
+        }
+        let (file, base) = self.alloc.memory();
+        let start = base + self.offset + offset;
+        MemorySpan {
+            file,
+            start,
+            end: start.saturating_add(count),
+        }
+    }
+
+    /// Whether `[offset, offset + count)` of this view and `[other_offset, other_offset +
+    /// other_count)` of `other` share a byte of memory (whatever addresses they are mapped at).
+    pub fn overlaps(
+        &self,
+        offset: u64,
+        count: u64,
+        other: &Buffer,
+        other_offset: u64,
+        other_count: u64,
+    ) -> bool {
+        self.memory_span(offset, count)
+            .overlaps(&other.memory_span(other_offset, other_count))
+    }
+
     /// A view of `len` bytes at `offset` of this buffer, sharing (and keeping alive) its
     /// allocation.
     ///
@@ -1115,59 +1217,128 @@ impl Buffer {
         }
     }
 
-    /// Copy `src` into the buffer at `offset` (synchronous, not stream ordered).
+    /// The access set of this buffer alone.
+    pub fn access(&self, access: access::Access) -> access::AccessSet {
+        access::AccessSet::new([(self, access)])
+    }
+
+    /// Copy `src` into the buffer at `offset`. Ordered by the executor: waits for the stream
+    /// work queued on this allocation (its last writer and its readers) and holds the
+    /// allocation's lock for the copy, so no queued op or other thread touches the bytes
+    /// meanwhile (see [`access`]). From an op that holds the allocation it writes at once.
+    ///
+    /// # Errors
+    /// `OutOfBounds`; `InvalidHandle` after shutdown; `NotPermitted` when waiting for the
+    /// pending work would need the runtime thread making the call (see [`access`]).
     pub fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
         self.check_range("offset", offset, src.len() as u64)?;
-        let (arena, base) = self.at();
-        arena.write(base + offset, src);
-        Ok(())
+        self.access(access::Access::Write).host(|| {
+            let (arena, base) = self.at();
+            arena.write(base + offset, src);
+        })
     }
 
-    /// Copy buffer bytes at `offset` into `dst` (synchronous, not stream ordered).
+    /// Copy buffer bytes at `offset` into `dst`. Ordered by the executor: waits for the last
+    /// writer queued on this allocation and holds its lock (shared) for the copy.
+    ///
+    /// # Errors
+    /// As [`Buffer::write`].
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         self.check_range("offset", offset, dst.len() as u64)?;
-        let (arena, base) = self.at();
-        arena.read(base + offset, dst);
-        Ok(())
+        self.access(access::Access::Read).host(|| {
+            let (arena, base) = self.at();
+            arena.read(base + offset, dst);
+        })
     }
 
-    /// Copy `count` bytes from `src` at `src_off` to `self` at `dst_off` (any devices).
+    /// The buffer's bytes at `offset` as `count` elements of `T`, read as [`Buffer::read`]
+    /// reads.
+    ///
+    /// # Errors
+    /// As [`Buffer::read`].
+    pub fn to_vec<T: Element + Default>(&self, offset: u64, count: usize) -> Result<Vec<T>> {
+        let mut out = vec![T::default(); count];
+        self.read(offset, T::as_bytes_mut(&mut out))?;
+        Ok(out)
+    }
+
+    /// Copy `count` bytes from `src` at `src_off` to `self` at `dst_off` (any devices; the
+    /// ranges may overlap when both are views of one allocation: moved as by `memmove`).
+    /// Ordered by the executor as [`Buffer::write`] (for `self`) and [`Buffer::read`] (for
+    /// `src`).
+    ///
+    /// # Errors
+    /// As [`Buffer::write`].
     pub fn copy_from(&self, dst_off: u64, src: &Buffer, src_off: u64, count: u64) -> Result<()> {
         self.check_range("dst_offset", dst_off, count)?;
         src.check_range("src_offset", src_off, count)?;
-        let ((dst, dst_base), (src, src_base)) = (self.at(), src.at());
-        dst.copy_from(dst_base + dst_off, src, src_base + src_off, count);
-        Ok(())
+        access::AccessSet::new([(self, access::Access::Write), (src, access::Access::Read)])
+            .host(|| self.copy_held(dst_off, src, src_off, count))
     }
 
-    /// Fill `count` bytes at `offset` with `byte`.
+    /// The copy of [`Buffer::copy_from`], its locks held. Within one allocation the mapping
+    /// is one, so the arena's own overlap test (by address) is right; two allocations that
+    /// are the same memory under two mappings are copied through a staging buffer (their
+    /// addresses say nothing about how the bytes overlap). A process holds no such pair
+    /// (`ipc`), so that path is a guard.
+    fn copy_held(&self, dst_off: u64, src: &Buffer, src_off: u64, count: u64) {
+        let ((dst_arena, dst_base), (src_arena, src_base)) = (self.at(), src.at());
+        if !self.same_allocation(src) && self.overlaps(dst_off, count, src, src_off, count) {
+            let mut staged = vec![0u8; count as usize];
+            src_arena.read(src_base + src_off, &mut staged);
+            dst_arena.write(dst_base + dst_off, &staged);
+        } else {
+            dst_arena.copy_from(dst_base + dst_off, src_arena, src_base + src_off, count);
+        }
+    }
+
+    /// Fill `count` bytes at `offset` with `byte`, ordered as [`Buffer::write`].
+    ///
+    /// # Errors
+    /// As [`Buffer::write`].
     pub fn fill(&self, offset: u64, count: u64, byte: u8) -> Result<()> {
         self.check_range("offset", offset, count)?;
-        let (arena, base) = self.at();
-        arena.fill(base + offset, count, byte);
-        Ok(())
+        self.access(access::Access::Write).host(|| {
+            let (arena, base) = self.at();
+            arena.fill(base + offset, count, byte);
+        })
     }
 
-    /// Copy from raw host memory.
+    /// Copy from raw host memory, without waiting for queued work or taking the
+    /// allocation's lock.
     ///
     /// # Safety
-    /// `src` valid for `len` reads and not overlapping this buffer.
-    pub unsafe fn write_raw(&self, offset: u64, src: *const u8, len: usize) -> Result<()> {
+    /// `src` valid for `len` reads and not overlapping this buffer; no other access to the
+    /// range runs meanwhile (the caller runs as an op whose [`access::AccessSet`] holds this
+    /// allocation, or orders the access itself).
+    pub unsafe fn write_raw_unsynchronized(
+        &self,
+        offset: u64,
+        src: *const u8,
+        len: usize,
+    ) -> Result<()> {
         self.check_range("offset", offset, len as u64)?;
         let (arena, base) = self.at();
-        // SAFETY: range checked above; the caller vouches for `src`.
+        // SAFETY: range checked above; the caller vouches for `src` and for exclusivity.
         unsafe { arena.write_raw(base + offset, src, len) };
         Ok(())
     }
 
-    /// Copy to raw host memory.
+    /// Copy to raw host memory, without waiting for queued work or taking the allocation's
+    /// lock.
     ///
     /// # Safety
-    /// `dst` valid for `len` writes and not overlapping this buffer.
-    pub unsafe fn read_raw(&self, offset: u64, dst: *mut u8, len: usize) -> Result<()> {
+    /// `dst` valid for `len` writes and not overlapping this buffer; nothing writes the
+    /// range meanwhile (as for [`Buffer::write_raw_unsynchronized`]).
+    pub unsafe fn read_raw_unsynchronized(
+        &self,
+        offset: u64,
+        dst: *mut u8,
+        len: usize,
+    ) -> Result<()> {
         self.check_range("offset", offset, len as u64)?;
         let (arena, base) = self.at();
-        // SAFETY: range checked above; the caller vouches for `dst`.
+        // SAFETY: range checked above; the caller vouches for `dst` and for exclusivity.
         unsafe { arena.read_raw(base + offset, dst, len) };
         Ok(())
     }
@@ -1194,7 +1365,7 @@ impl Buffer {
         bytes.unwrap_or(0)
     }
 
-    /// Typed shared view of `count` elements at byte `offset`.
+    /// Typed shared view of `count` elements at byte `offset`, outside the executor's order.
     ///
     /// # Panics
     /// When the range is not inside this allocation or not aligned for `T` (checked in every
@@ -1203,8 +1374,9 @@ impl Buffer {
     /// # Safety
     /// No exclusive reference to any byte of the range may exist while the slice lives, and
     /// nothing may write those bytes meanwhile (another stream, a host view, a copy): the
-    /// caller orders its accesses with streams and events.
-    pub unsafe fn slice<T: Element>(&self, offset: u64, count: usize) -> &[T] {
+    /// caller holds the allocation for reading (an op whose [`access::AccessSet`] names it)
+    /// or orders its accesses with streams and events.
+    pub unsafe fn slice_unsynchronized<T: Element>(&self, offset: u64, count: usize) -> &[T] {
         let bytes = self.view_range::<T>(offset, count);
         let (arena, base) = self.at();
         // SAFETY: the range is inside this live allocation and aligned (checked above); `T`
@@ -1212,16 +1384,22 @@ impl Buffer {
         unsafe { arena.slice(base + offset, bytes, count) }
     }
 
-    /// Typed exclusive view of `count` elements at byte `offset`.
+    /// Typed exclusive view of `count` elements at byte `offset`, outside the executor's
+    /// order.
     ///
     /// # Panics
-    /// As for [`Buffer::slice`].
+    /// As for [`Buffer::slice_unsynchronized`].
     ///
     /// # Safety
     /// No other reference to any byte of the range may exist while the slice lives, and
-    /// nothing else may read or write those bytes meanwhile.
+    /// nothing else may read or write those bytes meanwhile (the caller holds the allocation
+    /// for writing, or orders its accesses with streams and events).
     #[allow(clippy::mut_from_ref)]
-    pub unsafe fn slice_mut<T: Element>(&self, offset: u64, count: usize) -> &mut [T] {
+    pub unsafe fn slice_mut_unsynchronized<T: Element>(
+        &self,
+        offset: u64,
+        count: usize,
+    ) -> &mut [T] {
         let bytes = self.view_range::<T>(offset, count);
         let (arena, base) = self.at();
         // SAFETY: as for `slice`, and the caller guarantees exclusivity.

@@ -427,17 +427,15 @@ impl PinnedBuffer {
     }
 }
 
+static FORK: crate::sync::ForkGuarded<Mutex<Pool>> = crate::sync::ForkGuarded::new(|| &POOL);
+
 /// Around `fork()`: hold the lock so that no other thread is inside it when the process is
-/// copied (see `runtime::before_fork`).
-pub(crate) fn before_fork() {
-    std::mem::forget(POOL.lock());
+/// copied (see `runtime::install_fork_handlers`).
+pub(crate) fn before_fork(wait: std::time::Duration) {
+    FORK.before_fork(wait);
 }
 
-/// After `fork()`, in the parent or the child: release the lock [`before_fork`] took.
-pub(crate) fn after_fork() {
-    if POOL.is_locked() {
-        // SAFETY: held by this thread's `before_fork` (guard forgotten), or in a child by a
-        // thread that no longer exists.
-        unsafe { POOL.force_unlock() };
-    }
+/// After `fork()`, in the parent or the child: release what [`before_fork`] took.
+pub(crate) fn after_fork(child: bool) {
+    FORK.after_fork(child);
 }

@@ -30,13 +30,30 @@ use super::{DeviceMemory, Place};
 use crate::error::{ArgError, Result};
 
 /// What the allocator needs of a stream to defer a free until the stream's queued work is done.
-pub trait StreamFence: Send + Sync {
+///
+/// Sealed: only the stream layer's `Stream` implements it. Its methods run under the pool's
+/// locks, where no user code may run:
+///
+/// ```compile_fail
+/// struct Mine;
+/// impl runtime_core::memory::StreamFence for Mine {
+///     fn fence_id(&self) -> u64 { 1 }
+///     fn submitted(&self) -> u64 { 0 }
+///     fn reached(&self, _: u64) -> bool { true }
+/// }
+/// ```
+pub trait StreamFence: sealed::Sealed + Send + Sync {
     /// A stable id of the stream (recording one stream twice records it once).
     fn fence_id(&self) -> u64;
     /// Operations submitted to the stream so far.
     fn submitted(&self) -> u64;
     /// Whether the stream has completed its first `target` operations.
     fn reached(&self, target: u64) -> bool;
+}
+
+pub(crate) mod sealed {
+    /// The seal of [`super::StreamFence`].
+    pub trait Sealed {}
 }
 
 /// A freed block waiting for streams.
@@ -58,6 +75,10 @@ pub(super) struct PoolExt {
     n_deferred: AtomicUsize,
     /// The plugged allocator (see `allocator`).
     pub(super) plug: Mutex<Option<Arc<dyn super::Allocator>>>,
+    /// Blocks given back to plugged allocators, waiting for `return_blocks` to pass them to
+    /// `Allocator::free` (see `allocator`).
+    #[allow(clippy::type_complexity)]
+    pub(super) returned: Mutex<Vec<(Arc<dyn super::Allocator>, super::Block)>>,
 }
 
 impl DeviceMemory {

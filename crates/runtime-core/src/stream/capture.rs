@@ -40,12 +40,18 @@ static ACTIVE: AtomicUsize = AtomicUsize::new(0);
 static RECORDED_IN: LazyLock<Mutex<HashMap<u64, Weak<Session>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
-/// After `fork()`, in the child: release the record map's lock if a vanished thread held it.
-pub(crate) fn after_fork_in_child() {
-    if RECORDED_IN.is_locked() {
-        // SAFETY: the child has one thread, which is not inside this lock.
-        unsafe { RECORDED_IN.force_unlock() };
-    }
+static RECORDED_FORK: crate::sync::ForkGuarded<Mutex<HashMap<u64, Weak<Session>>>> =
+    crate::sync::ForkGuarded::new(|| &RECORDED_IN);
+
+/// Around `fork()`: hold the record map's lock (see `runtime::install_fork_handlers`).
+pub(crate) fn before_fork(wait: std::time::Duration) {
+    RECORDED_FORK.before_fork(wait);
+}
+
+/// After `fork()`: release what [`before_fork`] took (in the child also a hold of a thread
+/// that vanished).
+pub(crate) fn after_fork(child: bool) {
+    RECORDED_FORK.after_fork(child);
 }
 
 /// One step with the stream that issued it.

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::error::KernelFailure;
 use crate::event::EventInner;
+use crate::memory::access::AccessSet;
 use crate::stream::graph::GraphInner;
 
 /// Which engine an operation belongs on when pipelining is enabled.
@@ -16,24 +17,55 @@ pub enum OpKind {
     Copy,
 }
 
-/// One unit of stream work. Implemented by kernels, copies and host functions.
+/// One unit of stream work: kernels (`kernel::launch`), copies (`stream::copy`), collectives,
+/// and closures ([`FnOp`]).
 ///
 /// `run` may be called more than once when the op is part of a replayed graph.
-pub trait Op: Send + Sync {
+///
+/// Sealed: its methods other than `run` are called by the engines outside `catch_unwind`
+/// and, for `name` and `kind`, under stream locks, so only the core's own ops implement it;
+/// user code reaches a stream as a [`FnOp`] closure or a `Kernel`, whose user parts run
+/// contained:
+///
+/// ```compile_fail
+/// use runtime_core::stream::Op;
+/// struct Mine;
+/// impl Op for Mine {
+///     fn name(&self) -> &str { "mine" }
+///     fn run(&self) -> Result<(), runtime_core::error::KernelFailure> { Ok(()) }
+/// }
+/// ```
+pub trait Op: sealed::Sealed + Send + Sync {
     /// Name shown in errors and traces.
     fn name(&self) -> &str;
     /// Engine class.
     fn kind(&self) -> OpKind {
         OpKind::Compute
     }
+    /// The device memory the op touches, and how. The stream notes it when the op is queued
+    /// (host access to those allocations then waits for the op) and holds the allocations'
+    /// locks while `run` runs (see [`crate::memory::access`]). Ops that touch device memory
+    /// only through safe [`Buffer`](crate::memory::Buffer) calls may name nothing: each such
+    /// call orders itself.
+    fn accesses(&self) -> &AccessSet {
+        AccessSet::empty()
+    }
     /// Do the work. Panics are caught by the executor and reported as a [`KernelFailure`].
     fn run(&self) -> Result<(), KernelFailure>;
 }
+
+pub(crate) mod sealed {
+    /// The seal of [`super::Op`].
+    pub trait Sealed {}
+}
+
+impl<F> sealed::Sealed for FnOp<F> {}
 
 /// An operation built from a closure.
 pub struct FnOp<F> {
     name: String,
     kind: OpKind,
+    accesses: AccessSet,
     f: F,
 }
 
@@ -41,11 +73,22 @@ impl<F> FnOp<F>
 where
     F: Fn() -> Result<(), KernelFailure> + Send + Sync + 'static,
 {
-    /// Wrap `f` as an op named `name`.
+    /// Wrap `f` as an op named `name` that names no device memory.
     pub fn shared(name: impl Into<String>, kind: OpKind, f: F) -> Arc<dyn Op> {
+        FnOp::with_accesses(name, kind, AccessSet::default(), f)
+    }
+
+    /// Wrap `f` as an op named `name` that touches `accesses` (see [`Op::accesses`]).
+    pub fn with_accesses(
+        name: impl Into<String>,
+        kind: OpKind,
+        accesses: AccessSet,
+        f: F,
+    ) -> Arc<dyn Op> {
         Arc::new(FnOp {
             name: name.into(),
             kind,
+            accesses,
             f,
         })
     }
@@ -60,6 +103,9 @@ where
     }
     fn kind(&self) -> OpKind {
         self.kind
+    }
+    fn accesses(&self) -> &AccessSet {
+        &self.accesses
     }
     fn run(&self) -> Result<(), KernelFailure> {
         (self.f)()

@@ -16,6 +16,7 @@
 use std::sync::Arc;
 
 use crate::error::{arg_error, KernelFailure, MemoryError, Result};
+use crate::memory::access::{Access, AccessSet};
 use crate::memory::managed::{self, Location};
 use crate::memory::pinned::{self, PinnedBuffer};
 use crate::memory::{Buffer, Element};
@@ -69,11 +70,24 @@ pub fn h2d(
     dst.check_range("dst_offset", dst_off, count)?;
     host_range("src_offset", src.len(), src_off, count)?;
     let dst = dst.clone();
-    Ok(FnOp::shared("memcpy_h2d", OpKind::Copy, move || {
-        // SAFETY: the range was checked against `src.len()`; `src` is alive (owned by this op).
-        unsafe { dst.write_raw(dst_off, src.as_ptr().add(src_off as usize), count as usize) }
+    Ok(FnOp::with_accesses(
+        "memcpy_h2d",
+        OpKind::Copy,
+        dst.access(Access::Write),
+        move || {
+            // SAFETY: the range was checked against `src.len()`; `src` is alive (owned by
+            // this op) and host memory, never a device buffer's; the op holds `dst`'s
+            // allocation exclusively while it runs.
+            unsafe {
+                dst.write_raw_unsynchronized(
+                    dst_off,
+                    src.as_ptr().add(src_off as usize),
+                    count as usize,
+                )
+            }
             .map_err(fail("memcpy_h2d"))
-    }))
+        },
+    ))
 }
 
 /// The pinned block holding `count` bytes of `src` at `src_off`, if `src` is pinned memory.
@@ -128,16 +142,16 @@ pub fn h2d_async(
     host_range("src_offset", src.len(), src_off, count)?;
     match pinned_source(&*src, src_off, count)? {
         Some(block) => {
-            let dst = dst.clone();
-            Ok(FnOp::shared("memcpy_h2d", OpKind::Copy, move || {
-                let _keep = &block;
-                // SAFETY: the range was checked against `src.len()`; `src` and the pinned
-                // block are alive (owned by this op).
-                unsafe {
-                    dst.write_raw(dst_off, src.as_ptr().add(src_off as usize), count as usize)
-                }
-                .map_err(fail("memcpy_h2d"))
-            }))
+            let op = h2d(dst, dst_off, src, src_off, count)?;
+            Ok(FnOp::with_accesses(
+                "memcpy_h2d",
+                OpKind::Copy,
+                op.accesses().clone(),
+                move || {
+                    let _keep = &block;
+                    op.run()
+                },
+            ))
         }
         None => h2d(dst, dst_off, stage(&*src, src_off, count), 0, count),
     }
@@ -157,12 +171,19 @@ pub fn d2h(
     host_range("dst_offset", dst.len(), dst_off, count)?;
     src.check_range("src_offset", src_off, count)?;
     let src = src.clone();
-    Ok(FnOp::shared("memcpy_d2h", OpKind::Copy, move || {
-        let p = dst.as_mut_ptr().expect("checked writable");
-        // SAFETY: the range was checked against `dst.len()`; `dst` is alive (owned by this op).
-        unsafe { src.read_raw(src_off, p.add(dst_off as usize), count as usize) }
-            .map_err(fail("memcpy_d2h"))
-    }))
+    Ok(FnOp::with_accesses(
+        "memcpy_d2h",
+        OpKind::Copy,
+        src.access(Access::Read),
+        move || {
+            let p = dst.as_mut_ptr().expect("checked writable");
+            // SAFETY: the range was checked against `dst.len()`; `dst` is alive (owned by
+            // this op) and host memory, never a device buffer's; the op holds `src`'s
+            // allocation while it runs, so nothing writes it meanwhile.
+            unsafe { src.read_raw_unsynchronized(src_off, p.add(dst_off as usize), count as usize) }
+                .map_err(fail("memcpy_d2h"))
+        },
+    ))
 }
 
 /// A device-to-device copy (any two devices) as a stream op.
@@ -176,19 +197,28 @@ pub fn d2d(
     dst.check_range("dst_offset", dst_off, count)?;
     src.check_range("src_offset", src_off, count)?;
     let (dst, src) = (dst.clone(), src.clone());
-    Ok(FnOp::shared("memcpy_d2d", OpKind::Copy, move || {
-        dst.copy_from(dst_off, &src, src_off, count)
-            .map_err(fail("memcpy_d2d"))
-    }))
+    let uses = AccessSet::new([(&dst, Access::Write), (&src, Access::Read)]);
+    Ok(FnOp::with_accesses(
+        "memcpy_d2d",
+        OpKind::Copy,
+        uses,
+        move || {
+            dst.copy_from(dst_off, &src, src_off, count)
+                .map_err(fail("memcpy_d2d"))
+        },
+    ))
 }
 
 /// A memset of `count` bytes to `value` as a stream op.
 pub fn memset(dst: &Buffer, offset: u64, count: u64, value: u8) -> Result<Arc<dyn Op>> {
     dst.check_range("offset", offset, count)?;
     let dst = dst.clone();
-    Ok(FnOp::shared("memset", OpKind::Copy, move || {
-        dst.fill(offset, count, value).map_err(fail("memset"))
-    }))
+    Ok(FnOp::with_accesses(
+        "memset",
+        OpKind::Copy,
+        dst.access(Access::Write),
+        move || dst.fill(offset, count, value).map_err(fail("memset")),
+    ))
 }
 
 /// The shape of a 2-D (pitched) copy, as `cudaMemcpy2D` takes it: `height` rows of `width`
@@ -294,15 +324,27 @@ pub fn h2d_2d(dst: &Buffer, src: Arc<dyn HostMemory>, rect: Rect) -> Result<Arc<
     dst.check()?;
     rect.check(dst.size(), "device buffer", src.len() as u64, "host buffer")?;
     let dst = dst.clone();
-    Ok(FnOp::shared("memcpy_2d_h2d", OpKind::Copy, move || {
-        for (d, s) in rect.rows() {
-            // SAFETY: every row lies inside `src` (checked by `Rect::check`); `src` is alive
-            // (owned by this op); `write_raw` checks the destination range.
-            unsafe { dst.write_raw(d, src.as_ptr().add(s as usize), rect.width as usize) }
+    Ok(FnOp::with_accesses(
+        "memcpy_2d_h2d",
+        OpKind::Copy,
+        dst.access(Access::Write),
+        move || {
+            for (d, s) in rect.rows() {
+                // SAFETY: every row lies inside `src` (checked by `Rect::check`); `src` is
+                // alive (owned by this op) and host memory; `write_raw_unsynchronized` checks
+                // the destination range; the op holds `dst`'s allocation exclusively.
+                unsafe {
+                    dst.write_raw_unsynchronized(
+                        d,
+                        src.as_ptr().add(s as usize),
+                        rect.width as usize,
+                    )
+                }
                 .map_err(fail("memcpy_2d_h2d"))?;
-        }
-        Ok(())
-    }))
+            }
+            Ok(())
+        },
+    ))
 }
 
 /// A 2-D host-to-device copy queued on a stream: from pinned memory read when it runs, from
@@ -320,10 +362,15 @@ pub fn h2d_2d_async(dst: &Buffer, src: Arc<dyn HostMemory>, rect: Rect) -> Resul
     match pinned_source(&*src, rect.src_off, span)? {
         Some(block) => {
             let op = h2d_2d(dst, src, rect)?;
-            Ok(FnOp::shared("memcpy_2d_h2d", OpKind::Copy, move || {
-                let _keep = &block;
-                op.run()
-            }))
+            Ok(FnOp::with_accesses(
+                "memcpy_2d_h2d",
+                OpKind::Copy,
+                op.accesses().clone(),
+                move || {
+                    let _keep = &block;
+                    op.run()
+                },
+            ))
         }
         None => h2d_2d(dst, stage(&*src, rect.src_off, span), rect.staged()),
     }
@@ -340,16 +387,22 @@ pub fn d2h_2d(dst: Arc<dyn HostMemory>, src: &Buffer, rect: Rect) -> Result<Arc<
     src.check()?;
     rect.check(dst.len() as u64, "host buffer", src.size(), "device buffer")?;
     let src = src.clone();
-    Ok(FnOp::shared("memcpy_2d_d2h", OpKind::Copy, move || {
-        let p = dst.as_mut_ptr().expect("checked writable");
-        for (d, s) in rect.rows() {
-            // SAFETY: every row lies inside `dst` (checked); `dst` is alive (owned by this
-            // op); `read_raw` checks the source range.
-            unsafe { src.read_raw(s, p.add(d as usize), rect.width as usize) }
-                .map_err(fail("memcpy_2d_d2h"))?;
-        }
-        Ok(())
-    }))
+    Ok(FnOp::with_accesses(
+        "memcpy_2d_d2h",
+        OpKind::Copy,
+        src.access(Access::Read),
+        move || {
+            let p = dst.as_mut_ptr().expect("checked writable");
+            for (d, s) in rect.rows() {
+                // SAFETY: every row lies inside `dst` (checked); `dst` is alive (owned by
+                // this op) and host memory; `read_raw_unsynchronized` checks the source
+                // range; the op holds `src`'s allocation, so nothing writes it meanwhile.
+                unsafe { src.read_raw_unsynchronized(s, p.add(d as usize), rect.width as usize) }
+                    .map_err(fail("memcpy_2d_d2h"))?;
+            }
+            Ok(())
+        },
+    ))
 }
 
 /// A 2-D device-to-device copy (any two devices) as a stream op.
@@ -361,13 +414,19 @@ pub fn d2d_2d(dst: &Buffer, src: &Buffer, rect: Rect) -> Result<Arc<dyn Op>> {
     src.check()?;
     rect.check(dst.size(), "device buffer", src.size(), "device buffer")?;
     let (dst, src) = (dst.clone(), src.clone());
-    Ok(FnOp::shared("memcpy_2d_d2d", OpKind::Copy, move || {
-        for (d, s) in rect.rows() {
-            dst.copy_from(d, &src, s, rect.width)
-                .map_err(fail("memcpy_2d_d2d"))?;
-        }
-        Ok(())
-    }))
+    let uses = AccessSet::new([(&dst, Access::Write), (&src, Access::Read)]);
+    Ok(FnOp::with_accesses(
+        "memcpy_2d_d2d",
+        OpKind::Copy,
+        uses,
+        move || {
+            for (d, s) in rect.rows() {
+                dst.copy_from(d, &src, s, rect.width)
+                    .map_err(fail("memcpy_2d_d2d"))?;
+            }
+            Ok(())
+        },
+    ))
 }
 
 /// A 2-D host-to-host copy as a stream op (rows may overlap: each is moved as by `memmove`).

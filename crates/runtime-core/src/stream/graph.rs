@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use crate::event::EventInner;
+use crate::memory::access::AccessSet;
 use crate::stream::command::Op;
 
 /// One captured step.
@@ -24,6 +25,8 @@ pub(crate) enum Node {
 
 pub(crate) struct GraphInner {
     pub(crate) nodes: Vec<Node>,
+    /// Every allocation its ops touch: noted as one use when a replay is queued.
+    pub(crate) accesses: AccessSet,
     /// The device it was captured on.
     pub(crate) device: usize,
     /// The runtime generation it was captured under.
@@ -62,6 +65,7 @@ impl GraphInner {
             .collect();
         Arc::new(GraphInner {
             nodes,
+            accesses: self.accesses.clone(),
             device: self.device,
             generation: self.generation,
         })
@@ -80,8 +84,13 @@ impl std::fmt::Debug for Graph {
 
 impl Graph {
     pub(crate) fn new(nodes: Vec<Node>, device: usize, generation: u64) -> Graph {
+        let accesses = AccessSet::union(nodes.iter().filter_map(|n| match n {
+            Node::Op(op) => Some(op.accesses()),
+            _ => None,
+        }));
         Graph(Arc::new(GraphInner {
             nodes,
+            accesses,
             device,
             generation,
         }))

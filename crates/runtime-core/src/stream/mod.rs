@@ -51,6 +51,7 @@ use parking_lot::Mutex;
 use crate::clock::{deadline_after, now_ns};
 use crate::error::{DeviceError, KernelFailure, Result, StreamError};
 use crate::event::{Event, Wake};
+use crate::memory::access::PendingWork;
 use crate::trace;
 use capture::Session;
 use command::{Command, CommandQueue};
@@ -419,10 +420,17 @@ impl Stream {
         {
             return Ok(false);
         }
-        let idle = s.done.is_idle() && s.queue.lock().is_empty();
-        if idle {
+        // The op's allocations must be free now: the caller may hold a lock of its own (the
+        // Python bindings hold the interpreter's, which a kernel holding them may need), so
+        // it never blocks here; contended, the op is queued and waited for instead.
+        let held = (s.done.is_idle() && s.queue.lock().is_empty())
+            .then(|| op.accesses().try_acquire())
+            .flatten();
+        let idle = held.is_some();
+        if let Some(held) = held {
             s.done.submit();
-            run_op(s, op.as_ref());
+            run_held(s, op.as_ref());
+            drop(held);
             complete_one(s);
         }
         if release_stream(s) {
@@ -496,7 +504,16 @@ impl Stream {
     /// [`Stream::submit`] without the legacy default stream barrier.
     fn submit_raw(&self, cmd: Command) {
         let s = &self.0;
-        s.done.submit();
+        let target = s.done.submit();
+        let uses = match &cmd {
+            Command::Op(op) => Some(op.accesses()),
+            Command::Graph(g, _) => Some(&g.accesses),
+            Command::Record(..) | Command::Wait(..) => None,
+        };
+        if let Some(uses) = uses.filter(|u| !u.is_empty()) {
+            let me: Arc<dyn PendingWork> = self.0.clone();
+            uses.note(&me, target);
+        }
         s.exec.mark_active(&self.0);
         let kind = cmd.kind();
         if trace::enabled() {
@@ -876,10 +893,19 @@ fn trace_enqueue(s: &StreamInner, cmd: &Command) {
     });
 }
 
-/// After `fork()`, in the child (see `runtime::after_fork_in_child`).
+/// Around `fork()` (see `runtime::install_fork_handlers`): hold the capture registry's lock.
+pub(crate) fn before_fork(wait: Duration) {
+    capture::before_fork(wait);
+}
+
+/// After `fork()`, in the parent or the child: release what [`before_fork`] took.
+pub(crate) fn after_fork(child: bool) {
+    capture::after_fork(child);
+}
+
+/// After `fork()`, in the child (see `runtime::install_fork_handlers`).
 pub(crate) fn after_fork_in_child() {
     engine::after_fork_in_child();
-    capture::after_fork_in_child();
     RUNNING_HERE.with(|r| std::mem::forget(r.take()));
 }
 
@@ -1030,6 +1056,17 @@ fn run_op(s: &StreamInner, op: &dyn Op) {
     if s.failed.load(Ordering::SeqCst) {
         return; // skipped behind an unreported error
     }
+    match op.accesses().acquire() {
+        Ok(_held) => run_held(s, op),
+        Err(e) => fail(s, KernelFailure::new(op.name(), e.to_string())),
+    }
+}
+
+/// Run `op`, whose allocations the caller holds (see [`crate::memory::access`]).
+fn run_held(s: &StreamInner, op: &dyn Op) {
+    if s.failed.load(Ordering::SeqCst) {
+        return;
+    }
     let t0 = trace::enabled().then(now_ns);
     let result = panics::run_caught(op.name(), || op.run());
     if let Some(t0) = t0 {
@@ -1131,6 +1168,20 @@ pub(crate) fn unblock(s: &Arc<StreamInner>) {
 
 /// A stream as the allocator sees it for `record_stream`: its submission and completion
 /// counters (two atomics; no lock, so a free on any thread may read them).
+impl PendingWork for StreamInner {
+    fn work_id(&self) -> u64 {
+        self.id
+    }
+    fn work_reached(&self, target: u64) -> bool {
+        self.done.reached(target)
+    }
+    fn work_wait(self: Arc<Self>, target: u64) -> Result<()> {
+        Stream(self).wait_for(target, None).map(|_| ())
+    }
+}
+
+impl crate::memory::pool::sealed::Sealed for Stream {}
+
 impl crate::memory::StreamFence for Stream {
     fn fence_id(&self) -> u64 {
         self.id()

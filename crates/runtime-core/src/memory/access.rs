@@ -1,0 +1,344 @@
+//! Host access ordered by the executor: which stream work is pending on an allocation, and
+//! the lock that keeps stream work, host copies and other host threads from touching the same
+//! allocation at once.
+//!
+//! Every allocation has a tracker:
+//!
+//! * **Pending work.** When a command that declares its buffers ([`AccessSet`], carried by
+//!   every op the core builds: kernels, copies, memsets, collectives, Python kernels) is
+//!   queued, each of its allocations notes the stream and the command's submission number:
+//!   as its *last writer* (a write access) or among its *readers*. Safe host access waits for
+//!   that work first: a read for the last writer, a write for the writer and every reader
+//!   (wgpu-core's trackers and cudarc's `CudaSlice` events keep the same facts). Streams are
+//!   held weakly: a stream that is gone has nothing pending.
+//! * **Exclusion.** A reader-writer lock per allocation. A running op holds the locks of its
+//!   allocations (shared for reads, exclusive for writes) for as long as it runs; a safe host
+//!   access holds them for its copy. Two unordered ops on one allocation, or an op and a host
+//!   thread, therefore take turns instead of racing: in Rust's model that race would be
+//!   undefined behaviour (a kernel holds `&mut [T]` over the bytes). Locks are always taken in
+//!   one global order (the allocations' never-reused ids), so lock waits alone cannot form a
+//!   cycle.
+//! * **Re-entry.** The thread running an op already holds its allocations: code the op runs
+//!   (a Python kernel's copy, a Rust kernel's `Tensor::to_vec`)
+//!   reaches them without waiting or locking again; needing a write where the op holds only a
+//!   read is refused (`NotPermitted`), as is a lock taken out of order that does not come
+//!   within [`OUT_OF_ORDER_WAIT`].
+//!
+//! What stays unordered is explicit: [`Buffer`]'s `unsafe fn …_unsynchronized`
+//! methods (and raw pointers), whose callers promise no conflicting access. The Python
+//! package's numpy views are such a path, documented as numpy's semantics over device memory.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::lock_api::{ArcRwLockReadGuard, ArcRwLockWriteGuard};
+use parking_lot::{Mutex, RawRwLock, RwLock};
+
+use super::Buffer;
+use crate::error::{Result, StreamError};
+
+/// How an op or a host call uses an allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Access {
+    /// Reads only.
+    Read,
+    /// Writes (and may read).
+    Write,
+}
+
+/// Longest a lock taken out of the global order (by a thread that already holds a later one)
+/// waits before the access is refused: such a wait could close a cycle.
+pub const OUT_OF_ORDER_WAIT: Duration = Duration::from_secs(10);
+
+/// Never-reused tracker ids, process-wide: the global lock order.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// What the tracker needs of a stream: implemented by the stream layer only (crate-private,
+/// so no user code runs when a host access waits).
+pub(crate) trait PendingWork: Send + Sync {
+    /// A stable id of the stream.
+    fn work_id(&self) -> u64;
+    /// Whether the stream has completed its first `target` commands.
+    fn work_reached(&self, target: u64) -> bool;
+    /// Wait until it has, following the rules for waits from runtime threads (run the
+    /// stream inline when it is merely queued, else `NotPermitted`).
+    fn work_wait(self: Arc<Self>, target: u64) -> Result<()>;
+}
+
+/// A stream and the submission number of the command that uses the allocation.
+struct Use {
+    stream: Weak<dyn PendingWork>,
+    id: u64,
+    target: u64,
+}
+
+impl Use {
+    fn done(&self) -> bool {
+        self.stream
+            .upgrade()
+            .is_none_or(|s| s.work_reached(self.target))
+    }
+}
+
+#[derive(Default)]
+struct Pending {
+    writer: Option<Use>,
+    readers: Vec<Use>,
+}
+
+/// The pending work and the lock of one allocation's memory. Shared by every allocation
+/// that is a range of it (a plugged allocator's blocks are ranges of buffers the core made),
+/// so one piece of memory has one lock.
+pub(crate) struct Tracker {
+    /// Never reused: the global lock order.
+    id: u64,
+    lock: Arc<RwLock<()>>,
+    pending: Mutex<Pending>,
+}
+
+impl Tracker {
+    pub(crate) fn new() -> Arc<Tracker> {
+        Arc::new(Tracker {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            lock: Arc::new(RwLock::new(())),
+            pending: Mutex::new(Pending::default()),
+        })
+    }
+}
+
+impl Tracker {
+    /// Note that command `target` of `stream` uses the allocation with `access`.
+    fn note(&self, stream: &Arc<dyn PendingWork>, target: u64, access: Access) {
+        let id = stream.work_id();
+        let mut p = self.pending.lock();
+        match access {
+            Access::Write => {
+                // The new writer is ordered after this stream's earlier uses; other streams'
+                // readers are not, so those stay until done.
+                p.readers.retain(|r| r.id != id && !r.done());
+                p.writer = Some(Use {
+                    stream: Arc::downgrade(stream),
+                    id,
+                    target,
+                });
+            }
+            Access::Read => {
+                if let Some(r) = p.readers.iter_mut().find(|r| r.id == id) {
+                    r.target = target;
+                } else {
+                    if p.readers.len() >= 4 {
+                        p.readers.retain(|r| !r.done());
+                    }
+                    p.readers.push(Use {
+                        stream: Arc::downgrade(stream),
+                        id,
+                        target,
+                    });
+                }
+            }
+        }
+    }
+
+    /// The work a host access of kind `access` must wait for.
+    fn to_wait(&self, access: Access) -> Vec<(Arc<dyn PendingWork>, u64)> {
+        let p = self.pending.lock();
+        let writer = p.writer.iter();
+        let uses: Vec<&Use> = match access {
+            Access::Read => writer.collect(),
+            Access::Write => writer.chain(p.readers.iter()).collect(),
+        };
+        uses.into_iter()
+            .filter_map(|u| {
+                let s = u.stream.upgrade()?;
+                (!s.work_reached(u.target)).then_some((s, u.target))
+            })
+            .collect()
+    }
+}
+
+/// The allocations an op uses and how: sorted by allocation id, one entry per allocation
+/// (a write wins over a read of the same allocation).
+#[derive(Default, Clone)]
+pub struct AccessSet(Vec<(Arc<Tracker>, Access)>);
+
+impl std::fmt::Debug for AccessSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(a, m)| (a.id, *m)))
+            .finish()
+    }
+}
+
+/// The set that names nothing (ops that touch no device memory).
+static EMPTY: AccessSet = AccessSet(Vec::new());
+
+impl AccessSet {
+    /// The set that names nothing.
+    pub fn empty() -> &'static AccessSet {
+        &EMPTY
+    }
+
+    /// The set of `uses` (buffers or views; views of one allocation merge).
+    pub fn new<'a>(uses: impl IntoIterator<Item = (&'a Buffer, Access)>) -> AccessSet {
+        AccessSet::from_vec(
+            uses.into_iter()
+                .map(|(b, m)| (b.alloc.tracker.clone(), m))
+                .collect(),
+        )
+    }
+
+    fn from_vec(mut v: Vec<(Arc<Tracker>, Access)>) -> AccessSet {
+        v.sort_by(|a, b| a.0.id.cmp(&b.0.id).then(b.1.cmp(&a.1)));
+        v.dedup_by(|later, first| later.0.id == first.0.id);
+        AccessSet(v)
+    }
+
+    /// Whether the set names no allocation.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Number of allocations in the set.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The union of several sets.
+    pub fn union<'a>(sets: impl IntoIterator<Item = &'a AccessSet>) -> AccessSet {
+        AccessSet::from_vec(sets.into_iter().flat_map(|s| s.0.iter().cloned()).collect())
+    }
+
+    /// Note that command `target` of `stream` uses these allocations (when it is queued).
+    pub(crate) fn note(&self, stream: &Arc<dyn PendingWork>, target: u64) {
+        for (a, m) in &self.0 {
+            a.note(stream, target, *m);
+        }
+    }
+
+    /// Wait for the queued work a host access of these allocations must follow.
+    fn wait_pending(&self) -> Result<()> {
+        for (a, m) in &self.0 {
+            if held_mode(a.id).is_some() {
+                continue; // this thread's op is that work, or follows it in stream order
+            }
+            for (s, target) in a.to_wait(*m) {
+                s.work_wait(target)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Take the locks, blocking (an op about to run, or a host access after its wait).
+    pub(crate) fn acquire(&self) -> Result<Held> {
+        self.take(Wait::Block)
+    }
+
+    /// Take the locks only if none is contended (an op run inline by a caller that may hold
+    /// a lock of its own, such as the Python interpreter's: it queues the op instead).
+    pub(crate) fn try_acquire(&self) -> Option<Held> {
+        self.take(Wait::No).ok()
+    }
+
+    fn take(&self, wait: Wait) -> Result<Held> {
+        let mut held = Held {
+            guards: Vec::with_capacity(self.0.len()),
+        };
+        for (a, m) in &self.0 {
+            if let Some(mine) = held_mode(a.id) {
+                if *m == Access::Write && mine == Access::Read {
+                    return Err(refused(format!(
+                        "writing device memory (lock #{}) from an op that holds it only for \
+                         reading",
+                        a.id
+                    )));
+                }
+                continue;
+            }
+            let in_order = HELD.with(|h| h.borrow().iter().all(|(id, _)| *id < a.id));
+            let lock = &a.lock;
+            let guard = match (wait, in_order, m) {
+                (Wait::Block, true, Access::Read) => Some(Guard::Read(lock.read_arc())),
+                (Wait::Block, true, Access::Write) => Some(Guard::Write(lock.write_arc())),
+                (Wait::Block, false, Access::Read) => {
+                    lock.try_read_arc_for(OUT_OF_ORDER_WAIT).map(Guard::Read)
+                }
+                (Wait::Block, false, Access::Write) => {
+                    lock.try_write_arc_for(OUT_OF_ORDER_WAIT).map(Guard::Write)
+                }
+                (Wait::No, _, Access::Read) => lock.try_read_arc().map(Guard::Read),
+                (Wait::No, _, Access::Write) => lock.try_write_arc().map(Guard::Write),
+            };
+            let Some(guard) = guard else {
+                return Err(refused(format!(
+                    "device memory (lock #{}) is in use by other work, and waiting for it \
+                     from here could deadlock",
+                    a.id
+                )));
+            };
+            HELD.with(|h| h.borrow_mut().push((a.id, *m)));
+            held.guards.push((a.id, guard));
+        }
+        Ok(held)
+    }
+
+    /// Run `f` as a safe host access of these allocations: after the queued work it must
+    /// follow, holding their locks.
+    pub(crate) fn host<R>(&self, f: impl FnOnce() -> R) -> Result<R> {
+        self.wait_pending()?;
+        let _held = self.acquire()?;
+        Ok(f())
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Wait {
+    Block,
+    No,
+}
+
+fn refused(what: String) -> crate::error::Error {
+    StreamError::NotPermitted { what }.into()
+}
+
+enum Guard {
+    Read(#[allow(dead_code)] ArcRwLockReadGuard<RawRwLock, ()>),
+    Write(#[allow(dead_code)] ArcRwLockWriteGuard<RawRwLock, ()>),
+}
+
+/// Locks taken by [`AccessSet::acquire`]; released (in reverse order) when dropped.
+pub(crate) struct Held {
+    guards: Vec<(u64, Guard)>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        while let Some((id, guard)) = self.guards.pop() {
+            drop(guard);
+            HELD.with(|h| {
+                let mut h = h.borrow_mut();
+                if let Some(i) = h.iter().rposition(|(held, _)| *held == id) {
+                    h.remove(i);
+                }
+            });
+        }
+    }
+}
+
+thread_local! {
+    /// The allocations this thread holds (the op it runs, or its host access), in the order
+    /// taken.
+    static HELD: RefCell<Vec<(u64, Access)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// How this thread holds allocation `id`, if it does.
+fn held_mode(id: u64) -> Option<Access> {
+    HELD.with(|h| {
+        h.borrow()
+            .iter()
+            .filter(|(held, _)| *held == id)
+            .map(|(_, m)| *m)
+            .max()
+    })
+}

@@ -1,0 +1,172 @@
+//! The runtime's own `fork()` handlers (`runtime::install_fork_handlers`, registered with
+//! `pthread_atfork` by `init`): whoever forks, the child finds the process-wide locks
+//! consistent and builds a runtime of its own, and nothing public unlocks a lock it does not
+//! hold.
+//!
+//! Before, the handlers were safe public functions (`after_fork_in_parent`, also exported to
+//! Python) that force-unlocked the kernel registry, the trace, capture and managed-memory
+//! locks: called while `kernel::register` held the registry (from a user `Kernel::name`),
+//! readers walked a map being rehashed (ThreadSanitizer: 9 races, a free racing a read).
+//! They are private now (a `compile_fail` doctest in `runtime` says so).
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use runtime_core::error::{ArgError, KernelFailure};
+use runtime_core::kernel::{self, Args, Kernel, KernelArg};
+use runtime_core::runtime;
+
+/// A kernel whose `name` takes its time, so a fork often lands while `register` works.
+struct Slow(String);
+
+impl Kernel for Slow {
+    fn name(&self) -> &str {
+        std::thread::sleep(Duration::from_micros(50));
+        &self.0
+    }
+    fn check(&self, _: &[KernelArg]) -> Result<(), ArgError> {
+        Ok(())
+    }
+    fn run(&self, _: &Args) -> Result<(), KernelFailure> {
+        Ok(())
+    }
+}
+
+/// Fork, run `child` in the child (its return value is the exit status), and wait up to
+/// 20 s for it: a child that hangs on a lock fails the test instead of hanging it.
+fn fork_and_wait(child: impl FnOnce() -> i32) -> i32 {
+    // SAFETY: the child only runs `child` (runtime calls, which the fork handlers made
+    // usable) and then `_exit`, never returning into the test harness.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(99);
+        // SAFETY: ends the child at once, without running the parent's exit handlers.
+        unsafe { libc::_exit(code) };
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut status = 0;
+        // SAFETY: waiting for our own child; `status` is a valid out pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            return if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                -1
+            };
+        }
+        if Instant::now() > deadline {
+            // SAFETY: killing and reaping our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            panic!("the forked child hung");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn forks_while_kernels_are_registered_leave_the_child_a_usable_runtime() {
+    let rt = common::init();
+    let stop = Arc::new(AtomicBool::new(false));
+    let registrar = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                kernel::register(Arc::new(Slow(format!("slow{}", i % 64))));
+                i += 1;
+            }
+        })
+    };
+    // Work in flight in the parent too: engines and copy helpers hold their own locks.
+    let d = rt.device(0).unwrap();
+    let b = d.memory().allocate(1 << 20).unwrap();
+    for round in 0..20 {
+        let code = fork_and_wait(|| {
+            // The registry is whole: every built-in is still found, and it takes new kernels.
+            if kernel::lookup("add").is_none() {
+                return 1;
+            }
+            kernel::register(Arc::new(Slow("child".into())));
+            if kernel::lookup("child").is_none() {
+                return 2;
+            }
+            // The parent's runtime is abandoned; a new one works.
+            if b.check().is_ok() {
+                return 3;
+            }
+            let Ok(rt) = runtime::init(&common::settings()) else {
+                return 4;
+            };
+            let buf = rt.device(1).unwrap().memory().allocate(4096).unwrap();
+            if buf.write(0, &[1, 2, 3]).is_err() {
+                return 5;
+            }
+            0
+        });
+        assert_eq!(code, 0, "round {round}: the child failed with {code}");
+        // The parent goes on: its locks were released by the parent handler.
+        b.write(0, &[round as u8; 64]).unwrap();
+        assert!(kernel::lookup("add").is_some());
+    }
+    stop.store(true, Ordering::Relaxed);
+    registrar.join().unwrap();
+}
+
+/// Every process-wide lock of the core is held across a fork by the handlers: a `static`
+/// mutex or reader-writer lock without a `ForkGuarded` companion would be left locked in a
+/// child forked while another thread held it (the child would hang on it).
+#[test]
+fn every_process_wide_lock_is_fork_guarded() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    let mut dirs = vec![src];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                files.push(p);
+            }
+        }
+    }
+    let text: Vec<(String, String)> = files
+        .iter()
+        .map(|p| (p.display().to_string(), std::fs::read_to_string(p).unwrap()))
+        .collect();
+    let mut unguarded = Vec::new();
+    for (path, code) in &text {
+        for line in code.lines() {
+            let l = line.trim_start();
+            let Some(rest) = l
+                .strip_prefix("static ")
+                .or_else(|| l.strip_prefix("pub(crate) static "))
+            else {
+                continue;
+            };
+            let Some((name, ty)) = rest.split_once(':') else {
+                continue;
+            };
+            let lock = ["Mutex<", "RwLock<"].iter().any(|m| ty.contains(m));
+            if !lock || ty.contains("ForkGuarded") {
+                continue;
+            }
+            let guard = format!("ForkGuarded::new(|| &{})", name.trim());
+            if !text.iter().any(|(_, c)| c.contains(&guard)) {
+                unguarded.push(format!("{path}: {}", name.trim()));
+            }
+        }
+    }
+    assert!(
+        unguarded.is_empty(),
+        "locks without fork handling: {unguarded:?}"
+    );
+}
