@@ -114,8 +114,8 @@ static TABLE: RwLock<BTreeMap<usize, Arc<Entry>>> = RwLock::new(BTreeMap::new())
 /// (or something else) now.
 static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// The table's generation (see [`GENERATION`]): callers that cache resolved addresses (the
-/// Python face's operator plans) compare it.
+/// The table's generation, bumped whenever an entry leaves it: callers that cache resolved
+/// addresses (the Python face's operator plans) compare it.
 pub fn generation() -> u64 {
     GENERATION.load(Ordering::Acquire)
 }
