@@ -7,9 +7,10 @@ Ascend 910 table.
 The C side is ``acl_c_bench.c`` (beside this file), compiled with ``cc -O2`` against the
 installed library (``python -m runtime.acl --cflags --libs``) and run as its own process (a
 plain C program: the library's own runtime). Rounds alternate: one round of the C program (K
-calls per operation; the copy and callback rows K/10), then one round of each Python form in
-this process, N times, so every form sees the same machine load; each row reports the median
-microseconds per call and the median of the per-round ratios to C.
+calls per operation; the copy and callback rows K/10; each run of the program first does an
+unrecorded warm-up round), then one round of each Python form in this process, N times, so
+every form sees the same machine load; each row reports the median microseconds per call and
+the median of the per-round ratios to C.
 """
 
 from __future__ import annotations
@@ -195,6 +196,9 @@ def measure(rounds: int, batch: int, progress=None) -> list[dict]:
         exe = build(tmp)
         forms = PythonForms()
         try:
+            # Warm-up, not recorded (the C program warms itself up the same way).
+            forms.acl_round(max(1, batch // 10))
+            forms.native_round(max(1, batch // 10))
             for r in range(rounds):
                 for form, res in (
                     ("c", c_round(exe, batch)),
