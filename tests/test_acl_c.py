@@ -29,7 +29,7 @@ from runtime.acl import clib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CDIR = ROOT / "crates" / "runtime-acl" / "tests" / "c"
-PROGRAMS = ["memory", "streams_events", "callbacks", "errors", "header_drift"]
+PROGRAMS = ["memory", "streams_events", "callbacks", "errors", "fork", "header_drift"]
 #: small virtual devices: the programs need little, and valgrind limits the address space
 ENV = {**os.environ, "RUNTIME_DEVICE_COUNT": "2", "RUNTIME_DEVICE_MEMORY": "1GiB"}
 SAMPLES = os.environ.get("ASCEND_SAMPLES_DIR")

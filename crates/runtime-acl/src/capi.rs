@@ -138,11 +138,8 @@ unsafe extern "C" fn aclrtGetSocName() -> *const c_char {
     catch_unwind(soc_name).unwrap_or(std::ptr::null())
 }
 
-/// The SoC name of device 0's profile as a C string that lives for the process.
+/// The SoC name of the devices' profile, as a C string that lives for the process.
 fn soc_name() -> *const c_char {
-    use std::collections::HashMap;
-    static NAMES: parking_lot::Mutex<Option<HashMap<String, &'static CStr>>> =
-        parking_lot::Mutex::new(None);
     if !state::is_initialized() {
         error::record_text("aclrtGetSocName: aclInit has not been called".into());
         return std::ptr::null();
@@ -150,23 +147,13 @@ fn soc_name() -> *const c_char {
     let Ok(rt) = runtime_core::runtime::get() else {
         return std::ptr::null();
     };
-    let profile = rt.config().profile.name.to_string();
-    let name = if profile == "ascend910" {
-        SOC_NAME.to_string()
-    } else {
-        profile
+    // One name per device profile (runtime_core::config::profile::PROFILE_NAMES).
+    let name: &'static CStr = match rt.config().profile.name {
+        "ascend910" => c"Ascend910",
+        "host" => c"host",
+        _ => c"unknown",
     };
-    let mut g = NAMES.lock();
-    let map = g.get_or_insert_with(HashMap::new);
-    let c: &'static CStr = map.entry(name).or_insert_with_key(|n| {
-        // Leaked once per distinct profile name: the pointer must outlive every caller.
-        Box::leak(
-            std::ffi::CString::new(n.as_str())
-                .unwrap_or_default()
-                .into_boxed_c_str(),
-        )
-    });
-    c.as_ptr()
+    name.as_ptr()
 }
 
 unsafe extern "C" fn aclrtGetRunMode(run_mode: *mut c_int) -> c_int {

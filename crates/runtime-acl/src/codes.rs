@@ -123,6 +123,3 @@ pub const ACL_EVENT_EXTERNAL: u32 = 0x20;
 pub const ACL_EVENT_IPC: u32 = 0x40;
 /// The union of the event flags above.
 pub const EVENT_FLAGS: u32 = 0x7F;
-
-/// The SoC name `aclrtGetSocName` reports for the default device profile.
-pub const SOC_NAME: &str = "Ascend910";

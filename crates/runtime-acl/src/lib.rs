@@ -12,6 +12,7 @@
 //! | memory | [`memory`] | the pointer → allocation table; malloc/free, copies, memsets, memory info |
 //! | callbacks | [`report`] | subscriptions, `aclrtLaunchCallback`, `aclrtProcessReport` |
 //! | lifecycle | [`lifecycle`] | `aclInit` (configuration file, runtime start), `aclFinalize` |
+//! | fork | `fork` | the `pthread_atfork` handlers: locks held across `fork()`; the child starts over |
 //! | C ABI | [`capi`] | the `extern "C"` functions: panics caught, messages recorded, output pointers |
 //! | symbols | [`dispatch`] | the exported symbols; one runtime per process (the provider search) |
 //!
@@ -35,6 +36,7 @@ pub mod capi;
 pub mod codes;
 pub mod dispatch;
 pub mod error;
+mod fork;
 mod hostmem;
 pub mod lifecycle;
 pub mod memory;

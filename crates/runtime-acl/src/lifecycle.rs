@@ -89,6 +89,7 @@ pub fn init(config_path: Option<&str>) -> AclResult<()> {
     }
     life.finalized = false;
     state::set_initialized(true);
+    crate::fork::install();
     Ok(())
 }
 
@@ -126,4 +127,23 @@ pub fn finalize() -> AclResult<()> {
         rt::shutdown().map_err(|e| AclError::core(NAME, &e))?;
     }
     Ok(())
+}
+
+// --------------------------------------------------------------------------- fork
+
+static LIFE_FORK: crate::fork::Guarded<Mutex<Life>> = crate::fork::Guarded::new(|| &LIFE);
+
+pub(crate) fn before_fork() {
+    LIFE_FORK.before_fork();
+}
+
+pub(crate) fn after_fork(child: bool) {
+    LIFE_FORK.after_fork(child);
+}
+
+/// In a forked child: ACL starts over (the core abandoned the parent's runtime).
+pub(crate) fn forget_in_child() {
+    let mut life = LIFE.lock();
+    life.owns_runtime = false;
+    life.finalized = false;
 }

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use parking_lot::Mutex;
 use runtime_core::device::submit_blocking_on;
 use runtime_core::error::KernelFailure;
 use runtime_core::memory::access::{Access, AccessSet};
@@ -108,7 +108,7 @@ impl Entry {
     }
 }
 
-static TABLE: RwLock<BTreeMap<usize, Arc<Entry>>> = RwLock::new(BTreeMap::new());
+static TABLE: Mutex<BTreeMap<usize, Arc<Entry>>> = Mutex::new(BTreeMap::new());
 
 /// Bumped whenever an entry leaves the table: an address resolved before may name nothing
 /// (or something else) now.
@@ -126,7 +126,7 @@ fn bump() {
 
 /// The entry whose range holds `ptr` (an empty range holds only its start).
 pub fn find(ptr: usize) -> Option<Arc<Entry>> {
-    let t = TABLE.read();
+    let t = TABLE.lock();
     let (_, e) = t.range(..=ptr).next_back()?;
     let inside = ptr == e.start || ((ptr - e.start) as u64) < e.size;
     inside.then(|| e.clone())
@@ -134,16 +134,16 @@ pub fn find(ptr: usize) -> Option<Arc<Entry>> {
 
 /// The entry that starts exactly at `ptr`.
 pub fn at(ptr: usize) -> Option<Arc<Entry>> {
-    TABLE.read().get(&ptr).cloned()
+    TABLE.lock().get(&ptr).cloned()
 }
 
 fn add(entry: Entry) {
-    TABLE.write().insert(entry.start, Arc::new(entry));
+    TABLE.lock().insert(entry.start, Arc::new(entry));
 }
 
 /// Take the entry starting at `ptr` out of the table if `pred` accepts it.
 fn take_if(ptr: usize, pred: impl Fn(&Entry) -> bool) -> Option<Arc<Entry>> {
-    let mut t = TABLE.write();
+    let mut t = TABLE.lock();
     if t.get(&ptr).is_some_and(|e| pred(e)) {
         bump();
         t.remove(&ptr)
@@ -155,7 +155,7 @@ fn take_if(ptr: usize, pred: impl Fn(&Entry) -> bool) -> Option<Arc<Entry>> {
 /// Every entry, taken out (`aclFinalize`).
 pub(crate) fn take_all() -> Vec<Arc<Entry>> {
     bump();
-    std::mem::take(&mut *TABLE.write()).into_values().collect()
+    std::mem::take(&mut *TABLE.lock()).into_values().collect()
 }
 
 /// Whether host addresses the table does not know may be used (C callers) or not (Python).
@@ -299,7 +299,7 @@ pub fn register_host(mem: Arc<dyn HostMemory>, tag: &'static str) -> AclResult<b
             "{tag}: {ptr:#x} + {size} bytes is device memory (the mapping at {base:#x}), not host memory; copy it with acl.rt.memcpy instead"
         )));
     }
-    let mut t = TABLE.write();
+    let mut t = TABLE.lock();
     if let Some((_, e)) = t.range(..=ptr).next_back() {
         let inside = ptr >= e.start && (ptr - e.start) as u64 + size <= e.size;
         if inside && e.start != ptr && !e.is_device() {
@@ -387,7 +387,7 @@ fn resolve(name: &str, what: &str, ptr: usize, len: u64, foreign: Foreign) -> Ac
             "{name}: {what} {ptr:#x} + {len} bytes wraps around the address space"
         ))
     })?;
-    let t = TABLE.read();
+    let t = TABLE.lock();
     if let Some((_, e)) = t.range(ptr..).next() {
         if (e.start as u64) < end {
             return Err(AclError::param(format!(
@@ -421,7 +421,7 @@ fn check_kind(name: &str, kind: i32) -> AclResult<()> {
 /// How an op that touches foreign host memory reports back.
 struct Outcome {
     state: AtomicU8,
-    msg: parking_lot::Mutex<String>,
+    msg: Mutex<String>,
 }
 
 const PENDING: u8 = 0;
@@ -432,7 +432,7 @@ impl Outcome {
     fn new() -> Arc<Outcome> {
         Arc::new(Outcome {
             state: AtomicU8::new(PENDING),
-            msg: parking_lot::Mutex::new(String::new()),
+            msg: Mutex::new(String::new()),
         })
     }
 }
@@ -744,4 +744,24 @@ pub fn get_mem_info(attr: i32) -> AclResult<(u64, u64)> {
     // count as free here.
     let s = dev.memory().stats();
     Ok((s.total.saturating_sub(s.allocated), s.total))
+}
+
+// --------------------------------------------------------------------------- fork
+
+static TABLE_FORK: crate::fork::Guarded<Mutex<BTreeMap<usize, Arc<Entry>>>> =
+    crate::fork::Guarded::new(|| &TABLE);
+
+pub(crate) fn before_fork() {
+    TABLE_FORK.before_fork();
+}
+
+pub(crate) fn after_fork(child: bool) {
+    TABLE_FORK.after_fork(child);
+}
+
+/// In a forked child: forget (leak) the parent's allocations, which belong to the runtime the
+/// child abandoned.
+pub(crate) fn forget_in_child() {
+    bump();
+    std::mem::forget(std::mem::take(&mut *TABLE.lock()));
 }

@@ -297,3 +297,21 @@ pub(crate) fn reset() {
         drop(dropped);
     }
 }
+
+// --------------------------------------------------------------------------- fork
+
+static SUBS_FORK: crate::fork::Guarded<Mutex<Option<Subscriptions>>> =
+    crate::fork::Guarded::new(|| &SUBS);
+
+pub(crate) fn before_fork() {
+    SUBS_FORK.before_fork();
+}
+
+pub(crate) fn after_fork(child: bool) {
+    SUBS_FORK.after_fork(child);
+}
+
+/// In a forked child: forget (leak) the parent's subscriptions (their threads are gone).
+pub(crate) fn forget_in_child() {
+    std::mem::forget(SUBS.lock().take());
+}

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use runtime_core::device::Device;
 use runtime_core::event::Event;
 use runtime_core::runtime as rt;
@@ -124,7 +124,7 @@ impl Obj {
 }
 
 static NEXT_HANDLE: AtomicU64 = AtomicU64::new(0x1000_0000);
-static HANDLES: RwLock<Option<HashMap<Handle, Obj>>> = RwLock::new(None);
+static HANDLES: Mutex<Option<HashMap<Handle, Obj>>> = Mutex::new(None);
 
 /// A handle number no object ever had (also for the Python face's own objects: tensor
 /// descriptors, data buffers, operator attributes).
@@ -135,18 +135,18 @@ pub fn new_handle_number() -> Handle {
 fn insert(obj: Obj) -> Handle {
     let h = new_handle_number();
     HANDLES
-        .write()
+        .lock()
         .get_or_insert_with(HashMap::new)
         .insert(h, obj);
     h
 }
 
 fn lookup(h: Handle) -> Option<Obj> {
-    HANDLES.read().as_ref().and_then(|m| m.get(&h).cloned())
+    HANDLES.lock().as_ref().and_then(|m| m.get(&h).cloned())
 }
 
 fn remove(h: Handle) -> Option<Obj> {
-    HANDLES.write().as_mut().and_then(|m| m.remove(&h))
+    HANDLES.lock().as_mut().and_then(|m| m.remove(&h))
 }
 
 fn stale(name: &str, what: &str, h: Handle, want: &str, found: Option<&Obj>) -> AclError {
@@ -234,7 +234,7 @@ fn new_context(name: &str, device: Device, is_default: bool) -> AclResult<Arc<Co
         alive: AtomicBool::new(true),
     });
     HANDLES
-        .write()
+        .lock()
         .get_or_insert_with(HashMap::new)
         .insert(handle, Obj::Context(ctx.clone()));
     Ok(ctx)
@@ -463,19 +463,22 @@ pub fn destroy_stream(h: Handle) -> AclResult<()> {
     rec.stream.destroy().map_err(|e| AclError::core(NAME, &e))
 }
 
+/// What runs when a stream goes away.
+type StreamHook = fn(&Stream);
+
 /// Hooks that run when a stream goes away (the report module forgets its subscription).
-static STREAM_HOOKS: RwLock<Vec<fn(&Stream)>> = RwLock::new(Vec::new());
+static STREAM_HOOKS: Mutex<Vec<StreamHook>> = Mutex::new(Vec::new());
 
 /// Run `f` for every stream destroyed from now on (before it is destroyed).
 pub(crate) fn on_stream_destroyed(f: fn(&Stream)) {
-    let mut hooks = STREAM_HOOKS.write();
+    let mut hooks = STREAM_HOOKS.lock();
     if !hooks.iter().any(|&g| std::ptr::fn_addr_eq(g, f)) {
         hooks.push(f);
     }
 }
 
 pub(crate) fn forget_stream_hooks(s: &Stream) {
-    let hooks: Vec<fn(&Stream)> = STREAM_HOOKS.read().clone();
+    let hooks: Vec<StreamHook> = STREAM_HOOKS.lock().clone();
     for f in hooks {
         f(s);
     }
@@ -548,7 +551,7 @@ pub fn destroy_event(h: Handle) -> AclResult<()> {
         Some(other) => {
             // Not an event: put it back untouched.
             HANDLES
-                .write()
+                .lock()
                 .get_or_insert_with(HashMap::new)
                 .insert(h, other.clone());
             Err(stale(NAME, "event", h, "event", Some(&other)))
@@ -614,7 +617,7 @@ pub fn event_elapsed_time(start: Handle, end: Handle) -> AclResult<f32> {
 /// Everything ACL made, taken out of the tables (`aclFinalize`): the streams and contexts to
 /// destroy. The caller destroys them outside every lock.
 pub(crate) fn take_all() -> (Vec<Stream>, Vec<Arc<Context>>) {
-    let handles = HANDLES.write().take().unwrap_or_default();
+    let handles = HANDLES.lock().take().unwrap_or_default();
     DEFAULT_CONTEXTS.lock().take();
     let mut streams = Vec::new();
     let mut contexts = Vec::new();
@@ -646,4 +649,34 @@ pub(crate) fn destroy_all(streams: Vec<Stream>, contexts: Vec<Arc<Context>>) {
             let _ = c.stream.destroy();
         }
     }
+}
+
+// --------------------------------------------------------------------------- fork
+
+static HANDLES_FORK: crate::fork::Guarded<Mutex<Option<HashMap<Handle, Obj>>>> =
+    crate::fork::Guarded::new(|| &HANDLES);
+static DEFAULTS_FORK: crate::fork::Guarded<Mutex<Option<DefaultContexts>>> =
+    crate::fork::Guarded::new(|| &DEFAULT_CONTEXTS);
+static HOOKS_FORK: crate::fork::Guarded<Mutex<Vec<StreamHook>>> =
+    crate::fork::Guarded::new(|| &STREAM_HOOKS);
+
+pub(crate) fn before_fork() {
+    DEFAULTS_FORK.before_fork();
+    HANDLES_FORK.before_fork();
+    HOOKS_FORK.before_fork();
+}
+
+pub(crate) fn after_fork(child: bool) {
+    HOOKS_FORK.after_fork(child);
+    HANDLES_FORK.after_fork(child);
+    DEFAULTS_FORK.after_fork(child);
+}
+
+/// In a forked child: forget (leak) every object of the parent's runtime and start
+/// uninitialised; this thread has no current context.
+pub(crate) fn forget_in_child() {
+    std::mem::forget(HANDLES.lock().take());
+    std::mem::forget(DEFAULT_CONTEXTS.lock().take());
+    let _ = CURRENT.try_with(|c| std::mem::forget(c.borrow_mut().take()));
+    set_initialized(false);
 }

@@ -1,5 +1,5 @@
 //! The C test programs in `tests/c/` (memory round trips, streams and events, callbacks with a
-//! report thread, every error path), compiled with `cc` against `include/` and the
+//! report thread, every error path, fork while threads use ACL), compiled with `cc` against `include/` and the
 //! `libascendcl.so` this test build made, then run; and the header-drift check: every
 //! function declared in the headers is exported by the library, taken into a pointer of
 //! CANN's documented type (`header_drift.c`), and every constant the headers define has the
@@ -105,6 +105,11 @@ fn callbacks_on_a_report_thread() {
 #[test]
 fn every_error_path() {
     program("errors");
+}
+
+#[test]
+fn fork_while_threads_use_acl() {
+    program("fork");
 }
 
 /// Names of the functions the headers declare (`ACL_FUNC_VISIBILITY <type> name(`).
