@@ -1,6 +1,6 @@
 """The ACL C library's per-call cost (``libascendcl.so`` from C) beside the same operations
-from Python (``runtime.acl``, pyACL's face, and the native ``runtime`` API) and the seed's
-Ascend 910 table.
+from Python (``runtime.acl``, pyACL's face, and the native ``runtime`` API) and the Ascend 910
+reference table.
 
 ``python -m runtime.bench.acl_c [--rounds N] [--batch K] [--json PATH]``
 
@@ -31,7 +31,7 @@ PROG = "python -m runtime.bench.acl_c"
 MiB = 1 << 20
 SOURCE = pathlib.Path(__file__).with_name("acl_c_bench.c")
 
-#: operation -> (what it measures, the seed's Ascend 910 figure in us or None)
+#: operation -> (what it measures, the Ascend 910 reference figure in us or None)
 OPS = {
     "malloc_free_1MiB": ("aclrtMalloc + aclrtFree, 1 MiB", 100.0),
     "create_stream": ("aclrtCreateStream", 10.0),
@@ -213,7 +213,7 @@ def measure(rounds: int, batch: int, progress=None) -> list[dict]:
             forms.close()
     rows = []
     for op, s in samples.items():
-        what, seed = OPS[op]
+        what, reference = OPS[op]
         rows.append(
             {
                 "op": op,
@@ -223,7 +223,7 @@ def measure(rounds: int, batch: int, progress=None) -> list[dict]:
                 "native_us": _median(s["native"]),
                 "acl_over_c": _median([a / c for a, c in zip(s["acl"], s["c"])]),
                 "native_over_c": _median([a / c for a, c in zip(s["native"], s["c"])]),
-                "seed_us": seed,
+                "reference_us": reference,
                 "samples": s,
             }
         )
@@ -232,12 +232,12 @@ def measure(rounds: int, batch: int, progress=None) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| operation | C (us/call) | runtime.acl (us) | x C | runtime API (us) | x C | seed, Ascend 910 | C / seed |",
+        "| operation | C (us/call) | runtime.acl (us) | x C | runtime API (us) | x C | Ascend 910 reference | C / reference |",
         "|---|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in rows:
-        seed = r["seed_us"]
-        vs = f"{r['c_us'] / seed:.3f}" if seed else "-"
+        ref = r["reference_us"]
+        vs = f"{r['c_us'] / ref:.3f}" if ref else "-"
         lines.append(
             f"| {r['what']} | {r['c_us']:.2f} | {r['acl_us']:.2f} | {r['acl_over_c']:.2f} "
             f"| {r['native_us']:.2f} | {r['native_over_c']:.2f} | {SEED_NOTE[r['op']]} | {vs} |"
