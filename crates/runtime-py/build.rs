@@ -43,6 +43,8 @@ fn main() {
         "crates/runtime-core/src",
         "crates/runtime-core/Cargo.toml",
         "Cargo.lock",
+        // The copy in the package: rebuilt when it is gone (a clean checkout keeps target/).
+        "python/runtime/acl/_c/runtime/lib64/libascendcl.so",
     ] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
@@ -98,14 +100,14 @@ fn main() {
         status.success(),
         "building libascendcl.so (runtime-acl) failed"
     );
-    let dest = root.join("python/runtime/acl/_c/runtime");
+    // Start from an empty folder: in a source checkout `python -m runtime.acl --prefix` adds
+    // symbolic links beside these files, which the wheel must not carry.
+    let top = root.join("python/runtime/acl/_c");
+    let _ = std::fs::remove_dir_all(&top);
+    let dest = top.join("runtime");
     let lib_dir = dest.join("lib64");
     std::fs::create_dir_all(&lib_dir).expect("create the library directory");
-    // Replaced, not overwritten in place: a running process may have the old one mapped.
-    let tmp = lib_dir.join("libascendcl.so.tmp");
-    std::fs::copy(out_dir.join("libascendcl.so"), &tmp).expect("copy libascendcl.so");
-    std::fs::rename(&tmp, lib_dir.join("libascendcl.so")).expect("install libascendcl.so");
-    let include = dest.join("include");
-    let _ = std::fs::remove_dir_all(&include);
-    copy_tree(&root.join("crates/runtime-acl/include"), &include);
+    std::fs::copy(out_dir.join("libascendcl.so"), lib_dir.join("libascendcl.so"))
+        .expect("copy libascendcl.so");
+    copy_tree(&root.join("crates/runtime-acl/include"), &dest.join("include"));
 }
