@@ -107,7 +107,13 @@ fn main() {
     let dest = top.join("runtime");
     let lib_dir = dest.join("lib64");
     std::fs::create_dir_all(&lib_dir).expect("create the library directory");
-    std::fs::copy(out_dir.join("libascendcl.so"), lib_dir.join("libascendcl.so"))
-        .expect("copy libascendcl.so");
-    copy_tree(&root.join("crates/runtime-acl/include"), &dest.join("include"));
+    std::fs::copy(
+        out_dir.join("libascendcl.so"),
+        lib_dir.join("libascendcl.so"),
+    )
+    .expect("copy libascendcl.so");
+    copy_tree(
+        &root.join("crates/runtime-acl/include"),
+        &dest.join("include"),
+    );
 }
