@@ -3,7 +3,7 @@
 # Usage: bash scripts/test.sh [extra pytest args]
 #
 # It installs into the Python that `python3` runs (the active virtualenv, if any): the test
-# tools (maturin, numpy, pytest, hypothesis), the optional atheris, mpi4py and mpich, and this
+# tools (maturin, numpy, pytest, hypothesis), the optional atheris, the required mpi4py and mpich, and this
 # package's wheel (runtime-vdev, replacing any installed one). Activate a virtualenv first to
 # keep them out of the system Python: python3 -m venv .venv && . .venv/bin/activate.
 # CI (.ci/run) relies on the wheel being installed there afterwards.
@@ -22,9 +22,11 @@ fi
 python3 -m pip install -q "maturin>=1.5,<2" numpy pytest hypothesis
 # Optional: atheris runs the 10 s argument fuzz; without it that one test is skipped.
 python3 -m pip install -q atheris 2>/dev/null || echo "atheris not installable: its fuzz test will be skipped"
-# Optional: mpi4py and the mpich wheel (its mpiexec) run the MPI tests under mpiexec -n 1/2/3;
-# without them those tests are skipped with the reason.
-python3 -m pip install -q mpi4py mpich 2>/dev/null || echo "mpi4py/mpich not installable: the MPI tests will be skipped"
+# Required: mpi4py and the mpich wheel (its mpiexec) run the MPI tests under mpiexec -n 1/2/3
+# (runtime._mpi is tested nowhere else), so a failed install fails the run, and
+# RUNTIME_REQUIRE_MPI makes those tests fail rather than skip if MPI is still missing.
+python3 -m pip install -q mpi4py mpich || { echo "error: mpi4py/mpich failed to install; the MPI tests cannot run" >&2; exit 1; }
+export RUNTIME_REQUIRE_MPI=1
 # The ACL C library's tests build C programs with CMake, as the public Ascend samples do.
 command -v cmake >/dev/null 2>&1 || python3 -m pip install -q cmake || echo "cmake not installable: the CMake builds of the C tests will be skipped"
 cargo test --workspace
