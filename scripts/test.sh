@@ -30,6 +30,8 @@ python3 -m pip install -q atheris 2>/dev/null || echo "atheris not installable: 
 # RUNTIME_REQUIRE_MPI makes those tests fail rather than skip if MPI is still missing.
 python3 -m pip install -q mpi4py mpich || { echo "error: mpi4py/mpich failed to install; the MPI tests cannot run" >&2; exit 1; }
 export RUNTIME_REQUIRE_MPI=1
+# The ACL C library's tests build C programs with CMake, as the public Ascend samples do.
+command -v cmake >/dev/null 2>&1 || python3 -m pip install -q cmake || echo "cmake not installable: the CMake builds of the C tests will be skipped"
 cargo test --workspace
 rm -rf target/wheels
 maturin build --release -q -o target/wheels

@@ -700,3 +700,42 @@ fn memory_fraction_limits_reserved_bytes() {
     assert!(m.allocate(1).is_err());
     assert_eq!(m.allocate(0).unwrap().size(), 0);
 }
+
+#[test]
+fn device_mappings_are_recognised_by_address() {
+    // Own device memory (no shared runtime): its slab arena and its large blocks are device
+    // mappings while they live; host memory never is.
+    let m = Arc::new(DeviceMemory::new(0, 64 * MIB, Arc::new(Options::default())).unwrap());
+    let small = m.allocate(64).unwrap();
+    let large = m.allocate(4 * MIB).unwrap();
+    for b in [&small, &large] {
+        let p = b.as_ptr() as usize;
+        let (base, len) = memory::device_mapping_overlapping(p, 1).expect("a device mapping");
+        assert!(base <= p && p < base + len);
+        // a range that starts before the block and runs into it overlaps device memory too
+        assert!(memory::device_mapping_overlapping(p - 8, 16).is_some());
+    }
+    let host = vec![0u8; 4096];
+    assert_eq!(
+        memory::device_mapping_overlapping(host.as_ptr() as usize, host.len()),
+        None
+    );
+    // a large block's own mapping goes away with it (reuse off: not cached)
+    let m2 = Arc::new(
+        DeviceMemory::new(1, 64 * MIB, {
+            let o = Options::default();
+            o.set(runtime_core::config::RuntimeOption::MemoryReuse, false);
+            Arc::new(o)
+        })
+        .unwrap(),
+    );
+    let big = m2.allocate(8 * MIB).unwrap();
+    let p = big.as_ptr() as usize;
+    assert!(memory::device_mapping_overlapping(p, 8 * MIB as usize).is_some());
+    drop(big);
+    let still = memory::device_mapping_overlapping(p, 1);
+    assert!(
+        still.is_none_or(|(base, _)| base != p),
+        "the freed block's mapping is gone"
+    );
+}

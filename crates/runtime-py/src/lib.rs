@@ -17,6 +17,8 @@
 //   stream                      Stream, Graph and the stream functions
 //   comm                        Communicator, comm_init_all, comm_connect, groups (runtime.comm)
 //   lifecycle                   init, shutdown, options
+//   acl                         the pyACL face's native calls (runtime-acl's Rust API)
+mod acl;
 mod buffer;
 mod comm;
 mod context;
@@ -47,6 +49,14 @@ mod wait;
 use std::sync::Arc;
 
 use pyo3::prelude::*;
+
+/// This extension's ACL implementation, for a `libascendcl.so` loaded into the same process:
+/// the library looks this symbol up and calls into the extension's runtime instead of
+/// starting its own (one runtime per process; see `runtime-acl`'s `dispatch` module).
+#[no_mangle]
+pub extern "C" fn runtime_acl_provider_v1() -> *const ascendcl::capi::Table {
+    ascendcl::provider_table()
+}
 
 #[pymodule]
 fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -130,5 +140,6 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(testing::_inject_alloc_failure, m)?)?;
     m.add_function(wrap_pyfunction!(testing::_register_test_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(testing::_inject_thread_spawn_failures, m)?)?;
+    acl::register(m)?;
     Ok(())
 }

@@ -22,6 +22,13 @@ pub struct PyPinnedMemory {
     block: PinnedBuffer,
 }
 
+impl PyPinnedMemory {
+    /// A handle over `block` (a clone: the block lives while this object does).
+    pub fn wrap(block: PinnedBuffer) -> Self {
+        PyPinnedMemory { block }
+    }
+}
+
 #[pymethods]
 impl PyPinnedMemory {
     /// Address of byte 0.

@@ -3,7 +3,8 @@
 ``runtime.acl`` has pyACL's layout and conventions: ``init`` / ``finalize`` /
 ``get_recent_err_msg`` and the tensor-descriptor and data-buffer functions at the top level,
 and the submodules ``rt`` (devices, contexts, streams, events, memory, callbacks), ``util``,
-``media`` (DVPP memory) and ``op`` (single operators). Every call returns what pyACL returns
+``media`` (DVPP memory) and ``op`` (single operators); ``clib`` locates the C library
+(``libascendcl.so`` and its headers) for C and C++ programs. Every call returns what pyACL returns
 (a bare ``ret``, or a tuple whose last element is ``ret``) and never raises for an ACL error:
 it returns CANN's numeric code (``ACL_SUCCESS`` = 0, ``ACL_ERROR_INVALID_PARAM`` = 100000, ...,
 all in this module) and records a message for :func:`get_recent_err_msg`. Arguments of the
@@ -18,14 +19,13 @@ from __future__ import annotations
 import sys
 
 import runtime
+from runtime import _runtime as N
 
 from . import _state as S
-from . import media, op, rt, util
+from . import clib, media, op, rt, util
 from ._consts import *  # noqa: F403 - pyACL's constants, by their CANN names
 from ._consts import (
     ACL_ERROR_INVALID_PARAM,
-    ACL_ERROR_REPEAT_INITIALIZE,
-    ACL_ERROR_UNINITIALIZE,
     ACL_SUCCESS,
 )
 from ._state import AclError, api
@@ -53,63 +53,28 @@ VERSION = tuple(int(x) for x in runtime.__version__.split(".")[:3])
 
 @api("acl.init")
 def init(config_path: str | None = None) -> int:
-    """Start ACL (and the runtime, if nothing started it yet). ``config_path``, when given,
-    must name an existing file; its dump/profiling settings are not applied."""
+    """Start ACL (and the runtime, if nothing started it yet, with the settings of
+    RUNTIME_DEVICE_COUNT / _MEMORY / _PROFILE). ``config_path``, when given, must name a file
+    that is empty or holds a JSON object; its dump/profiling settings are not applied."""
     if config_path is not None and not isinstance(config_path, str):
         raise S.ArgTypeError("acl.init args parse failed: config_path must be a str")
-    if S.initialized:
-        raise AclError(
-            ACL_ERROR_REPEAT_INITIALIZE, "acl.init: already initialized (this can be ignored)"
-        )
-    if config_path:
-        import os
-
-        if not os.path.isfile(config_path):
-            raise AclError(
-                100003, f"acl.init: config file {config_path!r} does not exist"
-            )  # ACL_ERROR_INVALID_FILE
-    if not runtime.is_initialized():
-        runtime.init()
-        S.owns_runtime = True
-    S.initialized = True
-    return ACL_SUCCESS
+    return N.acl_init(config_path)
 
 
 @api("acl.finalize")
 def finalize() -> int:
-    """Release everything runtime.acl made (waits for streams, frees memory); shut the runtime
-    down if ``acl.init`` started it."""
-    if not S.initialized:
-        raise AclError(ACL_ERROR_UNINITIALIZE, "acl.finalize: acl.init() has not been called")
-    rt._reset_callbacks()
-    streams = [o for o in S.handles.values() if type(o) is S.StreamRec]
-    contexts = [o for o in S.handles.values() if type(o) is S.Context]
-    allocs = [r for r in S.mem.by_start.values() if r.is_dev]
-    S.reset_all()
-    for rec in streams:
-        try:
-            rec.stream.destroy()
-        except runtime.Error:
-            pass
-    for ctx in contexts:
-        if not ctx.is_default:
-            try:
-                ctx.stream.destroy()
-            except runtime.Error:
-                pass
-    for a in allocs:
-        try:
-            runtime.device_free(a.buf)
-        except runtime.Error:
-            pass
-    if S.owns_runtime:
-        S.owns_runtime = False
-        runtime.shutdown()
-    return ACL_SUCCESS
+    """Release everything ACL made (waits for streams, frees memory, from Python and C alike);
+    shut the runtime down if ``acl.init`` started it."""
+    ret = N.acl_finalize()
+    if ret == ACL_SUCCESS:
+        S.reset_all()
+        op._forget()
+    return ret
 
 
 def get_recent_err_msg() -> str | None:
-    """The message of this thread's latest failed call (then cleared), or None."""
+    """The message of this thread's latest failed call (then cleared), or None; C calls of
+    ``libascendcl.so`` in this process leave theirs here too."""
     return S.recent_msg()
 
 
@@ -124,7 +89,7 @@ def get_version_str(pkg_name: str) -> tuple[str, int]:
 
 def get_soc_name() -> str | None:
     """The device profile as a SoC name ("Ascend910" for the default profile), None before init."""
-    if not S.initialized:
+    if not S.is_initialized():
         S.record_msg("acl.get_soc_name: acl.init() has not been called")
         return None
     profile = runtime.get_device_properties(0).profile
@@ -141,6 +106,7 @@ def _install_as_acl() -> None:
 
 __all__ = [
     "AclError",
+    "clib",
     "create_data_buffer",
     "create_tensor_desc",
     "data_type_size",

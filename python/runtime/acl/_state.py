@@ -1,38 +1,40 @@
-"""The ACL face's bookkeeping: error codes and messages, handles, pointer tables, contexts.
+"""The ACL face's Python-side bookkeeping, over the one implementation of ACL's conventions in
+Rust (crate ``runtime-acl``, the same code as the C library ``libascendcl.so``).
 
-pyACL speaks plain integers: error codes, handles (contexts, streams, events, descriptors,
-buffers, attrs) and raw addresses. This module owns the tables that turn them back into
-``runtime`` objects, and the one place (:func:`api`) where a failure becomes a return code:
+What lives in Rust, shared with C callers in the same process: whether ``acl.init`` ran; the
+handles of contexts, streams and events (one counter that never repeats); the table from raw
+addresses back to allocations (device memory, ``malloc_host`` blocks, registered host
+objects); every thread's current context; the per-thread recent error message
+(``acl.get_recent_err_msg()`` is ``aclGetRecentErrMsg``). The native calls are the ``acl_*``
+functions of ``runtime._runtime``.
 
-* :class:`AclError` carries a CANN error code and a message; :func:`api` catches it (and the
-  runtime's own exceptions, mapped by :func:`code_of`), stores the message for
-  ``acl.get_recent_err_msg()`` (per thread, as ``aclGetRecentErrMsg``) and returns the code in
-  the function's result shape. Wrong Python *types* still raise ``TypeError``, as pyACL's
-  argument parsing does.
-* Handles are integers from one counter that never repeats, so a destroyed handle is always
-  reported stale (``ACL_ERROR_INVALID_RESOURCE_HANDLE``), never mistaken for a new object.
-* Device pointers are ``DeviceBuffer.ptr`` addresses. Live allocations sit in a sorted table
-  (bisect), and every pointer a call receives must lie, with its size, inside one of them.
-* Host pointers are checked against the host ranges this module handed out: ``malloc_host``
-  blocks (owned here), and the objects behind ``util.bytes_to_ptr`` / ``util.numpy_to_ptr``
-  (referenced here while in use, see :class:`HostTable`).
+What lives here: pyACL's Python conventions and the objects only Python has:
+
+* :func:`api` turns a failure into a return code in the function's result shape (the native
+  calls return codes themselves; this catches the Python-level failures: ``AclError`` raised
+  here, the runtime's exceptions, ``OverflowError`` for an int out of a C type's range). Wrong
+  Python *types* still raise ``TypeError`` (:class:`ArgTypeError`), as pyACL's argument
+  parsing does.
+* Handles of Python-only objects (tensor descriptors, data buffers, operator attributes and
+  handles) take their numbers from the same counter as the native handles.
+* Python objects registered as host memory (``util.bytes_to_ptr`` / ``numpy_to_ptr``): the
+  native table holds each object while registered; this module decides when a registration
+  the caller no longer references is released (:data:`KEEP_UNREFERENCED`).
 """
 
 from __future__ import annotations
 
-import itertools
 import sys
 import threading
-from bisect import bisect_right, insort
 from typing import Any
 
 import numpy as np
 
 import runtime
+from runtime import _runtime as N
 
 from . import _consts as C
 
-_tls = threading.local()
 lock = threading.RLock()
 
 
@@ -45,17 +47,17 @@ class AclError(Exception):
 
 
 def record_msg(msg: str) -> None:
-    _tls.msg = msg
+    """Keep ``msg`` as this thread's recent error message (shared with the C library)."""
+    N.acl_record_err_msg(msg)
 
 
 def recent_msg() -> str | None:
-    msg = getattr(_tls, "msg", None)
-    _tls.msg = None
-    return msg
+    """This thread's recent error message, cleared once read."""
+    return N.acl_recent_err_msg()
 
 
 def code_of(e: BaseException) -> int:
-    """The CANN error code for an exception raised by ``runtime`` under an ACL call."""
+    """The CANN error code for an exception raised under an ACL call."""
     if isinstance(e, AclError):
         return e.code
     if isinstance(e, runtime.NotInitializedError):
@@ -143,23 +145,24 @@ def need_int(name: str, **kw: Any) -> None:
 
 # --------------------------------------------------------------------------- init state
 
-initialized = False
-owns_runtime = False
+
+def is_initialized() -> bool:
+    return N.acl_is_initialized()
 
 
 def check_init(name: str) -> None:
-    if not initialized:
+    if not N.acl_is_initialized():
         raise AclError(C.ACL_ERROR_UNINITIALIZE, f"{name}: acl.init() has not been called")
 
 
 # --------------------------------------------------------------------------- handles
 
-_handle_numbers = itertools.count(0x1000_0000, 16)  # next() is atomic under the GIL
+#: Python-only objects (descriptors, data buffers, operator attributes and handles) by handle
 handles: dict[int, Any] = {}
 
 
 def new_handle(obj: Any) -> int:
-    h = next(_handle_numbers)
+    h = N.acl_new_handle()
     handles[h] = obj
     return h
 
@@ -180,8 +183,8 @@ def drop(h: int) -> None:
     handles.pop(h, None)
 
 
-#: bumped by every call that destroys, frees or changes something an operator call may have
-#: resolved (descriptors, data buffers, attrs, memory): acl.op's recorded plans check it
+#: bumped by every call that destroys or changes a Python-only object an operator call may
+#: have resolved (descriptors, data buffers, attrs): see :func:`state_key`
 generation = 0
 
 
@@ -190,144 +193,32 @@ def bump() -> None:
     generation += 1
 
 
-# --------------------------------------------------------------------------- contexts
-
-
-class Context:
-    """A device context: its device, its default stream, and the streams made under it."""
-
-    __slots__ = ("device", "handle", "is_default", "stream", "streams")
-
-    def __init__(self, device: int, is_default: bool):
-        self.device = device
-        self.is_default = is_default
-        self.stream = runtime.default_stream(device) if is_default else runtime.Stream(device)
-        self.streams: set[int] = set()
-        self.handle = 0
-
-
-default_contexts: dict[int, Context] = {}
-
-
-def set_current(ctx: Context | None) -> None:
-    _tls.ctx = ctx
-
-
-def need_context(name: str) -> Context:
-    ctx = getattr(_tls, "ctx", None)
-    if ctx is not None and handles.get(ctx.handle) is ctx:
-        return ctx
-    if not initialized:
-        raise AclError(C.ACL_ERROR_UNINITIALIZE, f"{name}: acl.init() has not been called")
-    raise AclError(
-        C.ACL_ERROR_RT_CONTEXT_NULL,
-        f"{name}: this thread has no current context (call acl.rt.set_device or acl.rt.set_context first)",
-    )
-
-
-class StreamRec:
-    """An ACL stream: the runtime stream and the context that made it."""
-
-    __slots__ = ("ctx", "handle", "stream")
-
-    def __init__(self, stream: runtime.Stream, ctx: Context):
-        self.stream = stream
-        self.ctx = ctx
-        self.handle = 0
+def state_key() -> tuple[int, int]:
+    """Changes whenever something an operator call resolved may have changed: a Python-only
+    object (:data:`generation`) or the native pointer table (a free, from Python or C)."""
+    return generation, N.acl_memory_generation()
 
 
 def stream_of(h: Any, name: str) -> runtime.Stream:
-    """The runtime stream for handle ``h`` (0: the current context's default stream)."""
-    rec = handles.get(h)
-    if type(rec) is StreamRec:
-        return rec.stream
-    if h == 0:
-        return need_context(name).stream
-    check_init(name)
-    raise AclError(
-        C.ACL_ERROR_INVALID_RESOURCE_HANDLE,
-        f"{name}: stream {h:#x} is not a live stream (destroyed or never created)",
-    )
+    """The runtime stream for ACL stream handle ``h`` (0: the current context's default)."""
+    s, ret = N.acl_stream(h)
+    if ret:
+        raise AclError(ret, recent_msg() or f"{name}: stream {h:#x}")
+    return s
 
 
-# --------------------------------------------------------------------------- pointer tables
+def resolve_device(ptr: int, size: int, what: str, name: str) -> tuple[runtime.DeviceBuffer, int]:
+    """``(buffer over the whole device allocation, offset)`` for ``[ptr, ptr + size)``."""
+    buf, off, ret = N.acl_resolve_device(ptr, size, what, name)
+    if ret:
+        raise AclError(ret, recent_msg() or f"{name}: {what} {ptr:#x}")
+    return buf, off
 
 
-class DevAlloc:
-    """A device allocation: ``buf`` is the runtime buffer, ``size`` what the caller asked for."""
+# --------------------------------------------------------------------------- host objects
 
-    __slots__ = ("buf", "kind", "ptr", "size")
-    is_dev = True
-
-    def __init__(self, buf: runtime.DeviceBuffer, ptr: int, size: int, kind: str):
-        self.buf = buf
-        self.ptr = ptr
-        self.size = size
-        self.kind = kind
-
-
-class HostAlloc:
-    """A host range runtime.acl handed out: ``arr`` is a writable uint8 view of it."""
-
-    __slots__ = ("arr", "kind", "owner", "ptr", "size")
-    is_dev = False
-
-    def __init__(self, ptr: int, size: int, kind: str, arr: np.ndarray, owner: Any):
-        self.ptr = ptr
-        self.size = size
-        self.kind = kind
-        self.arr = arr
-        self.owner = owner
-
-
-class RangeTable:
-    """Live ranges ``[ptr, ptr + size)`` keyed by start, found with bisect. Device memory is
-    host memory mapped by the runtime, so device and host ranges never overlap and share one
-    table."""
-
-    def __init__(self) -> None:
-        self.starts: list[int] = []
-        self.by_start: dict[int, Any] = {}
-
-    # No lock: each mutation is one C call under the GIL, and a start is put in ``by_start``
-    # before ``starts`` and taken out of ``starts`` first, so every start a reader finds in
-    # ``starts`` has its record (or the reader sees None and reports the pointer unknown).
-    def add(self, rec: Any) -> None:
-        new = rec.ptr not in self.by_start
-        self.by_start[rec.ptr] = rec
-        if new:
-            insort(self.starts, rec.ptr)
-
-    def remove(self, ptr: int) -> Any:
-        rec = self.by_start.get(ptr)
-        if rec is not None:
-            bump()
-            self.starts.remove(ptr)
-            del self.by_start[ptr]
-        return rec
-
-    def find(self, ptr: int) -> Any:
-        """The record whose range holds ``ptr`` (an empty range holds only its start), or None."""
-        starts = self.starts
-        i = bisect_right(starts, ptr) - 1
-        if i < 0:
-            return None
-        try:
-            rec = self.by_start.get(starts[i])
-        except IndexError:  # a concurrent remove shortened the list
-            return None
-        if rec is None or (ptr >= rec.ptr + rec.size and ptr != rec.ptr):
-            return None
-        return rec
-
-    def clear(self) -> list[Any]:
-        out = list(self.by_start.values())
-        self.starts.clear()
-        self.by_start.clear()
-        return out
-
-
-mem = RangeTable()
+#: registered Python objects by address (also held by the native table while registered)
+owners: dict[int, Any] = {}
 
 #: bytes / numpy objects behind util.bytes_to_ptr / numpy_to_ptr pointers that only this
 #: module still references, kept (most recent last) so that ``memcpy(dst, n,
@@ -336,14 +227,13 @@ KEEP_UNREFERENCED = 64
 _borrowed: list[int] = []
 
 
-def borrow(ptr: int, size: int, kind: str, arr: np.ndarray, owner: Any) -> None:
-    """Register a host range owned by a caller's object (kept alive while registered). A range
-    inside one already registered (a view of it) needs no entry of its own."""
+def borrow(ptr: int, size: int, tag: str, owner: Any, writable: bool) -> None:
+    """Register ``size`` bytes at ``ptr``, the data of ``owner``, as host memory the copy
+    calls accept. A range inside one already registered (a view of it) needs no entry."""
     with lock:
-        have = mem.find(ptr)
-        if have is not None and have.ptr != ptr and ptr + size <= have.ptr + have.size:
+        if not N.acl_register_host(owner, ptr, size, writable, tag):
             return
-        mem.add(HostAlloc(ptr, size, kind, arr, owner))
+        owners[ptr] = owner
         if ptr in _borrowed:
             _borrowed.remove(ptr)
         _borrowed.append(ptr)
@@ -351,53 +241,26 @@ def borrow(ptr: int, size: int, kind: str, arr: np.ndarray, owner: Any) -> None:
 
 
 def _prune() -> None:
-    # An entry whose owner only this table references is no longer the caller's; the newest
-    # KEEP_UNREFERENCED of those stay valid, older ones are released (their pointer then fails).
+    # An entry whose owner only this module and the native table reference is no longer the
+    # caller's; the newest KEEP_UNREFERENCED of those stay valid, older ones are released
+    # (their pointers then fail).
     unref = []
     for p in _borrowed:
-        rec = mem.by_start.get(p)
-        if rec is None or rec.is_dev:
-            continue
-        # references: the record's slot and getrefcount's argument
-        if sys.getrefcount(rec.owner) <= 2:
+        # references: ``owners``, the native table, getrefcount's argument
+        if p in owners and sys.getrefcount(owners[p]) <= 3:
             unref.append(p)
     for p in unref[: max(0, len(unref) - KEEP_UNREFERENCED)]:
-        mem.remove(p)
+        N.acl_unregister_host(p)
+        owners.pop(p, None)
         _borrowed.remove(p)
 
 
-def resolve(ptr: Any, size: int, what: str, name: str) -> tuple[Any, int]:
-    """``(record, offset)`` of ``[ptr, ptr + size)`` inside one live allocation runtime.acl
-    handed out (``record.is_dev`` says device or host); ``AclError`` otherwise."""
-    rec = mem.find(ptr)
-    if rec is not None:
-        off = ptr - rec.ptr
-        if off + size <= rec.size:
-            return rec, off
-        where = "device allocation" if rec.is_dev else "host buffer"
-        raise AclError(
-            C.ACL_ERROR_INVALID_PARAM,
-            f"{name}: {what} {ptr:#x} + {size} bytes runs past the end of its {where} "
-            f"({rec.ptr:#x}, {rec.size} bytes) by {off + size - rec.size} bytes",
-        )
-    if ptr == 0:
-        raise AclError(C.ACL_ERROR_INVALID_PARAM, f"{name}: {what} is null (0)")
-    raise AclError(
-        C.ACL_ERROR_INVALID_PARAM,
-        f"{name}: {what} {ptr:#x} is not inside any live allocation (device memory from "
-        "acl.rt.malloc / acl.media.dvpp_malloc, host memory from acl.rt.malloc_host / "
-        "acl.util.bytes_to_ptr / acl.util.numpy_to_ptr)",
-    )
-
-
 def reset_all() -> None:
-    """Forget every handle and pointer (acl.finalize)."""
-    global initialized
+    """Forget the Python-side objects (``acl.finalize``; the native tables are cleared by it)."""
     bump()
     with lock:
         handles.clear()
-        default_contexts.clear()
-        mem.clear()
+        for p in list(owners):
+            N.acl_unregister_host(p)
+        owners.clear()
         _borrowed.clear()
-    _tls.ctx = None
-    initialized = False

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from . import _state as S
-from . import rt as _rt
+from runtime import _runtime as N
+
 from ._state import api, need_int
 
 __all__ = ["dvpp_free", "dvpp_malloc"]
@@ -14,11 +14,10 @@ __all__ = ["dvpp_free", "dvpp_malloc"]
 def dvpp_malloc(size: int) -> tuple[int, int]:
     """``(dev_ptr, ret)``: ``size`` bytes of device memory for DVPP, 128-byte aligned."""
     need_int("acl.media.dvpp_malloc", size=size)
-    S.check_init("acl.media.dvpp_malloc")
-    return _rt.dvpp_alloc(size)
+    return N.acl_malloc(size, True)
 
 
 @api("acl.media.dvpp_free")
 def dvpp_free(dev_ptr: int) -> int:
     need_int("acl.media.dvpp_free", dev_ptr=dev_ptr)
-    return _rt.device_free("acl.media.dvpp_free", dev_ptr, "dvpp")
+    return N.acl_free(dev_ptr, True)

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 import runtime
+from runtime import _runtime as N
 
 from . import _consts as C
 from . import _state as S
@@ -194,7 +195,7 @@ def _operand(name: str, what: str, dh: Any, bh: Any) -> _T:
     if (
         cache is not None
         and cache[0] is desc
-        and (cache[1] is None or S.mem.by_start.get(cache[1].ptr) is cache[1])
+        and (cache[1] is None or cache[1] == N.acl_memory_generation())
     ):
         return cache[2]
     info = C.DTYPES.get(desc.dtype)
@@ -213,14 +214,10 @@ def _operand(name: str, what: str, dh: Any, bh: Any) -> _T:
         t = _T(desc, None, 0)
         buf.cache = (desc, None, t)
         return t
-    rec, off = S.resolve(buf.ptr, need, f"{what} buffer address", name)
-    if not rec.is_dev:
-        raise AclError(
-            C.ACL_ERROR_INVALID_PARAM,
-            f"{name}: {what} buffer {buf.ptr:#x} is host memory; operators need device memory",
-        )
-    t = _T(desc, rec.buf, off)
-    buf.cache = (desc, rec, t)
+    gen = N.acl_memory_generation()
+    dev, off = S.resolve_device(buf.ptr, need, f"{what} buffer", name)
+    t = _T(desc, dev, off)
+    buf.cache = (desc, gen, t)
     return t
 
 
@@ -238,9 +235,20 @@ class _Recorder:
         self.launches.append((kernel, args))
 
 
-#: (op_type, attr, descs and buffers) -> (S.generation when recorded, launches)
+#: (op_type, attr, descs and buffers) -> (S.state_key() when recorded, launches)
 _plans: dict[tuple, tuple[int, list]] = {}
 _MAX_PLANS = 4096
+
+#: ACL stream handle -> its runtime stream, for the replay fast path (handles never repeat, so
+#: an entry never names another stream; a destroyed one fails its launch)
+_streams: dict[int, runtime.Stream] = {}
+
+
+def _forget() -> None:
+    """Drop the recorded plans and streams (``acl.finalize``)."""
+    _plans.clear()
+    _streams.clear()
+
 
 #: (kernel name, numpy dtype) -> whether the native kernel takes it (learnt on first launch)
 _native: dict[tuple[str, str], bool] = {}
@@ -443,14 +451,14 @@ def _run(
     if type(attr) is not int or type(stream) is not int:
         need_int(name, attr=attr, stream=stream)
     # A call whose handles and buffers were all seen before, with nothing destroyed, freed or
-    # changed since (S.generation), replays the launches recorded then.
-    gen = S.generation
+    # changed since (S.state_key()), replays the launches recorded then.
+    gen = S.state_key()
     try:
         key: Any = (op_type, attr, *in_descs, -1, *in_bufs, -1, *out_descs, -1, *out_bufs)
         plan = _plans.get(key)
     except TypeError:  # an unhashable element: the checks below report it
         key = plan = None
-    if plan is not None and plan[0] == gen and S.initialized:
+    if plan is not None and plan[0] == gen and S.is_initialized():
         st = S.stream_of(stream, name)
         for kernel, args in plan[1]:
             st.launch_kernel(kernel, args)
@@ -472,7 +480,12 @@ def _run(
             f"{name}: {len(out_descs)} output descs but {len(out_bufs)} output buffers",
         )
     attrs = S.get(attr, OpAttr, "attr", name).values if attr != 0 else {}
-    rec = _Recorder(S.stream_of(stream, name))
+    st = S.stream_of(stream, name)
+    if stream:
+        if len(_streams) >= _MAX_PLANS:
+            _streams.clear()
+        _streams[stream] = st
+    rec = _Recorder(st)
     ins = [_operand(name, f"input {i}", d, b) for i, (d, b) in enumerate(zip(in_descs, in_bufs))]
     outs = [
         _operand(name, f"output {i}", d, b) for i, (d, b) in enumerate(zip(out_descs, out_bufs))
@@ -506,10 +519,10 @@ def execute_v2(
             plan = _plans.get(
                 (op_type, attr, *in_descs, -1, *in_bufs, -1, *out_descs, -1, *out_bufs)
             )
-            if plan is not None and plan[0] == S.generation and S.initialized:
-                srec = S.handles.get(stream)
-                if type(srec) is S.StreamRec:
-                    launch = srec.stream.launch_kernel
+            if plan is not None and stream and plan[0] == S.state_key():
+                st = _streams.get(stream)
+                if st is not None:
+                    launch = st.launch_kernel
                     for kernel, args in plan[1]:
                         launch(kernel, args)
                     return C.ACL_SUCCESS

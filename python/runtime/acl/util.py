@@ -1,7 +1,7 @@
 """``acl.util``: pointer/bytes/numpy converters and pyACL's helper threads.
 
-``bytes_to_ptr`` and ``numpy_to_ptr`` register the object's memory as a host range that
-``acl.rt.memcpy`` / ``memset`` may use (and write: pyACL samples copy device data into a
+``bytes_to_ptr`` and ``numpy_to_ptr`` register the object's memory (in the native pointer
+table, shared with the C library) as a host range that ``acl.rt.memcpy`` / ``memset`` may use (and write: pyACL samples copy device data into a
 ``bytes`` object this way; ``bytes`` of length 0 or 1 are shared by CPython and stay
 read-only, a write into them returns ``ACL_ERROR_INVALID_PARAM``). runtime.acl keeps a reference to each registered object; once the
 caller holds none, the newest ``_state.KEEP_UNREFERENCED`` of them stay valid and older ones
@@ -19,9 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from runtime import _runtime as N
+
 from . import _consts as C
 from . import _state as S
-from ._state import AclError, api, need_int
+from ._state import api, need_int
 
 __all__ = [
     "bytes_to_ptr",
@@ -38,16 +40,10 @@ def bytes_to_ptr(data: bytes) -> int:
     """The address of ``data``'s own buffer (no copy); keep ``data`` alive while it is used."""
     if not isinstance(data, bytes):
         raise ValueError(f"acl.util.bytes_to_ptr: expected bytes, got {type(data).__name__}")
-    n = len(data)
     addr = ctypes.cast(ctypes.c_char_p(data), ctypes.c_void_p).value or 0
-    if n > 1:
-        arr = np.frombuffer((ctypes.c_char * n).from_address(addr), np.uint8)
-    else:
-        # CPython shares every bytes object of length 0 and 1 made from data (b"", b"\x07"):
-        # writing into one would change that value everywhere, so these stay read-only.
-        arr = np.array(list(data), np.uint8)  # a copy: no reference to ``data``
-        arr.flags.writeable = False
-    S.borrow(addr, n, "acl.util.bytes_to_ptr", arr, data)
+    # CPython shares every bytes object of length 0 and 1 made from data (b"", b"\x07"):
+    # writing into one would change that value everywhere, so these stay read-only.
+    S.borrow(addr, len(data), "bytes_to_ptr", data, len(data) > 1)
     return addr
 
 
@@ -71,13 +67,7 @@ def numpy_to_ptr(array: np.ndarray) -> int:
             "not data a copy may read or write"
         )
     addr = array.ctypes.data
-    n = array.nbytes
-    arr = (
-        np.frombuffer((ctypes.c_char * n).from_address(addr), np.uint8)
-        if n
-        else np.empty(0, np.uint8)
-    )
-    S.borrow(addr, n, "acl.util.numpy_to_ptr", arr, array)
+    S.borrow(addr, array.nbytes, "numpy_to_ptr", array, bool(array.flags.writeable))
     return addr
 
 
@@ -90,16 +80,21 @@ def numpy_contiguous_to_ptr(array: np.ndarray) -> tuple[int, np.ndarray]:
 
 
 def _host_range(name: str, ptr: Any, size: int) -> np.ndarray:
-    try:
-        p, off = S.resolve(ptr, size, "ptr", name)
-    except AclError as e:
-        S.record_msg(str(e))
-        raise ValueError(str(e)) from None
-    if p.is_dev:
-        msg = f"{name}: ptr {ptr:#x} is device memory; copy it to host memory with acl.rt.memcpy first"
+    """A uint8 array over ``[ptr, ptr + size)``, host memory the table knows (``ValueError``
+    otherwise, as pyACL's converters raise)."""
+    pinned, off, writable, ret = N.acl_host_range(ptr, size)
+    if ret:
+        msg = (S.recent_msg() or f"{name}: ptr {ptr:#x}").replace("acl.util.ptr_to_bytes", name)
         S.record_msg(msg)
         raise ValueError(msg)
-    return p.arr[off : off + size]
+    if pinned is not None:  # a malloc_host block: the array holds it
+        return np.frombuffer(pinned, np.uint8)[off : off + size]
+    if not size:
+        return np.empty(0, np.uint8)
+    arr = np.frombuffer((ctypes.c_char * size).from_address(ptr), np.uint8)
+    if not writable:
+        arr.flags.writeable = False
+    return arr
 
 
 def ptr_to_bytes(ptr: int, size: int) -> bytes:

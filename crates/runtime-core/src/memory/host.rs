@@ -61,6 +61,21 @@ pub(crate) struct SharedFile {
     pub(crate) slots: crate::sync::lock::Mutex<(u32, Vec<u32>)>,
 }
 
+/// Address ranges of this process's live arenas (start -> length): what
+/// [`mapping_overlapping`] answers, so that a raw address from outside (the C ABI's callers)
+/// can be recognised as device memory even where no live allocation covers it.
+static MAPPED: crate::sync::StaticMutex<std::collections::BTreeMap<usize, usize>> =
+    crate::sync::StaticMutex::new(std::collections::BTreeMap::new());
+
+/// The live arena overlapping `[start, start + len)` (an empty range: containing `start`),
+/// as `(base, length)`.
+pub(crate) fn mapping_overlapping(start: usize, len: usize) -> Option<(usize, usize)> {
+    let end = start.saturating_add(len.max(1));
+    let m = MAPPED.lock();
+    let (&base, &n) = m.range(..end).next_back()?;
+    (base + n > start).then_some((base, n))
+}
+
 /// Which ranges of the file are free: everything past `end`, and ranges given back by
 /// dropped arenas (by length, reused only by an arena of that exact length).
 struct FileSpace {
@@ -228,12 +243,12 @@ impl Arena {
         let align = if len >= HUGE_PAGE { HUGE_PAGE } else { PAGE };
         let offset = file.take(len, align).map_err(|e| e.to_string())?;
         match map_range(&file.file, offset, size, align as usize) {
-            Ok(base) => Ok(Arena {
+            Ok(base) => Ok(Arena::noted(Arena {
                 base,
                 len,
                 backing: Backing::Own { file, offset },
                 keep: std::sync::atomic::AtomicBool::new(false),
-            }),
+            })),
             Err(e) => {
                 file.give_back(offset, len);
                 Err(e)
@@ -258,12 +273,20 @@ impl Arena {
             ));
         }
         let base = map_range(file, offset, size, PAGE as usize)?;
-        Ok(Arena {
+        Ok(Arena::noted(Arena {
             base,
             len,
             backing: Backing::Imported,
             keep: std::sync::atomic::AtomicBool::new(false),
-        })
+        }))
+    }
+
+    /// `arena`, with its range noted in [`MAPPED`].
+    fn noted(arena: Arena) -> Arena {
+        MAPPED
+            .lock()
+            .insert(arena.base.as_ptr() as usize, arena.len as usize);
+        arena
     }
 
     /// When dropped, unmap only: the pages stay in the file for other processes that map
@@ -481,6 +504,7 @@ impl Arena {
 
 impl Drop for Arena {
     fn drop(&mut self) {
+        MAPPED.lock().remove(&(self.base.as_ptr() as usize));
         // SAFETY: unmapping our own mapping. The slab arena lives as long as its
         // `DeviceMemory`, which every allocation holds through an `Arc`; a large block's arena
         // is owned by its allocation, then by the caches; an imported arena by its allocation;
@@ -722,17 +746,22 @@ static SHARED_FORK: crate::sync::ForkGuarded<crate::sync::StaticMutex<Option<Arc
     crate::sync::ForkGuarded::new(|| &SHARED);
 static POOL_INIT_FORK: crate::sync::ForkGuarded<crate::sync::StaticMutex<()>> =
     crate::sync::ForkGuarded::new(|| &POOL_INIT);
+static MAPPED_FORK: crate::sync::ForkGuarded<
+    crate::sync::StaticMutex<std::collections::BTreeMap<usize, usize>>,
+> = crate::sync::ForkGuarded::new(|| &MAPPED);
 
-/// Around `fork()`: hold the device memory file's slot and the copy pool's start lock (see
-/// `runtime::install_fork_handlers`).
+/// Around `fork()`: hold the device memory file's slot, the copy pool's start lock and the
+/// arenas' range map (see `runtime::install_fork_handlers`).
 pub(crate) fn before_fork(wait: std::time::Duration) {
     SHARED_FORK.before_fork(wait);
     POOL_INIT_FORK.before_fork(wait);
+    MAPPED_FORK.before_fork(wait);
 }
 
 /// After `fork()`: release what [`before_fork`] took (in the child also a hold of a thread
 /// that vanished in the fork).
 pub(crate) fn after_fork(child: bool) {
+    MAPPED_FORK.after_fork(child);
     POOL_INIT_FORK.after_fork(child);
     SHARED_FORK.after_fork(child);
 }

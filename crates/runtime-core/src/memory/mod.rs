@@ -981,6 +981,15 @@ pub(crate) fn after_fork_in_child() {
     host::after_fork_in_child();
 }
 
+/// The device-memory mapping of this process (any device's slab arena or large block, live
+/// or cached for reuse, or an imported block) that overlaps `[start, start + len)`, as
+/// `(base, length)`; `None` when the range touches no device memory. For callers that
+/// receive raw addresses (the ACL C ABI): an address inside device memory that no live
+/// allocation of theirs covers is a stale or bogus device pointer, not host memory.
+pub fn device_mapping_overlapping(start: usize, len: usize) -> Option<(usize, usize)> {
+    host::mapping_overlapping(start, len)
+}
+
 /// One allocation; returns its block to the allocator when dropped (or, once streams were
 /// recorded on it with [`Buffer::record_stream`], when the work queued on them at that point
 /// has completed).

@@ -40,8 +40,19 @@ const LINGER_PAUSE_MAX: u32 = 512;
 
 /// Workers allowed to spin at once, process wide: half the host's cores, at least one.
 pub fn max_spinners() -> usize {
-    static N: OnceLock<usize> = OnceLock::new();
-    *N.get_or_init(|| (std::thread::available_parallelism().map_or(1, |n| n.get()) / 2).max(1))
+    // A plain cache (0: not computed yet; a race computes it twice), not a `OnceLock`: a
+    // `fork()` while a parent worker was initialising a `OnceLock` leaves it initialising for
+    // ever in the child, whose workers then all wait on it (a C program's forked child hung
+    // so in crates/runtime-acl/tests/c/fork.c).
+    static N: AtomicUsize = AtomicUsize::new(0);
+    match N.load(Ordering::Relaxed) {
+        0 => {
+            let n = (std::thread::available_parallelism().map_or(1, |n| n.get()) / 2).max(1);
+            N.store(n, Ordering::Relaxed);
+            n
+        }
+        n => n,
+    }
 }
 
 static SPINNERS: AtomicUsize = AtomicUsize::new(0);
