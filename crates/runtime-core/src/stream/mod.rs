@@ -40,7 +40,7 @@ pub mod engine;
 pub mod executor;
 pub(crate) mod gate;
 pub mod graph;
-mod panics;
+pub(crate) mod panics;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
