@@ -15,6 +15,7 @@
 //! | `enablePipelining` | | on |
 //! | `enableAsync` | `RUNTIME_LAUNCH_BLOCKING=1` turns it off | on |
 //! | `legacyDefaultStream` | `RUNTIME_DEFAULT_STREAM=legacy` turns it on | off |
+//! | `enableBatching` | | on |
 //! | (largest copy split across helper threads) | `RUNTIME_COPY_SPLIT_MAX` (bytes) | no limit |
 //!
 //! * [`profile`]: the device models (`ascend910`, `host`).
@@ -58,6 +59,9 @@ pub struct Options {
     /// `legacyDefaultStream`: each device's default stream synchronises with its blocking
     /// streams, as CUDA's legacy default stream (off: the per-thread default stream model).
     pub legacy_default_stream: AtomicBool,
+    /// `enableBatching`: consecutive commands submitted to a running stream reach its worker
+    /// as one batch (nothing observable changes but speed).
+    pub batching: AtomicBool,
 }
 
 /// The option names `set_option` accepts.
@@ -66,6 +70,7 @@ pub const OPTION_NAMES: &[&str] = &[
     "enablePipelining",
     "enableAsync",
     "legacyDefaultStream",
+    "enableBatching",
 ];
 
 impl Default for Options {
@@ -76,6 +81,7 @@ impl Default for Options {
             pipelining: AtomicBool::new(true),
             asynchronous: AtomicBool::new(true),
             legacy_default_stream: AtomicBool::new(false),
+            batching: AtomicBool::new(true),
         }
     }
 }
@@ -97,6 +103,7 @@ impl Options {
             "enablePipelining" => Ok(&self.pipelining),
             "enableAsync" => Ok(&self.asynchronous),
             "legacyDefaultStream" => Ok(&self.legacy_default_stream),
+            "enableBatching" => Ok(&self.batching),
             _ => Err(arg_error(
                 "name",
                 format!(
@@ -137,6 +144,11 @@ impl Options {
     /// Whether the default streams are CUDA's legacy default streams.
     pub fn legacy_default_stream(&self) -> bool {
         self.legacy_default_stream.load(Ordering::Relaxed)
+    }
+
+    /// Whether submissions to a running stream are handed to its worker in batches.
+    pub fn batching(&self) -> bool {
+        self.batching.load(Ordering::Relaxed)
     }
 
     /// Whether copies run on their own engine beside compute.

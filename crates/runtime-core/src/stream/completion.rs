@@ -18,26 +18,36 @@ use std::time::Instant;
 use crate::sync::{current_cpu, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
 
 pub(crate) struct Completion {
-    submitted: AtomicU64,
+    /// Written by submitters, on a cache line of its own: the runner writes `completed` (and
+    /// `waiters`) after every command, and sharing one line made every launch pull it back
+    /// and forth between the submitter's core and the runner's.
+    submit: super::command::CacheLine<Submitted>,
     completed: AtomicU64,
     waiters: AtomicUsize,
     lock: Mutex<()>,
     cv: Condvar,
-    /// CPU of the thread that submitted last (`u32::MAX`: none yet); a hint, never ordered.
-    submitter_cpu: std::sync::atomic::AtomicU32,
     /// CPU of the engine worker that began running the stream last; a hint, never ordered.
     runner_cpu: std::sync::atomic::AtomicU32,
+}
+
+/// The submitters' side of [`Completion`].
+struct Submitted {
+    submitted: AtomicU64,
+    /// CPU of the thread that submitted last (`u32::MAX`: none yet); a hint, never ordered.
+    submitter_cpu: std::sync::atomic::AtomicU32,
 }
 
 impl Completion {
     pub(crate) fn new() -> Self {
         Completion {
-            submitted: AtomicU64::new(0),
+            submit: super::command::CacheLine(Submitted {
+                submitted: AtomicU64::new(0),
+                submitter_cpu: std::sync::atomic::AtomicU32::new(u32::MAX),
+            }),
             completed: AtomicU64::new(0),
             waiters: AtomicUsize::new(0),
             lock: Mutex::new(()),
             cv: Condvar::new(),
-            submitter_cpu: std::sync::atomic::AtomicU32::new(u32::MAX),
             runner_cpu: std::sync::atomic::AtomicU32::new(u32::MAX),
         }
     }
@@ -51,20 +61,22 @@ impl Completion {
     /// Whether the last submitter ran on the calling thread's core: a worker lingering for
     /// its next command must then yield, or the submitter cannot run to send it.
     pub(crate) fn submitter_shares_core(&self) -> bool {
-        self.submitter_cpu
+        self.submit
+            .submitter_cpu
             .load(std::sync::atomic::Ordering::Relaxed)
             == current_cpu()
     }
 
     /// Count one more submitted command; returns the new total.
     pub(crate) fn submit(&self) -> u64 {
-        self.submitter_cpu
+        self.submit
+            .submitter_cpu
             .store(current_cpu(), std::sync::atomic::Ordering::Relaxed);
-        self.submitted.fetch_add(1, Ordering::SeqCst) + 1
+        self.submit.submitted.fetch_add(1, Ordering::SeqCst) + 1
     }
 
     pub(crate) fn submitted(&self) -> u64 {
-        self.submitted.load(Ordering::SeqCst)
+        self.submit.submitted.load(Ordering::SeqCst)
     }
 
     pub(crate) fn completed(&self) -> u64 {

@@ -54,7 +54,7 @@ use crate::event::{Event, Wake};
 use crate::memory::access::PendingWork;
 use crate::trace;
 use capture::Session;
-use command::{Command, CommandQueue};
+use command::{Command, Commands};
 pub use command::{FnOp, Op, OpKind};
 use completion::Completion;
 use engine::{EngineKind, Engines};
@@ -98,7 +98,7 @@ pub(crate) struct StreamInner {
     non_blocking: bool,
     /// Commands queued and not yet run; a runner that takes one but cannot run it yet
     /// (engine hand-off, time slice, event wait) puts it back first.
-    queue: Mutex<CommandQueue>,
+    queue: Commands,
     state: AtomicU8,
     done: Completion,
     /// A lower bound of `done.completed()` seen by launchers: the back-pressure check reads
@@ -237,7 +237,7 @@ impl Stream {
             level: (priority - PRIORITY_HIGHEST) as usize,
             is_default,
             non_blocking,
-            queue: Mutex::new(CommandQueue::default()),
+            queue: Commands::default(),
             state: AtomicU8::new(IDLE),
             done: Completion::new(),
             completed_floor: AtomicU64::new(0),
@@ -387,7 +387,7 @@ impl Stream {
                 return Ok(true);
             }
             let s = &self.0;
-            let releasing = s.done.is_idle() && s.queue.lock().is_empty();
+            let releasing = s.done.is_idle() && s.queue.is_empty();
             if !releasing || Instant::now() >= until {
                 return Ok(false);
             }
@@ -423,7 +423,7 @@ impl Stream {
         // The op's allocations must be free now: the caller may hold a lock of its own (the
         // Python bindings hold the interpreter's, which a kernel holding them may need), so
         // it never blocks here; contended, the op is queued and waited for instead.
-        let held = (s.done.is_idle() && s.queue.lock().is_empty())
+        let held = (s.done.is_idle() && s.queue.is_empty())
             .then(|| op.accesses().try_acquire())
             .flatten();
         let idle = held.is_some();
@@ -519,7 +519,7 @@ impl Stream {
         if trace::enabled() {
             trace_enqueue(s, &cmd);
         }
-        s.queue.lock().push(cmd);
+        s.queue.push(cmd, s.exec.options.batching());
         // Load first: a stream already running (the common case in a launch loop) is only
         // read, where a failing compare-exchange would still take its cache line from the
         // runner.
@@ -919,7 +919,7 @@ fn schedule(s: &Arc<StreamInner>, kind: Option<OpKind>) {
 /// Returns true when the caller owns it again.
 fn release_stream(s: &Arc<StreamInner>) -> bool {
     s.state.store(IDLE, Ordering::SeqCst);
-    if !s.queue.lock().is_empty()
+    if !s.queue.is_empty()
         && s.state
             .compare_exchange(IDLE, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
@@ -977,7 +977,7 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
     let mut ran = 0u32;
     let began = Instant::now();
     loop {
-        let cmd = s.queue.lock().pop();
+        let cmd = s.queue.pop();
         let Some(cmd) = cmd else {
             if let Runner::Engine(mine) = runner {
                 // A command counted (`submitted`) but not yet pushed is microseconds away.
@@ -994,7 +994,7 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
         if let Runner::Caller(Some(until)) = runner {
             if Instant::now() >= until {
                 let kind = cmd.kind();
-                s.queue.lock().put_back(cmd);
+                s.queue.put_back(cmd);
                 s.state.store(QUEUED, Ordering::SeqCst);
                 schedule(s, kind);
                 return;
@@ -1003,7 +1003,7 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
         if let Runner::Engine(mine) = runner {
             if let Some(want) = Engines::target(s.exec.options.pipelining(), cmd.kind()) {
                 if want != mine {
-                    s.queue.lock().put_back(cmd);
+                    s.queue.put_back(cmd);
                     s.state.store(QUEUED, Ordering::SeqCst);
                     s.exec.engines.get(want).push(s.clone());
                     return;
@@ -1013,7 +1013,7 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
             if (ran >= SLICE || began.elapsed() >= TIME_SLICE)
                 && s.exec.engines.get(mine).has_waiting(s.level)
             {
-                s.queue.lock().put_back(cmd);
+                s.queue.put_back(cmd);
                 s.state.store(QUEUED, Ordering::SeqCst);
                 s.exec.engines.get(mine).push(s.clone());
                 return;
@@ -1108,7 +1108,7 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
         }
         Command::Wait(ev, id) => {
             if ev.park_unless_complete(id, s.clone(), || {
-                s.queue.lock().put_back(Command::Wait(ev.clone(), id));
+                s.queue.put_back(Command::Wait(ev.clone(), id));
                 s.state.store(BLOCKED, Ordering::SeqCst);
             }) {
                 check_wait(s, &ev);
@@ -1129,7 +1129,7 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
                         let id = ev.recorded();
                         if id != 0
                             && !ev.park_unless_complete(id, s.clone(), || {
-                                s.queue.lock().put_back(Command::Graph(g.clone(), i));
+                                s.queue.put_back(Command::Graph(g.clone(), i));
                                 s.state.store(BLOCKED, Ordering::SeqCst);
                             })
                         {
@@ -1141,7 +1141,7 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
                     Node::RecordId(ev, id) => ev.complete(*id),
                     Node::WaitId(ev, id) => {
                         if !ev.park_unless_complete(*id, s.clone(), || {
-                            s.queue.lock().put_back(Command::Graph(g.clone(), i));
+                            s.queue.put_back(Command::Graph(g.clone(), i));
                             s.state.store(BLOCKED, Ordering::SeqCst);
                         }) {
                             return Step::Blocked;
@@ -1161,7 +1161,7 @@ pub(crate) fn unblock(s: &Arc<StreamInner>) {
         .compare_exchange(BLOCKED, QUEUED, Ordering::SeqCst, Ordering::SeqCst)
         .is_ok()
     {
-        let kind = s.queue.lock().first_kind();
+        let kind = s.queue.first_kind();
         schedule(s, kind);
     }
 }
