@@ -1,4 +1,4 @@
-"""Seed example 1: initialise and query the devices."""
+"""Example 1: initialise and query the devices."""
 
 import runtime
 

@@ -1,4 +1,4 @@
-"""Seed example 2: allocate device memory, copy in and out, free."""
+"""Example 2: allocate device memory, copy in and out, free."""
 
 import numpy as np
 

@@ -1,4 +1,4 @@
-"""Seed example 3: a stream, two events, a device-to-device copy, timing."""
+"""Example 3: a stream, two events, a device-to-device copy, timing."""
 
 import runtime
 

@@ -1,4 +1,4 @@
-"""Seed example 4: submit copies on three streams in parallel, then one barrier."""
+"""Example 4: submit copies on three streams in parallel, then one barrier."""
 
 import numpy as np
 
@@ -11,7 +11,7 @@ stream1 = runtime.Stream(device)
 stream2 = runtime.Stream(device)
 stream3 = runtime.Stream(device)
 
-# The Ascend runtime tour leaves the data out; here are three inputs and three outputs.
+# Three inputs and three outputs for the three copies.
 n = 1 << 20
 data1, data2, data3 = (runtime.to_device(np.full(n, k, np.float32)) for k in (1, 2, 3))
 result1, result2, result3 = (runtime.empty(n, np.float32) for _ in range(3))

@@ -1,8 +1,24 @@
 #!/usr/bin/env bash
 # Every test, Rust and Python: builds and installs the wheel, then runs cargo test and pytest.
 # Usage: bash scripts/test.sh [extra pytest args]
+#
+# It installs into the Python that `python3` runs (the active virtualenv, if any): the test
+# tools (maturin, numpy, pytest, hypothesis), the optional atheris, mpi4py and mpich, and this
+# package's wheel (runtime-vdev, replacing any installed one). Activate a virtualenv first to
+# keep them out of the system Python: python3 -m venv .venv && . .venv/bin/activate.
+# CI (.ci/run) relies on the wheel being installed there afterwards.
+#
+# Build products stay in target/ (cargo's cache, so the next run is fast): 1.2 GB in a fresh
+# clone with the workspace's dev profile (line tables only, no debug info for dependencies).
+# `cargo clean` removes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+py=$(python3 -c 'import sys; print(sys.executable)')
+if python3 -c 'import sys; sys.exit(sys.prefix != sys.base_prefix)'; then
+  echo "scripts/test.sh: installing the test tools and the wheel into $py (no virtualenv is active)"
+else
+  echo "scripts/test.sh: installing the test tools and the wheel into the virtualenv of $py"
+fi
 python3 -m pip install -q "maturin>=1.5,<2" numpy pytest hypothesis
 # Optional: atheris runs the 10 s argument fuzz; without it that one test is skipped.
 python3 -m pip install -q atheris 2>/dev/null || echo "atheris not installable: its fuzz test will be skipped"
@@ -12,7 +28,28 @@ python3 -m pip install -q mpi4py mpich 2>/dev/null || echo "mpi4py/mpich not ins
 cargo test --workspace
 rm -rf target/wheels
 maturin build --release -q -o target/wheels
-python3 -m pip install -q --force-reinstall --no-deps target/wheels/runtime-*.whl
+# The distribution is runtime-vdev (import name: runtime); wheel files spell it runtime_vdev.
+wheels=(target/wheels/runtime_vdev-*.whl)
+if [ "${#wheels[@]}" -ne 1 ] || [ ! -f "${wheels[0]}" ]; then
+  echo "scripts/test.sh: expected one wheel target/wheels/runtime_vdev-*.whl, found: ${wheels[*]}" >&2
+  exit 1
+fi
+# This project was once installed under the distribution name "runtime" (taken on PyPI by an
+# unrelated package): drop such an install of ours, recognised by its extension module, so that
+# two distributions do not claim the same files.
+python3 - <<'EOF'
+import importlib.metadata as md
+import subprocess
+import sys
+
+try:
+    files = md.distribution("runtime").files or []
+except md.PackageNotFoundError:
+    files = []
+if any(str(f).startswith("runtime/_runtime") for f in files):
+    subprocess.check_call([sys.executable, "-m", "pip", "uninstall", "-q", "-y", "runtime"])
+EOF
+python3 -m pip install -q --force-reinstall --no-deps "${wheels[0]}"
 # Run from tests/ so that the installed package, not the source tree, is imported.
 set +e
 (cd tests && python3 -m pytest -q -p no:cacheprovider "$@" .)

@@ -76,7 +76,7 @@ def write(path, text: str) -> str:
         (["--device-count", "0"], ["device_count", "0"]),
         (["--device-count", "-1"], ["device_count", "-1"]),
         (["--device-count", "1000"], ["device_count", "1000"]),
-        (["--device-count", "x"], ["--device-count", "'x'"]),
+        (["--device-count", "x"], ["--device-count", '"x"', "as an integer"]),
         (["--no-such-flag"], ["--no-such-flag"]),
     ],
 )
@@ -87,6 +87,49 @@ def test_devices_bad_arguments(tmp_path, args, needles):
 def test_devices_bad_environment(tmp_path):
     out = run_cli(tmp_path, env=_env(RUNTIME_DEVICE_COUNT="many"))
     assert_usage_error(out, "RUNTIME_DEVICE_COUNT", "many")
+
+
+def _error_text(out: subprocess.CompletedProcess) -> str:
+    return assert_usage_error(out).split(": error: ", 1)[1]
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "65", str(2**70), str(-(2**70))])
+def test_every_device_count_out_of_range_gets_one_wording(tmp_path, value):
+    """The flag, the keyword and the environment variable: one rule, one wording (the core's)."""
+    flag = _error_text(run_cli(tmp_path, "--device-count", value))
+    assert flag == f"device_count must be between 1 and 64, got {value}"
+    env = _error_text(run_cli(tmp_path, env=_env(RUNTIME_DEVICE_COUNT=value)))
+    assert env == f"RUNTIME_DEVICE_COUNT must be between 1 and 64, got {value}"
+
+
+def test_a_device_count_that_is_not_an_integer_gets_the_environments_wording(tmp_path):
+    flag = _error_text(run_cli(tmp_path, "--device-count", "two"))
+    env = _error_text(run_cli(tmp_path, env=_env(RUNTIME_DEVICE_COUNT="two")))
+    assert flag == '--device-count: cannot parse "two" as an integer'
+    assert env == 'RUNTIME_DEVICE_COUNT: cannot parse "two" as an integer'
+
+
+@pytest.mark.parametrize("args", [["--memory", "-5GiB"], ["--memory=-5GiB"]])
+def test_a_negative_memory_reaches_the_size_check(tmp_path, args):
+    """argparse would take "-5GiB" for a flag ("expected one argument"): the value is passed
+    on, and the size parser refuses it in the wording every bad size gets."""
+    text = _error_text(run_cli(tmp_path, *args))
+    assert text.startswith('memory: cannot parse "-5GiB" as a byte size'), text
+    env = _error_text(run_cli(tmp_path, env=_env(RUNTIME_DEVICE_MEMORY="-5GiB")))
+    assert env.startswith('RUNTIME_DEVICE_MEMORY: cannot parse "-5GiB" as a byte size'), env
+
+
+def test_a_value_starting_with_a_dash_is_not_taken_for_a_flag_it_is_not(tmp_path):
+    out = run_cli(tmp_path, "--profile", "--json")  # --json is a flag: --profile lacks a value
+    assert_usage_error(out, "--profile", "expected one argument")
+
+
+def test_usage_line_shows_the_sub_commands(tmp_path):
+    out = run_cli(tmp_path, "--help")
+    assert out.returncode == 0, out.stderr
+    usage = out.stdout.split("\n\n", 1)[0]
+    assert usage.startswith("usage: python -m runtime [--json]"), usage
+    assert "python -m runtime bench" in usage and "python -m runtime trace-plot" in usage, usage
 
 
 def test_devices_good_arguments(tmp_path):
@@ -304,6 +347,34 @@ def test_trace_plot_without_matplotlib(tmp_path):
     out = run_cli(tmp_path, "trace-plot", trace, str(tmp_path / "out.png"), code=NO_MATPLOTLIB)
     assert_usage_error(out, "matplotlib", "pip install matplotlib")
     assert not (tmp_path / "out.png").exists()
+
+
+@pytest.mark.parametrize("name", ["out.txt", "out"])
+def test_trace_plot_refuses_a_picture_format_matplotlib_cannot_write(tmp_path, name):
+    pytest.importorskip("matplotlib")
+    trace = write(tmp_path / "trace.json", json.dumps(GOOD_TRACE))
+    path = str(tmp_path / name)
+    assert_usage_error(run_cli(tmp_path, "trace-plot", trace, path), path, ".png", ".svg")
+    assert not (tmp_path / name).exists()
+
+
+def test_trace_plot_legend_leaves_the_spans_uncovered():
+    """The legend sits right of the axes, so it cannot hide the spans that end last."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from runtime.trace import timeline_figure
+
+    fig = timeline_figure(GOOD_TRACE["traceEvents"], "t")
+    try:
+        fig.canvas.draw()
+        (ax,) = fig.axes
+        legend = ax.get_legend().get_window_extent()
+        axes = ax.get_window_extent()
+        assert legend.x0 >= axes.x1, (legend, axes)
+        assert legend.x1 <= fig.bbox.x1 + 1, (legend, fig.bbox)  # and inside the picture
+    finally:
+        plt.close(fig)
 
 
 def test_trace_plot_output_in_a_missing_folder(tmp_path):

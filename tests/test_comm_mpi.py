@@ -3,7 +3,7 @@
 Each case launches ``mpiexec -n N python mpi_collectives.py ...`` (every collective x op x
 dtype x size, checked against numpy in every process) and checks that every process reported
 success. Skipped, with the reason, where mpi4py or mpiexec is missing
-(``pip install "runtime[mpi]"`` installs both).
+(``pip install ".[mpi]"`` from a checkout installs both).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ def _skip_reason() -> str | None:
     try:
         import mpi4py  # noqa: F401
     except ImportError:
-        return 'mpi4py is not installed (pip install "runtime[mpi]")'
+        return "mpi4py is not installed (pip install mpi4py mpich)"
     if _mpiexec() is None:
-        return 'no mpiexec on PATH or beside the interpreter (pip install "runtime[mpi]")'
+        return "no mpiexec on PATH or beside the interpreter (pip install mpi4py mpich)"
     return None
 
 

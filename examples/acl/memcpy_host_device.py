@@ -7,6 +7,9 @@ An equivalent, written for this project, of Ascend/samples
 Run it as on an NPU, through ``python -m runtime.acl`` (or ``python`` where CANN is installed):
 
     python -m runtime.acl examples/acl/memcpy_host_device.py --release_cycle 2 --write_back_host
+
+Without arguments it runs 2 release cycles and ends; the Ascend sample's default,
+``--release_cycle -1``, repeats until interrupted (Ctrl-C), here as there.
 """
 
 import argparse
@@ -60,7 +63,12 @@ def mem_report(cycle, release):
 
 def parse():
     p = argparse.ArgumentParser()
-    p.add_argument("--release_cycle", type=int, default=-1, help="Specify the release period")
+    p.add_argument(
+        "--release_cycle",
+        type=int,
+        default=2,
+        help="Specify the release period (default 2; -1 repeats until Ctrl-C, the Ascend sample's default)",
+    )
     p.add_argument(
         "--number_of_cycles", type=int, default=1, help="The number of overall process cycles"
     )

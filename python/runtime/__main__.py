@@ -1,7 +1,7 @@
 """Command line: ``python -m runtime`` shows the devices (an npu-smi-like table).
 
 Installed as ``runtime-smi`` too. Sub-commands: ``bench`` (the Ascend 910 reference table
-beside the peers), ``trace-plot``.
+beside the peers), ``trace-plot`` (a trace as a timeline picture; needs matplotlib).
 Bad input on any of them is one ``python -m runtime...: error: ...`` line on stderr and exit
 code 2 (``runtime._cli``).
 """
@@ -76,22 +76,37 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _show_devices(argv: list[str] | None) -> int:
+    prog = _prog()
+    pad = " " * len("usage: ")
     ap = _cli.ArgumentParser(
-        prog=_prog(),
-        description="Show the runtime's virtual devices. Sub-commands: 'bench' (performance "
-        "table beside the peers; see 'python -m runtime bench --help'), 'trace-plot TRACE.json OUT.png'.",
+        prog=prog,
+        usage=(
+            f"{prog} [--json] [--version] [--device-count N] [--memory SIZE] [--profile NAME]\n"
+            f"{pad}{prog} bench [--quick] [...]          (see '{prog} bench --help')\n"
+            f"{pad}{prog} trace-plot TRACE.json OUT.png  (needs matplotlib: the 'plot' extra)"
+        ),
+        description="Show the runtime's virtual devices (memory in use, capacity and the "
+        "profile's modelled figures). Sub-commands: 'bench' measures the runtime beside its "
+        "peers; 'trace-plot' draws a trace written by runtime.profile().",
     )
     ap.add_argument("--json", action="store_true", help="print the device list as JSON")
     ap.add_argument("--version", action="store_true", help="print the version and exit")
     ap.add_argument(
-        "--device-count", type=int, default=None, help="number of devices (default: env or 8)"
+        "--device-count",
+        type=_cli.integer("--device-count"),
+        default=None,
+        metavar="N",
+        help="number of devices, 1 to 64 (default: RUNTIME_DEVICE_COUNT or 8)",
     )
     ap.add_argument(
         "--memory",
         default=None,
+        metavar="SIZE",
         help='memory per device, e.g. "16GiB" (KiB/MiB/GiB are powers of 1024; KB/MB/GB powers of 1000)',
     )
-    ap.add_argument("--profile", default=None, help="device profile: ascend910 or host")
+    ap.add_argument(
+        "--profile", default=None, metavar="NAME", help="device profile: ascend910 or host"
+    )
     a = ap.parse_args(argv)
     if a.version:
         print(f"runtime {runtime.__version__}")

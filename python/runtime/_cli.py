@@ -24,10 +24,46 @@ class UsageError(Exception):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is a ``UsageError`` (one line) instead of usage text + exit."""
+    """argparse, but a bad flag is a ``UsageError`` (one line) instead of usage text + exit,
+    and an option's value may start with ``-`` (``--memory -5GiB`` reaches the check of the
+    value, which refuses it in its own words, instead of argparse's "expected one argument")."""
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see '{self.prog} --help')")
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(self._attach_dash_values(argv), namespace)
+
+    def _attach_dash_values(self, argv: list[str]) -> list[str]:
+        """``--flag -x`` as ``--flag=-x`` for each option that takes one value, when ``-x`` is
+        not itself an option of this parser."""
+        takes_value = {
+            s
+            for a in self._actions
+            if isinstance(a, argparse._StoreAction) and a.nargs is None
+            for s in a.option_strings
+        }
+        known = {s for a in self._actions for s in a.option_strings}
+        out: list[str] = []
+        i = 0
+        while i < len(argv):
+            tok = argv[i]
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if (
+                tok in takes_value
+                and tok.startswith("--")
+                and nxt is not None
+                and nxt.startswith("-")
+                and nxt.split("=", 1)[0] not in known
+                and nxt != "--"
+            ):
+                out.append(f"{tok}={nxt}")
+                i += 2
+                continue
+            out.append(tok)
+            i += 1
+        return out
 
 
 def one_line(text: str) -> str:
@@ -49,6 +85,21 @@ def init(**kwargs) -> None:
         runtime.init(**kwargs)
     except (ValueError, TypeError, OverflowError) as e:
         raise UsageError(str(e)) from e
+
+
+def integer(flag: str) -> Callable[[str], int]:
+    """An argparse ``type`` for an integer option: text that is not an integer is refused in
+    the core's wording for ``RUNTIME_DEVICE_COUNT`` (``NAME: cannot parse "x" as an integer``);
+    the range is left to the check that owns it (``runtime.init``)."""
+
+    def parse(text: str) -> int:
+        try:
+            return int(text.strip(), 10)
+        except ValueError:
+            raise UsageError(f'{flag}: cannot parse "{text}" as an integer') from None
+
+    parse.__name__ = "integer"
+    return parse
 
 
 def _named(path: str, flag: str) -> str:

@@ -98,7 +98,7 @@ def _mpi():
     except ImportError as e:
         raise ImportError(
             "runtime's MPI communicators need mpi4py and an MPI library: "
-            'pip install "runtime[mpi]" (mpi4py and mpich)'
+            "pip install mpi4py mpich (the package's 'mpi' extra)"
         ) from e
     return MPI
 
@@ -895,7 +895,7 @@ def init_mpi(devices=None, mpi_comm=None, timeout: float | None = 300.0) -> list
     device; processes may drive different numbers of devices. Global ranks number process 0's
     devices first, in the order given. ``timeout``: seconds any one operation (and this call)
     waits for its peers before it fails and breaks the communicator (None: wait forever).
-    Needs ``runtime.init()`` first and ``mpi4py`` (``pip install "runtime[mpi]"``).
+    Needs ``runtime.init()`` first and ``mpi4py`` (``pip install mpi4py mpich``, the ``mpi`` extra).
     """
     global _SERIAL_LOCK, _MPI_MOD
     MPI = _mpi()

@@ -165,6 +165,18 @@ def plot(trace_path: str, out_path: str) -> None:
 
 
 def _draw(spans: list[dict[str, Any]], title: str, out_path: str) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = timeline_figure(spans, title)
+    try:
+        fig.savefig(out_path, dpi=110)
+    finally:
+        plt.close(fig)
+
+
+def timeline_figure(spans: list[dict[str, Any]], title: str):
+    """The matplotlib figure ``plot`` saves: one lane per (device, stream), one colour per
+    command name, the legend outside the axes. The caller closes it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -184,18 +196,26 @@ def _draw(spans: list[dict[str, Any]], title: str, out_path: str) -> None:
             )
     ax.set_yticks(range(len(lanes)), [f"device {p} / stream {t}" for p, t in lanes])
     ax.set_xlabel("time (ms)")
+    # The legend sits right of the axes, never over the spans (the last ones end at the right).
     ax.legend(
         handles=[plt.Rectangle((0, 0), 1, 1, color=colors[n]) for n in names],
         labels=names,
-        loc="upper right",
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        borderaxespad=0.0,
         fontsize="small",
     )
     ax.set_title(title)
     fig.tight_layout()
-    try:
-        fig.savefig(out_path, dpi=110)
-    finally:
-        plt.close(fig)
+    return fig
+
+
+def picture_formats() -> list[str]:
+    """The file extensions matplotlib's Agg canvas writes (png, pdf, svg, ...), sorted."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    return sorted(FigureCanvasAgg(Figure()).get_supported_filetypes())
 
 
 def plot_main(argv: list[str] | None) -> int:
@@ -223,8 +243,17 @@ def _plot_main(argv: list[str] | None) -> int:
         import matplotlib  # noqa: F401
     except ImportError as e:
         raise _cli.UsageError(
-            "drawing a trace needs matplotlib, which is not installed: pip install matplotlib"
+            "drawing a trace needs matplotlib, which is not installed: pip install matplotlib "
+            "(the package's 'plot' extra)"
         ) from e
+    formats = picture_formats()
+    ext = os.path.splitext(a.out)[1].lstrip(".").lower()
+    if ext not in formats:
+        what = f"a .{ext} file" if ext else "a file without an extension"
+        raise _cli.UsageError(
+            f"{a.out}: matplotlib cannot write {what}; name the picture with one of "
+            f"{', '.join('.' + f for f in formats)}"
+        )
     try:
         _draw(spans, os.path.basename(a.trace), a.out)
     except OSError as e:

@@ -48,8 +48,8 @@ pub enum ConfigError {
     OutOfRange {
         /// Which setting.
         name: String,
-        /// The value given.
-        value: u64,
+        /// The value given, as decimal text (it may be negative, or too large for `u64`).
+        value: String,
         /// Smallest allowed value.
         min: u64,
         /// Largest allowed value.

@@ -3,8 +3,8 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyString};
-use runtime_core::config::ConfigBuilder;
+use pyo3::types::{PyBool, PyDict, PyInt, PyString};
+use runtime_core::config::{self, ConfigBuilder};
 use runtime_core::runtime as rt;
 
 use crate::convert::type_name;
@@ -26,17 +26,25 @@ pub fn init(
         None => None,
         Some(o) if o.is_none() => None,
         Some(o) => {
+            // The core checks the range and owns its wording, for every int of any size or
+            // sign alike (as it does for RUNTIME_DEVICE_COUNT).
             if o.is_instance_of::<PyBool>() {
                 return Err(PyTypeError::new_err(
                     "device_count must be an int, got bool",
                 ));
             }
-            Some(o.extract::<u64>().map_err(|_| {
-                PyValueError::new_err(format!(
-                    "device_count must be a positive int, got {}",
-                    o.repr().map(|r| r.to_string()).unwrap_or_default()
-                ))
-            })?)
+            let text = if let Ok(n) = o.extract::<i128>() {
+                n.to_string()
+            } else if o.is_instance_of::<PyInt>() {
+                o.str()?.to_string() // beyond i128: out of range all the same
+            } else {
+                // ValueError, as this binding has always raised for a non-int count.
+                return Err(PyValueError::new_err(format!(
+                    "device_count must be an int, got {}",
+                    type_name(o)
+                )));
+            };
+            Some(config::parse_device_count("device_count", &text).map_err(|e| RtErr(e.into()))?)
         }
     };
     let memory = match memory {

@@ -62,7 +62,10 @@ def _parser():
         help="write a PNG bar chart of runtime / best peer (needs matplotlib)",
     )
     ap.add_argument(
-        "--quick", action="store_true", help="smoke run (< 30 s): fewer repetitions, smaller sizes"
+        "--quick",
+        action="store_true",
+        help="smoke run (under 30 s; a few seconds on 2 cores): fewer repetitions, smaller "
+        "sizes; its verdicts only call ratios 2x or more from a goal (NEAR otherwise)",
     )
     ap.add_argument(
         "--rows",
@@ -107,7 +110,7 @@ def _parser():
         "--mpi",
         action="store_true",
         help="instead: all_reduce over MPI beside raw mpi4py, 4 KiB..256 MiB, under mpiexec "
-        "(needs mpi4py: pip install 'runtime[mpi]'); honours --quick and --json",
+        "(needs mpi4py and mpiexec: pip install mpi4py mpich, the 'mpi' extra); honours --quick and --json",
     )
     ap.add_argument("--np", type=_positive_int, default=2, help="processes for --mpi (default 2)")
     return ap

@@ -31,22 +31,25 @@ class Config:
 
     def __init__(self, quick: bool, reps: int | None = None):
         self.quick = quick
+        # Quick mode keeps the sample counts that the printed ratios need (their confidence
+        # intervals come from order statistics: 15 pairs give a ~96 % interval between the 4th
+        # and the 12th) and shrinks the work per sample instead.
         self.reps = reps or (20 if quick else 300)  # latency rows
-        self.warmup = 3 if quick else 30
+        self.warmup = 5 if quick else 30
         self.budget_s = 0.15 if quick else 2.0  # per latency cell, after the minimum reps
-        self.min_reps = 5
+        self.min_reps = 15 if quick else 5
         self.batch = 8  # ops per sample in latency rows
         self.big = (16 if quick else 64) * MiB  # the "large copy" size
-        self.big_reps = 8 if quick else 40
-        self.n_launch = 2000 if quick else 10_000  # native no-op launches per sample
-        self.n_pylaunch = 500 if quick else 2000  # Python-callable launches per sample
-        self.loop_reps = 4 if quick else 10  # samples of the N-launch rows
+        self.big_reps = 30 if quick else 40
+        self.n_launch = 1000 if quick else 10_000  # native no-op launches per sample
+        self.n_pylaunch = 250 if quick else 2000  # Python-callable launches per sample
+        self.loop_reps = 15 if quick else 10  # samples of the N-launch rows
         self.graph_nodes = 100
-        self.graph_replays = 20 if quick else 100  # replays per amortised sample
+        self.graph_replays = 10 if quick else 100  # replays per amortised sample
         self.pipe_chunks = 8
         self.pipe_chunk = (1 if quick else 4) * MiB
-        self.pipe_reps = 5 if quick else 20
+        self.pipe_reps = 15 if quick else 20
         self.mm_n = 128 if quick else 256
-        self.mm_per_stream = 8 if quick else 32
+        self.mm_per_stream = 16 if quick else 32
         self.mm_streams = 4
-        self.mm_reps = 3 if quick else 9
+        self.mm_reps = 15 if quick else 21

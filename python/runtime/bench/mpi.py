@@ -129,10 +129,12 @@ def run(np_: int = 2, quick: bool = False, json_path: str | None = None) -> int:
     try:
         import mpi4py  # noqa: F401
     except ImportError as e:
-        raise UsageError('--mpi needs mpi4py and mpiexec: pip install "runtime[mpi]"') from e
+        raise UsageError(
+            "--mpi needs mpi4py and mpiexec: pip install mpi4py mpich (the 'mpi' extra)"
+        ) from e
     exe = _mpiexec()
     if exe is None:
-        raise UsageError('--mpi needs mpiexec on PATH: pip install "runtime[mpi]"')
+        raise UsageError("--mpi needs mpiexec on PATH: pip install mpi4py mpich (the 'mpi' extra)")
     sizes = QUICK_SIZES if quick else SIZES
     rounds = 3 if quick else 7
     cmd = [exe, "-n", str(np_), sys.executable, "-m", "runtime.bench.mpi", "--worker"]

@@ -31,7 +31,7 @@ def summarise_row(row: Row, res: dict) -> dict:
         peers = [
             (c["median_us"], p)
             for p, c in res.items()
-            if p != "runtime" and c.get("status") == "ok"
+            if p != "runtime" and p not in row.references and c.get("status") == "ok"
         ]
         if peers:
             best, name = min(peers)
@@ -45,8 +45,36 @@ def summarise_row(row: Row, res: dict) -> dict:
     return d
 
 
+def paired_ratio(num: list[float], den: list[float]) -> tuple[float, float, float] | None:
+    """The ratio of two cells measured in turn (``run._interleave``): the median of the
+    per-round ratios ``num[i] / den[i]``, with a distribution-free ~95 % confidence interval
+    for that median (order statistics of the binomial(n, 1/2) law; no normality assumed).
+
+    Pairing by round cancels load that slows both cells of a round alike. ``None`` without
+    at least 5 usable pairs (with fewer the interval would be every value seen).
+    """
+    pairs = sorted(a / b for a, b in zip(num, den) if b > 0)
+    n = len(pairs)
+    if n < 5:
+        return None
+    # The largest k with P(Binomial(n, 1/2) < k) <= 2.5 %: [pairs[k-1], pairs[n-k]] covers
+    # the median with probability >= 95 % (n = 5: k = 1, the whole range, 93.75 %).
+    k, cdf, term = 0, 0.0, 0.5**n
+    while True:
+        nxt = cdf + term
+        if nxt > 0.025 or k >= n // 2:
+            break
+        cdf = nxt
+        k += 1
+        term = term * (n - k + 1) / k
+    k = max(k, 1)
+    mid = pairs[n // 2] if n % 2 else (pairs[n // 2 - 1] + pairs[n // 2]) / 2
+    return mid, pairs[k - 1], pairs[n - k]
+
+
 def add_group_ratios(rows: list[dict]):
-    """Speed-up over 1 stream for the scaling rows; pipelining on/off ratio."""
+    """Speed-up over 1 stream for the scaling rows; pipelining on/off ratio (of the medians;
+    ``check_targets`` adds its estimate and verdict)."""
     base = next((r for r in rows if r["key"] == "matmul_streams_1"), None)
     for r in rows:
         if base and r["key"].startswith("matmul_streams_"):
@@ -60,6 +88,50 @@ def add_group_ratios(rows: list[dict]):
         a, b = on["results"].get("runtime", {}), off["results"].get("runtime", {})
         if a.get("status") == "ok" and b.get("status") == "ok":
             off["pipelining_speedup"] = b["median_us"] / a["median_us"]
+
+
+def verdict(ratio: tuple[float, float, float], goal: float, margin: float, lower_is_better=True):
+    """PASS / MISS / NEAR for a paired ratio ``(median, lo, hi)`` against ``goal``.
+
+    PASS or MISS only when the whole confidence interval, widened by ``margin`` (a fraction:
+    the drift between runs that one run cannot see), lies on one side of the goal; otherwise
+    NEAR: this run cannot tell, the ratio is within noise of the goal.
+    """
+    mid, lo, hi = ratio
+    lo, hi = min(lo, mid / (1 + margin)), max(hi, mid * (1 + margin))
+    good, bad = (hi <= goal, lo > goal) if lower_is_better else (lo >= goal, hi < goal)
+    return "PASS" if good else "MISS" if bad else "NEAR"
+
+
+#: How far from its goal a ratio must be for a verdict. The full run judges from the median of
+#: the per-round ratios and its confidence interval, widened by 5 % for the drift between runs.
+#: The quick run (a smoke run of a few seconds) judges from the ratio of the two cells' best
+#: samples, the figure least disturbed by other processes, and calls only a factor of 2: on a
+#: shared 2-core host some ratios change between runs with where the threads land (a copy's
+#: helper thread sharing a core or not: 0.55x one run, 1.0x the next), which no sample count
+#: inside one run can see.
+FULL_MARGIN = 0.05
+QUICK_MARGIN = 1.0
+
+
+def ratio_estimate(num: list[float], den: list[float], quick: bool):
+    """``(ratio, lo, hi)`` of cell ``num`` over cell ``den``: in quick mode the ratio of their
+    best samples (``lo == hi``), otherwise ``paired_ratio``; ``None`` without samples."""
+    if quick:
+        if not num or not den or min(den) <= 0:
+            return None
+        r = min(num) / min(den)
+        return r, r, r
+    return paired_ratio(num, den)
+
+
+def pipelining_verdict(row: dict) -> str | None:
+    """ "on faster" / "off faster" / "no clear difference", from the ratio off / on."""
+    est = row.get("pipelining_estimate")
+    if not est:
+        return None
+    v = verdict(tuple(est), 1.0, row["pipelining_margin"], lower_is_better=False)
+    return {"PASS": "on faster", "MISS": "off faster", "NEAR": "no clear difference"}[v]
 
 
 # --------------------------------------------------------------------------------------
@@ -84,8 +156,55 @@ def check_targets(rows, cfg: Config, peers: Peers) -> list[dict]:
     def add(name, status, detail):
         out.append({"target": name, "status": status, "detail": detail})
 
-    def compare(name, key, peer, factor, peer_key=None, peer_label=None):
-        """runtime median of ``key`` <= factor x peer median of ``peer_key``."""
+    quick = cfg.quick
+    margin = QUICK_MARGIN if quick else FULL_MARGIN
+    on, off = _row(rows, "pipeline_on"), _row(rows, "pipeline_off")
+    if on is not None and off is not None:
+        a, b = on["results"].get("runtime", {}), off["results"].get("runtime", {})
+        if a.get("status") == "ok" and b.get("status") == "ok":
+            # Judged by the full run only: with a copy engine beside compute the pipeline needs
+            # more threads at once, so on a shared 2-core host a short run's ratio moves with
+            # the load (x0.5-x1.5 in quick runs at load average 8), not with the option.
+            est = None if quick else ratio_estimate(b["samples_us"], a["samples_us"], False)
+            if est:
+                off["pipelining_estimate"] = list(est)
+                off["pipelining_margin"] = margin
+                off["pipelining_verdict"] = pipelining_verdict(off)
+            elif quick:
+                off["pipelining_verdict"] = "not judged in a quick run"
+
+    def judge(name, est, goal, lower_is_better, what, how="ratio of best samples"):
+        """A verdict from a ratio estimate (``ratio_estimate``), or SKIP without one."""
+        if est is None:
+            return add(name, "SKIP", f"{what}: too few samples")
+        v = verdict(est, goal, margin, lower_is_better)
+        sign = "<=" if lower_is_better else ">="
+        if quick:
+            detail = f"{what}: {how} {est[0]:.3g} (needs {sign} {goal:g})"
+            if v == "NEAR":
+                detail += "; within 2x of the goal, which a quick run does not judge"
+        else:
+            detail = (
+                f"{what}: ratio {est[0]:.3g} (95% CI {est[1]:.3g}-{est[2]:.3g}; "
+                f"needs {sign} {goal:g})"
+            )
+            if v == "NEAR":
+                detail += f"; within noise of the goal (CI widened by {margin:.0%})"
+        add(name, v, detail)
+
+    def compare(name, key, peer, factor, peer_key=None, peer_label=None, in_quick=True):
+        """runtime / peer on ``key`` <= factor, from the cells' samples. ``in_quick=False``:
+        a quick run does not judge it (the cells change several-fold between processes)."""
+        if quick and not in_quick and _row(rows, key) is not None:
+            return add(
+                name,
+                "SKIP",
+                "not judged in a quick run: on a shared 2-core host this ratio changes "
+                "several-fold from one short run to the next with whether a second core is "
+                "free and where the threads land (0.45x-2.4x for the split copies, "
+                "0.06x-0.28x for launches against PoCL, 0.33x-0.54x for Python-callable "
+                "launches, in quick runs at load average 6-10); the full run judges it",
+            )
         r = _med(rows, key, "runtime")
         p = _med(rows, peer_key or key, peer)
         label = peer_label or peer
@@ -96,11 +215,10 @@ def check_targets(rows, cfg: Config, peers: Peers) -> list[dict]:
         if p is None:
             why = peers.missing.get(peer, "not measured")
             return add(name, "SKIP", f"{label} missing: {why}")
-        ok = r <= factor * p
-        detail = f"runtime {fmt_us(r)} us vs {label} {fmt_us(p)} us: ratio {r / p:.3g} (needs <= {factor:g})"
-        if not ok and r <= factor * p * 1.05:
-            detail += "; within 5%, inside this host's noise"
-        add(name, "PASS" if ok else "MISS", detail)
+        rs = _row(rows, key)["results"]["runtime"]["samples_us"]
+        ps = _row(rows, peer_key or key)["results"][peer]["samples_us"]
+        what = f"runtime {fmt_us(r)} us vs {label} {fmt_us(p)} us (medians)"
+        judge(name, ratio_estimate(rs, ps, quick), factor, True, what)
 
     compare("alloc 1 MiB zeroed <= 0.5x numpy np.zeros", "alloc_1m", "numpy", 0.5)
     compare("free <= PyOpenCL buffer release", "free_1m", "pyopencl", 1.0)
@@ -121,6 +239,7 @@ def check_targets(rows, cfg: Config, peers: Peers) -> list[dict]:
             f"copy_{d}_{big}m",
             copy_peer,
             1.0,
+            in_quick=False,
         )
     compare("event record <= 0.35x PyOpenCL marker", "event_record", "pyopencl", 0.35)
     compare("idle synchronize <= PyOpenCL finish", "sync_idle", "pyopencl", 1.0)
@@ -130,13 +249,21 @@ def check_targets(rows, cfg: Config, peers: Peers) -> list[dict]:
         "launch_amortised",
         "pyopencl",
         0.2,
+        in_quick=False,
     )
-    compare("launch + sync <= 0.2x PyOpenCL enqueue + finish", "launch_sync", "pyopencl", 0.2)
+    compare(
+        "launch + sync <= 0.2x PyOpenCL enqueue + finish",
+        "launch_sync",
+        "pyopencl",
+        0.2,
+        in_quick=False,
+    )
     compare(
         "Python-callable launch <= stdlib thread + queue",
         "pylaunch_amortised",
         "stdlib",
         1.0,
+        in_quick=False,
     )
     # graph replay >= 5x cheaper than 100 individual launches (both + synchronize)
     a = _med(rows, "launch_100_sync", "runtime")
@@ -145,25 +272,42 @@ def check_targets(rows, cfg: Config, peers: Peers) -> list[dict]:
     if a is None or g is None:
         add(name, "SKIP", "rows not run")
     else:
-        detail = f"{cfg.graph_nodes} launches + sync {fmt_us(a)} us vs replay + sync {fmt_us(g)} us: {a / g:.3g}x"
+        what = f"{cfg.graph_nodes} launches + sync {fmt_us(a)} us vs replay + sync {fmt_us(g)} us"
         la = _med(rows, "launch_amortised", "runtime")
         ga = _med(rows, "graph_replay_amortised", "runtime")
         if la is not None and ga is not None:
-            detail += f" (amortised: {cfg.graph_nodes} x {fmt_us(la)} us vs {fmt_us(ga)} us per replay: {cfg.graph_nodes * la / ga:.3g}x)"
-        add(name, "PASS" if a / g >= 5 else "MISS", detail + " (needs >= 5x)")
-    # 2 streams >= 1.7x one stream
-    r2 = _row(rows, "matmul_streams_2")
-    name = "2 streams of compute-bound kernels >= 1.7x one stream"
-    c = r2["results"].get("runtime", {}) if r2 else {}
-    if "speedup_vs_1_stream" not in c:
-        add(name, "SKIP", "rows not run")
-    else:
-        s = c["speedup_vs_1_stream"]
-        add(
-            name,
-            "PASS" if s >= 1.7 else "MISS",
-            f"throughput 2 streams / 1 stream = {s:.3g}x (needs >= 1.7; host has {os.cpu_count()} cores)",
+            what += f" (amortised: {cfg.graph_nodes} x {fmt_us(la)} us vs {fmt_us(ga)} us per replay: {cfg.graph_nodes * la / ga:.3g}x)"
+        est = ratio_estimate(
+            _row(rows, "launch_100_sync")["results"]["runtime"]["samples_us"],
+            _row(rows, "graph_replay_sync")["results"]["runtime"]["samples_us"],
+            quick,
         )
+        judge(name, est, 5.0, False, what)
+    # 2 streams scale as the host lets two threads scale (1.7x of 2x on two idle cores)
+    name = (
+        "2 streams of compute-bound kernels >= 0.85x the host's own 2-thread scaling "
+        "(1.7x one stream on 2 idle cores)"
+    )
+    r1, r2 = _row(rows, "matmul_streams_1"), _row(rows, "matmul_streams_2")
+    cells = [
+        (r or {}).get("results", {}).get(s, {}) for r in (r1, r2) for s in ("runtime", "stdlib")
+    ]
+    if any(c.get("status") != "ok" for c in cells):
+        add(name, "SKIP", "rows not run (runtime and the stdlib host reference)")
+    else:
+        rt1, h1, rt2, h2 = (c["samples_us"] for c in cells)
+        # Per round, in both modes: (rt1 / rt2) / (h1 / h2) = (rt1 * h2) / (rt2 * h1). Four
+        # cells' best samples may come from four different moments of the host's load; one
+        # round's four samples share theirs.
+        est = paired_ratio([a * d for a, d in zip(rt1, h2)], [b * c for b, c in zip(rt2, h1)])
+        if est and quick:
+            est = (est[0], est[0], est[0])
+        s_rt, s_h = cells[2].get("speedup_vs_1_stream"), cells[3].get("speedup_vs_1_stream")
+        what = (
+            f"2 streams / 1 stream: runtime {s_rt:.3g}x, host threads {s_h:.3g}x "
+            f"(medians; host has {os.cpu_count()} cores)"
+        )
+        judge(name, est, 0.85, False, what, how="median per-round ratio")
     return out
 
 
@@ -260,6 +404,7 @@ def render_table(rows, systems, machine) -> str:
         if "pipelining_speedup" in r:
             lines.append(
                 f"{'  pipelining on vs off (>1: on faster)':<{w0}}{'x' + format(r['pipelining_speedup'], '.2f'):>{wc}}"
+                + _ci_text(r)
             )
     notes = []
     for r in rows:
@@ -286,12 +431,27 @@ def render_table(rows, systems, machine) -> str:
     return "\n".join(lines)
 
 
+def _ci_text(r: dict) -> str:
+    est = r.get("pipelining_estimate")
+    if not est:
+        return f"  ({r['pipelining_verdict']})" if "pipelining_verdict" in r else ""
+    if est[1] == est[2]:
+        return f"  (best samples x{est[0]:.2f}: {r.get('pipelining_verdict', '')})"
+    return f"  (paired x{est[0]:.2f}, 95% CI {est[1]:.2f}-{est[2]:.2f}: {r.get('pipelining_verdict', '')})"
+
+
 def render_targets(targets) -> str:
-    lines = ["targets (median vs median; reported, not asserted):"]
+    lines = [
+        "targets (cells sampled in turn; reported, not asserted; NEAR: this run cannot tell "
+        "the ratio from the goal):"
+    ]
     for t in targets:
         lines.append(f"  {t['status']:<4}  {t['target']}: {t['detail']}")
-    counts = {s: sum(t["status"] == s for t in targets) for s in ("PASS", "MISS", "SKIP")}
-    lines.append(f"  -> {counts['PASS']} PASS, {counts['MISS']} MISS, {counts['SKIP']} SKIP")
+    counts = {s: sum(t["status"] == s for t in targets) for s in ("PASS", "MISS", "NEAR", "SKIP")}
+    lines.append(
+        f"  -> {counts['PASS']} PASS, {counts['MISS']} MISS, {counts['NEAR']} NEAR, "
+        f"{counts['SKIP']} SKIP"
+    )
     return "\n".join(lines)
 
 

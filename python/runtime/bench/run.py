@@ -1,8 +1,11 @@
 """Running the rows: each (row, system) cell is set up, warmed, timed and cleaned up.
 
-``run_rows`` walks the rows, turns a missing peer, ``NotApplicable`` or an exception into that
-cell's status, and lets background work settle between cells; ``run_cell`` times one cell under
-the repetition budget with the collector off; ``Progress`` is the stderr progress line.
+``run_rows`` walks the rows a group at a time (a row and its systems, or the rows that share a
+``group`` and are compared with each other), turns a missing peer, ``NotApplicable`` or an
+exception into that cell's status, warms every cell up outside the timed samples, then samples
+the group's cells interleaved, round by round, with the collector off, and lets background
+work settle between groups. ``run_cell`` times one sample function alone; ``Progress`` is the
+stderr progress line.
 """
 
 from __future__ import annotations
@@ -49,6 +52,11 @@ class Progress:
         else:
             print(f"{self.label}: {text}", file=self.out, flush=True)
 
+    def note(self, text):
+        """A finished cell's figures (plain lines only; a terminal shows the running line)."""
+        if self.enabled and not self.tty:
+            print(f"  {text}", file=self.out, flush=True)
+
     def close(self):
         if self.tty and self._width:
             self.out.write("\r" + " " * self._width + "\r")
@@ -69,82 +77,171 @@ class Progress:
         self._width = len(text)
 
 
+class _Cell:
+    """One (row, system) being measured: its sample function, the samples so far, its cleanups."""
+
+    def __init__(self, row, sysname, ctx, fn, reps, budget):
+        self.row, self.sysname, self.ctx, self.fn = row, sysname, ctx, fn
+        self.reps, self.budget = reps, budget
+        self.vals: list = []
+        self.extra: dict[str, list] = {}
+        self.t_setup = 0.0
+        self.error: Exception | None = None
+
+    def sample(self):
+        v = self.fn()
+        if isinstance(v, dict):
+            for key, x in v.items():
+                if key != "t":
+                    self.extra.setdefault(key, []).append(x)
+            v = v["t"]
+        self.vals.append(v)
+
+    def result(self) -> dict:
+        med, p90 = _stats(self.vals)
+        cell = {
+            "status": "ok",
+            "median_us": med / 1e3,
+            "p90_us": p90 / 1e3,
+            "n": len(self.vals),
+            "samples_us": [round(v / 1e3, 4) for v in self.vals],
+        }
+        for key, xs in self.extra.items():
+            m, p = _stats(xs)
+            cell[f"{key}_median_us"] = m / 1e3
+            cell[f"{key}_p90_us"] = p / 1e3
+        return cell
+
+
 def run_cell(fn, reps, warmup, cfg: Config, progress: Progress, budget=True) -> dict:
-    deadline = time.monotonic() + cfg.budget_s
+    """Time one sample function alone: ``warmup`` untimed calls, then up to ``reps`` samples
+    (fewer once the time budget is spent, never fewer than ``cfg.min_reps``)."""
+    cell = _Cell(None, "", None, fn, reps, budget)
     for _ in range(warmup):
         fn()
-        if budget and time.monotonic() > deadline:
-            break
-    vals = []
-    extra: dict[str, list] = {}
+    _interleave([cell], cfg, progress)
+    if cell.error is not None:
+        raise cell.error
+    return cell.result()
+
+
+def _interleave(cells: list[_Cell], cfg: Config, progress: Progress) -> None:
+    """Sample the cells in turn, one sample each per round, with the collector off.
+
+    Cells that are compared with each other (the systems of one row, the rows of one group)
+    are measured over the same stretch of time, so a burst of load from other processes
+    slows each of them alike instead of one cell of the pair. Each timed sample follows an
+    untimed call of the same cell, so that it finds its worker threads as warm as in a run of
+    back-to-back samples, and the previous cell's background work (a worker lingering, freed
+    blocks being scrubbed) overlaps that untimed call rather than the timed one. A cell stops
+    at its ``reps``; a budgeted cell also stops once the round's time budget is spent and it
+    has ``cfg.min_reps`` samples.
+    """
+    reps = max(c.reps for c in cells)
+    budget = cfg.budget_s * len(cells)
     gc.collect()
     gc.disable()
     try:
-        deadline = time.monotonic() + cfg.budget_s
+        deadline = time.monotonic() + budget
         for i in range(reps):
-            v = fn()
-            if isinstance(v, dict):
-                for key, x in v.items():
-                    if key != "t":
-                        extra.setdefault(key, []).append(x)
-                v = v["t"]
-            vals.append(v)
-            progress.tick(i + 1, reps)
-            if budget and i + 1 >= cfg.min_reps and time.monotonic() > deadline:
+            live = [c for c in cells if c.error is None and len(c.vals) < c.reps]
+            if not live:
                 break
+            if i >= cfg.min_reps and time.monotonic() > deadline:
+                live = [c for c in live if not c.budget]
+                if not live:
+                    break
+            for c in live:
+                try:
+                    if len(cells) > 1:
+                        c.fn()  # untimed: the cell's threads are as warm as back to back
+                    c.sample()
+                except Exception as e:  # this cell's error; the others go on
+                    c.error = e
+            progress.tick(i + 1, reps)
     finally:
         gc.enable()
-    med, p90 = _stats(vals)
-    cell = {
-        "status": "ok",
-        "median_us": med / 1e3,
-        "p90_us": p90 / 1e3,
-        "n": len(vals),
-        "samples_us": [round(v / 1e3, 4) for v in vals],
-    }
-    for key, xs in extra.items():
-        m, p = _stats(xs)
-        cell[f"{key}_median_us"] = m / 1e3
-        cell[f"{key}_p90_us"] = p / 1e3
-    return cell
+
+
+def _groups(rows) -> list[list]:
+    """Consecutive rows sharing a ``group`` are measured together; every other row alone."""
+    out: list[list] = []
+    for row in rows:
+        if row.group is not None and out and out[-1][0].group == row.group:
+            out[-1].append(row)
+        else:
+            out.append([row])
+    return out
 
 
 def run_rows(rows, systems, cfg, peers, progress) -> list[dict]:
-    out = []
-    for row in rows:
-        res: dict[str, dict] = {}
-        for sysname in systems:
-            impl = row.impls.get(sysname)
-            if impl is None:
-                continue
-            if sysname in peers.missing:
-                res[sysname] = {"status": "missing", "reason": peers.missing[sysname]}
-                continue
-            progress.start(f"{row.title} / {sysname}")
-            t_cell = time.monotonic()
-            ctx = Ctx(cfg, peers)
-            try:
-                fn = impl(ctx)
-                reps = row.reps or cfg.reps
-                warm = cfg.warmup if row.reps is None else max(1, min(cfg.warmup, reps // 3))
-                res[sysname] = run_cell(fn, reps, warm, cfg, progress, budget=row.reps is None)
-                c = res[sysname]
-                progress.finish(f"{fmt_us(c['median_us'])} / {fmt_us(c['p90_us'])} us (n={c['n']})")
-            except NotApplicable as e:
-                res[sysname] = {"status": "n/a", "reason": str(e)}
-                progress.finish(f"n/a ({e})")
-            except Exception as e:
-                res[sysname] = {"status": "error", "reason": f"{type(e).__name__}: {e}"}
-                progress.finish(f"ERROR {type(e).__name__}: {e}")
-            finally:
-                ctx.close()
-                if res.get(sysname, {}).get("status") in ("ok", "error"):
+    """Measure every (row, system) cell: set up and warm up each cell of a group (untimed),
+    then sample the group's cells interleaved (``_interleave``), then clean up."""
+    results: dict[str, dict[str, dict]] = {row.key: {} for row in rows}
+    for group in _groups(rows):
+        cells: list[_Cell] = []
+        for row in group:
+            res = results[row.key]
+            for sysname in systems:
+                impl = row.impls.get(sysname)
+                if impl is None:
+                    continue
+                if sysname in peers.missing:
+                    res[sysname] = {"status": "missing", "reason": peers.missing[sysname]}
+                    continue
+                progress.start(f"{row.title} / {sysname}")
+                t_cell = time.monotonic()
+                ctx = Ctx(cfg, peers)
+                try:
+                    fn = impl(ctx)
+                    reps = row.reps or cfg.reps
+                    warm = cfg.warmup if row.reps is None else max(2, min(cfg.warmup, reps // 3))
+                    for _ in range(warm):  # outside the timed samples
+                        fn()
+                except NotApplicable as e:
+                    res[sysname] = {"status": "n/a", "reason": str(e)}
+                    progress.finish(f"n/a ({e})")
+                    ctx.close()
+                    continue
+                except Exception as e:
+                    res[sysname] = _error(e, t_cell)
+                    progress.finish(f"ERROR {type(e).__name__}: {e}")
+                    ctx.close()
                     settle(sysname)
-            if sysname in res and "status" in res[sysname]:
-                res[sysname]["elapsed_s"] = round(time.monotonic() - t_cell, 3)
-        out.append(summarise_row(row, res))
+                    continue
+                cell = _Cell(row, sysname, ctx, fn, reps, budget=row.reps is None)
+                cell.t_setup = t_cell
+                cells.append(cell)
+                progress.finish("set up and warmed")
+        if cells:
+            t0 = time.monotonic()
+            _interleave(cells, cfg, progress)
+            for c in cells:
+                if c.error is not None:
+                    results[c.row.key][c.sysname] = _error(c.error, c.t_setup)
+                    progress.note(f"{c.row.title} / {c.sysname}: ERROR {c.error!r}")
+                else:
+                    cell = c.result()
+                    cell["elapsed_s"] = round(time.monotonic() - t0, 3)
+                    results[c.row.key][c.sysname] = cell
+                    progress.note(
+                        f"{c.row.title} / {c.sysname}: {fmt_us(cell['median_us'])} / "
+                        f"{fmt_us(cell['p90_us'])} us (n={cell['n']})"
+                    )
+                c.ctx.close()
+            for sysname in {c.sysname for c in cells}:
+                settle(sysname)
+    out = [summarise_row(row, results[row.key]) for row in rows]
     add_group_ratios(out)
     return out
+
+
+def _error(e: Exception, t_cell: float) -> dict:
+    return {
+        "status": "error",
+        "reason": f"{type(e).__name__}: {e}",
+        "elapsed_s": round(time.monotonic() - t_cell, 3),
+    }
 
 
 def settle(sysname):

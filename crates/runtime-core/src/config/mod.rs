@@ -231,13 +231,7 @@ impl ConfigBuilder {
         let count = match self.device_count {
             Some(n) => n,
             None => match env(ENV_DEVICE_COUNT) {
-                Some(s) => s
-                    .trim()
-                    .parse::<u64>()
-                    .map_err(|_| ConfigError::BadInteger {
-                        name: ENV_DEVICE_COUNT.into(),
-                        value: s.clone(),
-                    })?,
+                Some(s) => parse_device_count(ENV_DEVICE_COUNT, &s)?,
                 None => 8,
             },
         };
@@ -270,10 +264,42 @@ fn check_range(name: &str, value: u64, min: u64, max: u64) -> Result<(), ConfigE
     } else {
         Err(ConfigError::OutOfRange {
             name: name.into(),
-            value,
+            value: value.to_string(),
             min,
             max,
         })
+    }
+}
+
+/// A device count written as decimal text (an environment variable, or a front end's integer
+/// of any size and sign), checked against `1..=MAX_DEVICES`.
+///
+/// Every integer out of range, negative or too large for any machine type included, gets the
+/// one `OutOfRange` wording ("`name` must be between 1 and 64, got -3"); text that is not an
+/// integer gets `BadInteger`.
+///
+/// # Errors
+/// `OutOfRange` or `BadInteger`, naming `name` and quoting `text`.
+pub fn parse_device_count(name: &str, text: &str) -> Result<u64, ConfigError> {
+    let t = text.trim();
+    let digits = t.strip_prefix(['-', '+']).unwrap_or(t);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(ConfigError::BadInteger {
+            name: name.into(),
+            value: text.into(),
+        });
+    }
+    let out_of_range = || ConfigError::OutOfRange {
+        name: name.into(),
+        value: t.into(),
+        min: 1,
+        max: MAX_DEVICES,
+    };
+    match t.parse::<i128>() {
+        Ok(n) if (1..=i128::from(MAX_DEVICES)).contains(&n) => {
+            u64::try_from(n).map_err(|_| out_of_range())
+        }
+        _ => Err(out_of_range()),
     }
 }
 
@@ -352,6 +378,43 @@ mod tests {
     }
 
     #[test]
+    fn every_out_of_range_device_count_gets_one_wording() {
+        for (text, shown) in [
+            ("0", "0"),
+            ("-1", "-1"),
+            (" -3 ", "-3"),
+            ("65", "65"),
+            ("18446744073709551616", "18446744073709551616"),
+            (
+                "-99999999999999999999999999999999999999999",
+                "-99999999999999999999999999999999999999999",
+            ),
+        ] {
+            let e = parse_device_count("device_count", text).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("device_count must be between 1 and 64, got {shown}")
+            );
+        }
+        let e = ConfigBuilder {
+            device_count: Some(0),
+            ..Default::default()
+        }
+        .build_with_env(no_env)
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "device_count must be between 1 and 64, got 0"
+        );
+        for bad in ["", "-", "eight", "1.5", "0x10", "2 devices"] {
+            let e = parse_device_count("RUNTIME_DEVICE_COUNT", bad).unwrap_err();
+            assert!(matches!(e, ConfigError::BadInteger { .. }), "{bad:?}: {e}");
+        }
+        assert_eq!(parse_device_count("n", "+8").unwrap(), 8);
+        assert_eq!(parse_device_count("n", " 64 ").unwrap(), 64);
+    }
+
+    #[test]
     fn defaults_give_eight_ascend_devices() {
         let c = ConfigBuilder::default().build_with_env(no_env).unwrap();
         assert_eq!(c.device_count, 8);
@@ -408,6 +471,12 @@ mod tests {
         let env = |k: &str| (k == ENV_DEVICE_COUNT).then(|| "eight".to_string());
         let e = ConfigBuilder::default().build_with_env(env).unwrap_err();
         assert!(e.to_string().contains(ENV_DEVICE_COUNT));
+        let env = |k: &str| (k == ENV_DEVICE_COUNT).then(|| "-3".to_string());
+        let e = ConfigBuilder::default().build_with_env(env).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "RUNTIME_DEVICE_COUNT must be between 1 and 64, got -3"
+        );
         let b = ConfigBuilder {
             profile: Some("tpu".into()),
             ..Default::default()

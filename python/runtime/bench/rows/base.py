@@ -19,9 +19,23 @@ class Row:
     """One benchmark row: ``impls[system](ctx) -> sample function``."""
 
     def __init__(
-        self, key, title, impls, *, ascend910_us=None, nbytes=None, reps=None, note="", group=None
+        self,
+        key,
+        title,
+        impls,
+        *,
+        ascend910_us=None,
+        nbytes=None,
+        reps=None,
+        note="",
+        group=None,
+        references=(),
     ):
+        """``group``: rows sharing one are measured together, their cells sampled in turn
+        (they are compared with each other). ``references``: systems whose column is a
+        measure of the host, not a peer doing the same work (left out of "best peer")."""
         self.key = key
+        self.references = frozenset(references)
         self.title = title
         self.impls = impls
         self.ascend910_us = ascend910_us

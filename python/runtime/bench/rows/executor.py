@@ -206,6 +206,7 @@ def graph_rows(cfg: Config) -> list[Row]:
                 "stdlib": tq_launches,
             },
             note="the baseline for graph replay",
+            group="graph",
         )
     )
     rows.append(
@@ -220,6 +221,7 @@ def graph_rows(cfg: Config) -> list[Row]:
                 "stdlib": tq_graph,
             },
             note="capture 100 launches once (begin_capture/end_capture), replay with Graph.launch | put one callable that calls 100 no-ops",
+            group="graph",
         )
     )
 

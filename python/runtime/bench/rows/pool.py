@@ -26,9 +26,20 @@ def _cycle():
     rt.device_free(rt.device_malloc(0, N))
 
 
-def _plug(ctx, alloc, free):
-    rt.set_allocator(alloc, free)
+def _plugged(ctx, alloc, free, k):
+    """Samples of ``k`` cycles with ``alloc``/``free`` plugged in: plugged for each sample and
+    unplugged after it, outside the timing, so that the pool rows can be sampled in turn."""
+    timed = timed_calls(_cycle, k)
     ctx.defer(lambda: rt.set_allocator(None))
+
+    def fn():
+        rt.set_allocator(alloc, free)
+        try:
+            return timed()
+        finally:
+            rt.set_allocator(None)
+
+    return fn
 
 
 def pool_rows(cfg: Config) -> list[Row]:
@@ -47,8 +58,7 @@ def pool_rows(cfg: Config) -> list[Row]:
         def free(buf, nbytes, device):
             pass
 
-        _plug(ctx, alloc, free)
-        return timed_calls(_cycle, k)
+        return _plugged(ctx, alloc, free, k)
 
     def caching(ctx):
         pool = rt.get_default_memory_pool(0)
@@ -61,9 +71,8 @@ def pool_rows(cfg: Config) -> list[Row]:
         def free(buf, nbytes, device):
             cache.setdefault(nbytes, []).append(buf)
 
-        _plug(ctx, alloc, free)
         ctx.defer(cache.clear)
-        return timed_calls(_cycle, k)
+        return _plugged(ctx, alloc, free, k)
 
     def np_cycle(ctx):
         return timed_calls(functools.partial(np.zeros, N, np.uint8), k)
