@@ -3,7 +3,7 @@
 # Usage: bash scripts/test.sh [extra pytest args]
 #
 # It installs into the Python that `python3` runs (the active virtualenv, if any): the test
-# tools (maturin, numpy, pytest, hypothesis), the optional atheris, mpi4py and mpich, and this
+# tools (maturin, numpy, pytest, hypothesis), the optional atheris, mpi4py, mpich and numba, and this
 # package's wheel (runtime-vdev, replacing any installed one). Activate a virtualenv first to
 # keep them out of the system Python: python3 -m venv .venv && . .venv/bin/activate.
 # CI (.ci/run) relies on the wheel being installed there afterwards.
@@ -25,6 +25,8 @@ python3 -m pip install -q atheris 2>/dev/null || echo "atheris not installable: 
 # Optional: mpi4py and the mpich wheel (its mpiexec) run the MPI tests under mpiexec -n 1/2/3;
 # without them those tests are skipped with the reason.
 python3 -m pip install -q mpi4py mpich 2>/dev/null || echo "mpi4py/mpich not installable: the MPI tests will be skipped"
+# Optional: numba (the [numba] extra) runs the @cfunc kernel tests; without it they are skipped.
+python3 -m pip install -q numba 2>/dev/null || echo "numba not installable: the @cfunc kernel tests will be skipped"
 cargo test --workspace
 rm -rf target/wheels
 maturin build --release -q -o target/wheels
