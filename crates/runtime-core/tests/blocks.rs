@@ -519,3 +519,51 @@ RUNTIME_KERNEL(bad) { return -block_num; }
     assert!(e.to_string().contains("/no/such/lib.so"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Each block waits for the stream that runs it: refused in every block (on a worker, or on
+/// the host thread that runs blocks while it waits for the stream), never a hang.
+struct WaitsForItsStream {
+    stream: Mutex<Option<Stream>>,
+}
+
+impl Kernel for WaitsForItsStream {
+    fn name(&self) -> &str {
+        "test.waits_for_its_stream"
+    }
+    fn check(&self, _: &[KernelArg]) -> Result<(), ArgError> {
+        Ok(())
+    }
+    fn run(&self, _: &Args, _: &RunContext) -> Result<(), KernelFailure> {
+        let s = self.stream.lock().unwrap().clone().unwrap();
+        s.synchronize(Some(Duration::from_secs(30)))
+            .map_err(|e| KernelFailure::new("test.waits_for_its_stream", e.to_string()))
+    }
+}
+
+#[test]
+fn a_block_that_waits_for_its_own_stream_is_refused_wherever_it_runs() {
+    let s = stream(0);
+    let k = Arc::new(WaitsForItsStream {
+        stream: Mutex::new(Some(s.clone())),
+    });
+    for _ in 0..20 {
+        kernel::launch_blocks(&s, k.clone(), vec![], Some(4)).unwrap();
+        let f = kernel_failure(s.synchronize(None).unwrap_err());
+        assert!(f.message.contains("not permitted"), "{f}");
+    }
+    *k.stream.lock().unwrap() = None;
+}
+
+#[test]
+fn a_host_thread_waiting_for_the_stream_may_run_blocks() {
+    // Whichever threads run the blocks, a waiter's synchronize returns once all have run.
+    let s = stream(1);
+    for n in [2u32, 3, 16] {
+        for _ in 0..50 {
+            let c = census();
+            kernel::launch_blocks(&s, c.clone(), vec![], Some(n)).unwrap();
+            s.synchronize(None).unwrap();
+            assert_eq!(*c.seen.lock().unwrap(), vec![1; n as usize]);
+        }
+    }
+}

@@ -135,7 +135,8 @@ const SPIN: Duration = Duration::from_micros(50);
 /// Run `body` as `block_num` blocks on the compute workers of `exec`'s device and on the
 /// calling thread, and return when all have run (the lowest failing block's failure, named).
 /// Called by the op that runs the launch, holding its allocations; a single block runs right
-/// here.
+/// here. Blocks run only on runtime threads (for bodies that need the Python interpreter,
+/// which a waiting host thread may hold).
 ///
 /// # Errors
 /// The failure of the lowest-numbered block that failed (or panicked), its message prefixed
@@ -145,6 +146,19 @@ pub fn run_blocks(
     name: &str,
     block_num: u32,
     body: Arc<BlockBody>,
+) -> Result<(), KernelFailure> {
+    run_blocks_on(exec, name, block_num, body, false)
+}
+
+/// [`run_blocks`], also letting host threads that wait for the stream running the launch
+/// run blocks while they wait (a thread in `synchronize()` has a core and nothing else to
+/// do with it: on a host with few cores it is the one that can run a second block at once).
+pub(crate) fn run_blocks_on(
+    exec: &Executor,
+    name: &str,
+    block_num: u32,
+    body: Arc<BlockBody>,
+    waiters_help: bool,
 ) -> Result<(), KernelFailure> {
     if block_num <= 1 {
         return as_block(RunContext::single(), || body(RunContext::single()));
@@ -162,16 +176,21 @@ pub fn run_blocks(
         }),
         left: Condvar::new(),
     });
+    let help: Arc<dyn Help> = launch.clone();
+    let offer = waiters_help
+        .then(|| crate::stream::offer_help(&help))
+        .flatten();
     let engine = exec.engines.compute();
     let wanted = (block_num as usize - 1).min(engine.helpers_for_caller());
     if wanted > 0 {
-        let help: Arc<dyn Help> = launch.clone();
         engine.post_help(&help, wanted);
     }
     {
         let _borrowed = launch.lending.enter();
         launch.run_claimed(&*body);
     }
+    drop(offer);
+    drop(help);
     drop(body);
     launch.finish()
 }

@@ -415,11 +415,12 @@ impl Op for KernelOp {
             return block::as_block(cx, || self.kernel.run(&self.args, &cx));
         }
         let (kernel, args) = (self.kernel.clone(), self.args.clone());
-        block::run_blocks(
+        block::run_blocks_on(
             &self.exec,
             &self.name,
             self.blocks,
             Arc::new(move |cx| kernel.run(&args, &cx)),
+            true,
         )
     }
 }

@@ -105,14 +105,29 @@ impl Completion {
     }
 
     /// Wait until `completed >= target` or `deadline`; false on timeout.
+    #[cfg(any(loom, test))]
     pub(crate) fn wait(&self, target: u64, deadline: Option<Instant>) -> bool {
+        self.wait_helping(target, deadline, &|| false)
+    }
+
+    /// [`Completion::wait`], calling `help()` while it spins and before it sleeps: work the
+    /// waiter can do for the stream meanwhile (the blocks of its running launch); `help`
+    /// returns whether it did some.
+    pub(crate) fn wait_helping(
+        &self,
+        target: u64,
+        deadline: Option<Instant>,
+        help: &dyn Fn() -> bool,
+    ) -> bool {
         if self.reached(target) {
             return true;
         }
         #[cfg(not(loom))]
-        if self.spin(target, Duration::from_micros(50)) {
+        if self.spin(target, Duration::from_micros(50), help) {
             return true;
         }
+        #[cfg(loom)]
+        let _ = help;
         self.waiters.fetch_add(1, Ordering::SeqCst);
         let mut g = self.lock.lock();
         let ok = loop {
@@ -143,13 +158,18 @@ impl Completion {
     /// to an unrelated busy thread for a whole time slice (`Backoff::snooze`, which yields on
     /// every turn, measured a no-op launch + synchronize 2-3x slower on a loaded machine).
     #[cfg(not(loom))]
-    fn spin(&self, target: u64, limit: Duration) -> bool {
-        let until = Instant::now() + limit;
+    fn spin(&self, target: u64, limit: Duration, help: &dyn Fn() -> bool) -> bool {
+        let mut until = Instant::now() + limit;
         let backoff = crossbeam_utils::Backoff::new();
         let mut n = 0u32;
         while Instant::now() < until {
             if self.reached(target) {
                 return true;
+            }
+            if help() {
+                // The launch this thread helped is about done: spin on for its end.
+                until = Instant::now() + limit;
+                continue;
             }
             n += 1;
             if n.is_multiple_of(8)

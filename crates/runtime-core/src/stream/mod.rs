@@ -120,6 +120,10 @@ pub(crate) struct StreamInner {
     /// Whether the stream is on its executor's list of streams a barrier must look at (see
     /// [`Executor::mark_active`]).
     pub(crate) listed: AtomicBool,
+    /// The blocks of the launch this stream runs now, which a thread waiting for the stream
+    /// may run while it waits ([`offer_help`]); `offered` says whether the slot is set.
+    offer: Mutex<Option<Arc<dyn engine::Help>>>,
+    offered: AtomicBool,
 }
 
 impl Drop for StreamInner {
@@ -248,6 +252,8 @@ impl Stream {
             capture: Mutex::new(None),
             capturing: AtomicBool::new(false),
             listed: AtomicBool::new(false),
+            offer: Mutex::new(None),
+            offered: AtomicBool::new(false),
         });
         exec.register(&inner);
         Ok(Stream(inner))
@@ -597,6 +603,9 @@ impl Stream {
     /// Wait until `completed >= target`; `Ok(false)` on timeout. Does not report the stream's
     /// errors (see [`Stream::take_error`]).
     ///
+    /// A thread that is not a runtime thread runs blocks of the stream's running multi-block
+    /// launch while it waits, when the launch offers them (see `kernel::block`).
+    ///
     /// From a runtime thread (a kernel or host function), a wait must not need that thread:
     /// a stream that is only queued is run right here; a wait for the stream running the
     /// caller, or for one that is running or blocked elsewhere (it may be waiting for the
@@ -611,26 +620,27 @@ impl Stream {
             return Ok(true);
         }
         let deadline = deadline_after(timeout);
-        if engine::on_worker_thread() {
-            if running_here(s.id) {
-                return Err(self.not_permitted("a kernel or host function running on it"));
-            }
-            if s.state.load(Ordering::SeqCst) == QUEUED
-                && s.state
-                    .compare_exchange(QUEUED, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
-                    .is_ok()
-            {
-                run_stream(&self.0, Runner::Caller(deadline));
-            }
-            if s.done.reached(target) {
-                return Ok(true);
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(false);
-            }
-            return Err(self.not_permitted("a runtime thread (a kernel or host function)"));
+        if !engine::on_worker_thread() {
+            // A thread that waits for the stream runs blocks of its running launch meanwhile.
+            return Ok(s.done.wait_helping(target, deadline, &|| help_offered(s)));
         }
-        Ok(s.done.wait(target, deadline))
+        if running_here(s.id) {
+            return Err(self.not_permitted("a kernel or host function running on it"));
+        }
+        if s.state.load(Ordering::SeqCst) == QUEUED
+            && s.state
+                .compare_exchange(QUEUED, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            run_stream(&self.0, Runner::Caller(deadline));
+        }
+        if s.done.reached(target) {
+            return Ok(true);
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(false);
+        }
+        Err(self.not_permitted("a runtime thread (a kernel or host function)"))
     }
 
     fn not_permitted(&self, from: &str) -> crate::error::Error {
@@ -903,6 +913,42 @@ pub(crate) fn after_fork(child: bool) {
     capture::after_fork(child);
 }
 
+/// While the calling thread runs a command of a stream (an engine worker or a caller running
+/// it inline), let threads that wait for that stream help with `help` (the blocks of a
+/// launch) until the returned guard is dropped. `None` when the thread runs no stream.
+pub(crate) fn offer_help(help: &Arc<dyn engine::Help>) -> Option<Offer> {
+    let s = RUNNING_HERE.with(|r| r.borrow().last().cloned())?;
+    *s.offer.lock() = Some(help.clone());
+    s.offered.store(true, Ordering::SeqCst);
+    Some(Offer(s))
+}
+
+/// An offer of [`offer_help`]; withdrawn when dropped.
+pub(crate) struct Offer(Arc<StreamInner>);
+
+impl Drop for Offer {
+    fn drop(&mut self) {
+        self.0.offered.store(false, Ordering::SeqCst);
+        // Taken out under the lock, dropped after it.
+        let old = self.0.offer.lock().take();
+        drop(old);
+    }
+}
+
+/// For a thread waiting for `s`: run the blocks of the launch `s` runs now, if it offered
+/// them; true when it did. The blocks run under the rules of a runtime thread (a wait from
+/// them for a busy stream is refused, never a hang).
+fn help_offered(s: &StreamInner) -> bool {
+    if !s.offered.load(Ordering::Relaxed) {
+        return false;
+    }
+    let Some(help) = s.offer.lock().clone() else {
+        return false;
+    };
+    crate::sync::as_runtime_thread(|| help.help());
+    true
+}
+
 /// After `fork()`, in the child (see `runtime::install_fork_handlers`).
 pub(crate) fn after_fork_in_child() {
     engine::after_fork_in_child();
@@ -932,30 +978,30 @@ fn release_stream(s: &Arc<StreamInner>) -> bool {
 thread_local! {
     /// Ids of the streams this thread is running commands of (innermost last: a runner that
     /// waits may run another stream inline).
-    static RUNNING_HERE: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+    static RUNNING_HERE: std::cell::RefCell<Vec<Arc<StreamInner>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Whether this thread is running a command of stream `id` (a wait for it would wait for
 /// itself).
 pub(crate) fn running_here(id: u64) -> bool {
-    RUNNING_HERE.with(|r| r.borrow().contains(&id))
+    RUNNING_HERE.with(|r| r.borrow().iter().any(|s| s.id == id))
 }
 
 /// Marks this thread as running a stream's commands while alive.
 struct RunningGuard;
 
 impl RunningGuard {
-    fn enter(id: u64) -> RunningGuard {
-        RUNNING_HERE.with(|r| r.borrow_mut().push(id));
+    fn enter(s: &Arc<StreamInner>) -> RunningGuard {
+        RUNNING_HERE.with(|r| r.borrow_mut().push(s.clone()));
         RunningGuard
     }
 }
 
 impl Drop for RunningGuard {
     fn drop(&mut self) {
-        RUNNING_HERE.with(|r| {
-            r.borrow_mut().pop();
-        });
+        // Dropped after the borrow: it may be the stream's last handle.
+        let s = RUNNING_HERE.with(|r| r.borrow_mut().pop());
+        drop(s);
     }
 }
 
@@ -970,7 +1016,7 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
             return; // stale entry: a caller already ran it
         }
     }
-    let _running = RunningGuard::enter(s.id);
+    let _running = RunningGuard::enter(s);
     if let Runner::Engine(_) = runner {
         s.done.note_runner();
     }
