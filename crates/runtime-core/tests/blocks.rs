@@ -567,3 +567,66 @@ fn a_host_thread_waiting_for_the_stream_may_run_blocks() {
         }
     }
 }
+
+/// Calls the built-in `add` directly, over its whole output, from every block.
+struct CallsAdd {
+    add: kernel::Args,
+}
+
+impl Kernel for CallsAdd {
+    fn name(&self) -> &str {
+        "test.calls_add"
+    }
+    fn check(&self, _: &[KernelArg]) -> Result<(), ArgError> {
+        Ok(())
+    }
+    fn run(&self, _: &Args, _: &RunContext) -> Result<(), KernelFailure> {
+        kernel::find("add")
+            .unwrap()
+            .run(&self.add, &RunContext::single())
+    }
+}
+
+/// The built-ins' typed views need their tensors to themselves: called directly from the
+/// blocks of another kernel's launch (which hold the tensors, but share no work out), they
+/// take turns; called from a thread that holds nothing, they take the allocations as a host
+/// access does.
+#[test]
+fn a_builtin_run_directly_takes_its_tensors_as_a_host_access_would() {
+    let s = stream(0);
+    let n = 100_000;
+    let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let (_, ta) = f32_tensor(0, &a, vec![n]);
+    let (ob, to) = f32_tensor(0, &vec![0.0; n], vec![n]);
+    let add = kernel::find("add").unwrap();
+    let add_args = kernel::Args::check(
+        &add,
+        vec![
+            KernelArg::Tensor(to.clone()),
+            KernelArg::Tensor(ta.clone()),
+            KernelArg::Tensor(ta.clone()),
+        ],
+    )
+    .unwrap();
+    let k = Arc::new(CallsAdd {
+        add: add_args.clone(),
+    });
+    // The launch holds the output (its argument) for writing; every block writes all of it.
+    kernel::launch_blocks(
+        &s,
+        k,
+        vec![KernelArg::Tensor(to.clone()), KernelArg::Tensor(ta.clone())],
+        Some(8),
+    )
+    .unwrap();
+    s.synchronize(None).unwrap();
+    let want: Vec<f32> = a.iter().map(|x| 2.0 * x).collect();
+    assert_eq!(ob.to_vec::<f32>(0, n).unwrap(), want);
+    // From this thread, which holds nothing: after the queued work, holding the locks.
+    ob.fill(0, (n * 4) as u64, 0).unwrap();
+    add.run(&add_args, &RunContext::new(1, 2)).unwrap();
+    let got = ob.to_vec::<f32>(0, n).unwrap();
+    let half = RunContext::new(1, 2).share_aligned(n, 16);
+    assert!(got[..half.start].iter().all(|&v| v == 0.0));
+    assert_eq!(&got[half.clone()], &want[half]);
+}

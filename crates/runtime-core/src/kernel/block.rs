@@ -19,7 +19,7 @@
 
 use std::cell::Cell;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,10 @@ pub const MAX_BLOCK_DIM: u32 = 65_535;
 pub struct RunContext {
     block_idx: u32,
     block_num: u32,
+    /// The multi-block launch this block belongs to (0: none, or made by [`RunContext::new`]):
+    /// what the built-in kernels compare with the launch their arguments and their thread's
+    /// borrowed holdings belong to (see `builtin`).
+    launch: u64,
 }
 
 impl RunContext {
@@ -52,7 +56,21 @@ impl RunContext {
         RunContext {
             block_idx,
             block_num,
+            launch: 0,
         }
+    }
+
+    /// Block `block_idx` of `block_num` of the multi-block launch `launch`.
+    pub(crate) fn of_launch(block_idx: u32, block_num: u32, launch: u64) -> RunContext {
+        RunContext {
+            launch,
+            ..RunContext::new(block_idx, block_num)
+        }
+    }
+
+    /// The launch this block belongs to (0 when none).
+    pub(crate) fn launch(&self) -> u64 {
+        self.launch
     }
 
     /// The only block of a single-block launch.
@@ -132,6 +150,15 @@ pub type BlockBody = dyn Fn(RunContext) -> Result<(), KernelFailure> + Send + Sy
 /// How long the op's thread spins for the last blocks of its helpers before it sleeps.
 const SPIN: Duration = Duration::from_micros(50);
 
+/// Launch ids (never 0, never reused).
+static NEXT_LAUNCH: AtomicU64 = AtomicU64::new(1);
+
+/// A new multi-block launch id: give it to [`run_blocks_on`] and to the launch's arguments
+/// (`Args::for_launch`).
+pub(crate) fn new_launch() -> u64 {
+    NEXT_LAUNCH.fetch_add(1, Ordering::Relaxed)
+}
+
 /// Run `body` as `block_num` blocks on the compute workers of `exec`'s device and on the
 /// calling thread, and return when all have run (the lowest failing block's failure, named).
 /// Called by the op that runs the launch, holding its allocations; a single block runs right
@@ -147,7 +174,7 @@ pub fn run_blocks(
     block_num: u32,
     body: Arc<BlockBody>,
 ) -> Result<(), KernelFailure> {
-    run_blocks_on(exec, name, block_num, body, false)
+    run_blocks_on(exec, name, block_num, body, new_launch(), false)
 }
 
 /// [`run_blocks`], also letting host threads that wait for the stream running the launch
@@ -158,6 +185,7 @@ pub(crate) fn run_blocks_on(
     name: &str,
     block_num: u32,
     body: Arc<BlockBody>,
+    launch_id: u64,
     waiters_help: bool,
 ) -> Result<(), KernelFailure> {
     if block_num <= 1 {
@@ -169,7 +197,8 @@ pub(crate) fn run_blocks_on(
         next: AtomicU32::new(0),
         done: AtomicU32::new(0),
         helpers: AtomicU32::new(0),
-        lending: access::lend(),
+        launch: launch_id,
+        lending: access::lend(launch_id),
         state: Mutex::new(State {
             body: Some(body.clone()),
             failure: None,
@@ -205,6 +234,8 @@ struct Launch {
     done: AtomicU32,
     /// Helpers between joining (under `state`'s lock) and leaving.
     helpers: AtomicU32,
+    /// The launch's id (its blocks' `RunContext::launch`).
+    launch: u64,
     lending: Arc<Lending>,
     state: Mutex<State>,
     /// Signalled by each helper that leaves.
@@ -231,7 +262,7 @@ impl Launch {
             if i >= self.block_num {
                 return;
             }
-            let cx = RunContext::new(i, self.block_num);
+            let cx = RunContext::of_launch(i, self.block_num, self.launch);
             let result = as_block(cx, || {
                 crate::stream::panics::run_caught(&self.name, || body(cx))
             });

@@ -35,7 +35,7 @@ use num_complex::Complex;
 
 use crate::error::{ArgError, KernelFailure};
 use crate::kernel::{Args, DType, Kernel, KernelArg, RunContext, Tensor};
-use crate::memory::access::Access;
+use crate::memory::access::{Access, AccessSet};
 
 /// All built-in kernels.
 pub fn all() -> Vec<Arc<dyn Kernel>> {
@@ -633,6 +633,36 @@ impl Kernel for Builtin {
                 "the arguments were checked by another kernel",
             ));
         }
+        if *self == Builtin::Noop {
+            return Ok(());
+        }
+        // The typed views below are sound only while nothing else touches the tensors: the
+        // calling thread must hold them itself (the op of a launch of this kernel), or borrow
+        // them from the blocks of the launch these very arguments belong to (which share the
+        // work out by block index). A call from anywhere else (user code calling `run`
+        // directly) takes the allocations as a host access does, waiting for their work.
+        let uses = AccessSet::new(args.iter().enumerate().filter_map(|(i, a)| match a {
+            KernelArg::Tensor(t) => Some((t.buffer(), self.access(i))),
+            _ => None,
+        }));
+        let launch = if args.launch() == cx.launch() {
+            args.launch()
+        } else {
+            0
+        };
+        if uses.held_for(launch) {
+            self.compute(args, cx);
+            Ok(())
+        } else {
+            uses.host(|| self.compute(args, cx))
+                .map_err(|e| KernelFailure::new(self.name(), e.to_string()))
+        }
+    }
+}
+
+impl Builtin {
+    /// The work of block `cx`, the tensors held (see `run`).
+    fn compute(&self, args: &Args, cx: &RunContext) {
         match self {
             Builtin::Noop => {}
             Builtin::Copy => {
@@ -647,7 +677,6 @@ impl Kernel for Builtin {
             Builtin::Sum if cx.block_idx() != 0 => {}
             _ => dispatch(*self, args, cx),
         }
-        Ok(())
     }
 }
 
@@ -702,10 +731,11 @@ fn dispatch(k: Builtin, args: &[KernelArg], cx: &RunContext) {
 /// `Buffer::slice_unsynchronized`: `check` verified bounds, alignment (the offset is a
 /// multiple of the item size, which every `Repr`'s alignment divides), and that the tensor is
 /// either disjoint from every output or exactly an output (in which case callers use the
-/// in-place paths and never hold both views); the blocks of a launch view disjoint element
-/// ranges of each output (`RunContext::share_aligned`); the kernel runs as an op holding
-/// every tensor's allocation (the output exclusively, `access`), so no other op or host
-/// thread touches the bytes meanwhile.
+/// in-place paths and never hold both views); `run` computes only while its thread holds
+/// every tensor's allocation (the output exclusively, `access`) itself, or borrows it from
+/// the blocks of this very launch, whose blocks view disjoint element ranges of each output
+/// (`RunContext::share_aligned`, one claimed block index each), so no other op, block or
+/// host thread touches the bytes meanwhile.
 fn view_part<T: crate::memory::Element>(x: &Tensor, range: std::ops::Range<usize>) -> &[T] {
     let at = x.offset + (range.start * size_of::<T>()) as u64;
     // SAFETY: see above.

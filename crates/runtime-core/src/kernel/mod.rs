@@ -246,6 +246,9 @@ impl std::fmt::Debug for Scalar {
 #[derive(Clone)]
 pub struct Args {
     args: Vec<KernelArg>,
+    /// The multi-block launch these are the arguments of (0: none): set only by the launch
+    /// itself, on its blocks' copy.
+    launch: u64,
     /// The kernel whose `check` accepted `args`. Held, so no other kernel can be made at
     /// its address while these arguments live (identity by ownership, not by an address
     /// that a freed kernel's successor may reuse).
@@ -270,8 +273,22 @@ impl Args {
         kernel.check(&args)?;
         Ok(Args {
             args,
+            launch: 0,
             checked_by: kernel.clone(),
         })
+    }
+
+    /// A copy for the blocks of launch `launch`.
+    fn for_launch(&self, launch: u64) -> Args {
+        Args {
+            launch,
+            ..self.clone()
+        }
+    }
+
+    /// The multi-block launch these are the arguments of (0: none).
+    pub(crate) fn launch(&self) -> u64 {
+        self.launch
     }
 
     /// Whether `kernel` (this very object) is the one whose check accepted these arguments.
@@ -414,12 +431,14 @@ impl Op for KernelOp {
             let cx = RunContext::single();
             return block::as_block(cx, || self.kernel.run(&self.args, &cx));
         }
-        let (kernel, args) = (self.kernel.clone(), self.args.clone());
+        let launch = block::new_launch();
+        let (kernel, args) = (self.kernel.clone(), self.args.for_launch(launch));
         block::run_blocks_on(
             &self.exec,
             &self.name,
             self.blocks,
             Arc::new(move |cx| kernel.run(&args, &cx)),
+            launch,
             true,
         )
     }

@@ -310,6 +310,18 @@ impl AccessSet {
         Ok(held)
     }
 
+    /// Whether the calling thread may use these allocations as they say without taking
+    /// anything: it holds each in a sufficient mode, itself (the op it runs: no other thread
+    /// touches them meanwhile), or borrowed from the blocks of launch `launch` (not 0), whose
+    /// blocks share out the work between them.
+    pub(crate) fn held_for(&self, launch: u64) -> bool {
+        self.0.iter().all(|(a, m)| {
+            held_entry(a.id).is_some_and(|(mine, lent)| {
+                mine >= *m && lent.is_none_or(|l| launch != 0 && l.launch == launch)
+            })
+        })
+    }
+
     /// Run `f` as a safe host access of these allocations: after the queued work it must
     /// follow, holding their locks.
     pub(crate) fn host<R>(&self, f: impl FnOnce() -> R) -> Result<R> {
@@ -399,14 +411,18 @@ fn held_mode(id: u64) -> Option<Access> {
 pub(crate) struct Lending {
     entries: Vec<(u64, Access)>,
     host: Arc<Mutex<()>>,
+    /// The launch (`kernel::block`) whose blocks borrow.
+    launch: u64,
 }
 
-/// Snapshot the calling thread's holdings (the op it runs) for the blocks of a launch.
-pub(crate) fn lend() -> Arc<Lending> {
+/// Snapshot the calling thread's holdings (the op it runs) for the blocks of launch
+/// `launch`.
+pub(crate) fn lend(launch: u64) -> Arc<Lending> {
     let entries = HELD.with(|h| h.borrow().iter().map(|e| (e.id, e.mode)).collect());
     Arc::new(Lending {
         entries,
         host: Arc::new(Mutex::new(())),
+        launch,
     })
 }
 
