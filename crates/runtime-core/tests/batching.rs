@@ -25,6 +25,9 @@ struct Outcome {
     violations: Vec<String>,
 }
 
+/// Per thread: the latest event it recorded, with the number of ops queued before it.
+type Latest = Vec<Mutex<Option<(Event, u64)>>>;
+
 struct Log {
     ran: Mutex<Vec<u64>>,
     /// How many ops ran (read by other streams' ops and by the launching thread).
@@ -45,9 +48,7 @@ fn run(batching: bool) -> Outcome {
             })
         })
         .collect();
-    // The latest event each thread recorded, with the number of ops queued before it.
-    let latest: Arc<Vec<Mutex<Option<(Event, u64)>>>> =
-        Arc::new((0..THREADS).map(|_| Mutex::new(None)).collect());
+    let latest: Arc<Latest> = Arc::new((0..THREADS).map(|_| Mutex::new(None)).collect());
     let violations = Arc::new(Mutex::new(Vec::new()));
     std::thread::scope(|scope| {
         for t in 0..THREADS {

@@ -12,7 +12,7 @@
 //!
 //! The op's thread holds the launch's allocations (`memory::access`) while its blocks run on
 //! other threads: each block borrows those holdings for its duration
-//! ([`crate::memory::access::Lending`]), so safe host accesses from a block neither wait for
+//! (`memory::access::Lending`), so safe host accesses from a block neither wait for
 //! the op nor race with the other blocks.
 //!
 //! [`Engine::post_help`]: crate::stream::engine

@@ -25,7 +25,7 @@
 //!   within [`OUT_OF_ORDER_WAIT`].
 //! * **Lending.** The blocks of a multi-block launch run on several threads while the op's
 //!   thread holds the locks. Each block thread borrows the op's holdings for the block's
-//!   duration ([`lend`], [`Lending::enter`]): it counts as a holder (never taking the locks
+//!   duration (`lend`, `Lending::enter`): it counts as a holder (never taking the locks
 //!   again, which would deadlock against the op that waits for it), and safe host accesses
 //!   of borrowed allocations take the launch's own mutex instead, so two blocks never copy
 //!   into the same bytes at once through safe calls.

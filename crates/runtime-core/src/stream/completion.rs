@@ -105,7 +105,7 @@ impl Completion {
     }
 
     /// Wait until `completed >= target` or `deadline`; false on timeout.
-    #[cfg(any(loom, test))]
+    #[cfg(loom)]
     pub(crate) fn wait(&self, target: u64, deadline: Option<Instant>) -> bool {
         self.wait_helping(target, deadline, &|| false)
     }
