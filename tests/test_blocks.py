@@ -172,13 +172,17 @@ def test_matmul_in_blocks_matches_numpy(stream, shape, block_dim):
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((k, n)).astype(np.float32)
     c = runtime.empty((m, n), "float32")
-    kernels.matmul(c, runtime.to_device(a), runtime.to_device(b), stream=stream, block_dim=block_dim)
+    kernels.matmul(
+        c, runtime.to_device(a), runtime.to_device(b), stream=stream, block_dim=block_dim
+    )
     stream.synchronize(timeout=WAIT)
     np.testing.assert_allclose(np.asarray(c), a @ b, rtol=1e-4, atol=1e-4)
     ai = rng.integers(-9, 9, (m, k)).astype(np.int32)
     bi = rng.integers(-9, 9, (k, n)).astype(np.int32)
     ci = runtime.empty((m, n), "int32")
-    kernels.matmul(ci, runtime.to_device(ai), runtime.to_device(bi), stream=stream, block_dim=block_dim)
+    kernels.matmul(
+        ci, runtime.to_device(ai), runtime.to_device(bi), stream=stream, block_dim=block_dim
+    )
     stream.synchronize(timeout=WAIT)
     np.testing.assert_array_equal(np.asarray(ci), ai @ bi)
 

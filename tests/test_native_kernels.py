@@ -117,7 +117,10 @@ def test_the_header_is_shipped_under_get_include():
     h = os.path.join(runtime.get_include(), "runtime", "kernel.h")
     with open(h) as f:
         text = f.read()
-    assert "int32_t (*runtime_kernel_fn)(uint32_t block_idx, uint32_t block_num, void **params)" in text
+    assert (
+        "int32_t (*runtime_kernel_fn)(uint32_t block_idx, uint32_t block_num, void **params)"
+        in text
+    )
 
 
 def test_a_c_kernel_adds_in_blocks(lib, stream):
