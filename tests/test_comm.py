@@ -366,3 +366,95 @@ def test_operators_without_meaning_for_the_dtype_are_refused(dtype, op):
         cs[0].all_reduce(buf, buf, op=op)
     with pytest.raises(ValueError, match="op"):
         cs[0].reduce_scatter(buf, buf[:2] if dtype != "bool" else buf[:2], op=op)
+
+
+# --- issue 22: collectives under misuse -----------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["slice", "add", "view"])
+def test_in_place_blocks_made_by_slicing_pointer_arithmetic_or_view(how):
+    """In-place all_gather/reduce_scatter on block ``rank`` of the buffer: ``buf[a:b]`` and
+    ``buf + n`` were refused ("send and recv partly overlap") while ``view()`` was accepted;
+    every way of making the block names the same bytes of one allocation."""
+    n, size = 3, 4
+    cs = comms(n)
+    bufs = [runtime.to_device(np.full(n * size, -1, "int32"), device=c.device) for c in cs]
+
+    def block(r, b):
+        if how == "slice":
+            return b[r * size : (r + 1) * size]
+        if how == "add":
+            return (b + r * size * 4).view("int32", (size,))
+        return b.view("int32", size, offset=r * size * 4)
+
+    blocks = [block(r, b) for r, b in enumerate(bufs)]
+    for r, blk in enumerate(blocks):
+        runtime.memcpy_host_to_device(blk, np.full(size, r + 1, "int32"))
+    for c, blk, b in zip(cs, blocks, bufs):
+        c.all_gather(blk, b)
+    sync(cs)
+    for b in bufs:
+        np.testing.assert_array_equal(b.copy_to_host(), np.repeat(np.arange(1, n + 1), size))
+    for c, b, blk in zip(cs, bufs, blocks):
+        c.reduce_scatter(b, blk)
+    sync(cs)
+    for r, blk in enumerate(blocks):
+        np.testing.assert_array_equal(blk.copy_to_host(), np.full(size, n * (r + 1)))
+    # One element off is a partial overlap whichever way it was made.
+    with pytest.raises(ValueError, match="partly overlap"):
+        cs[0].all_gather(bufs[0][1 : size + 1], bufs[0])
+
+
+def test_graph_replay_between_direct_collectives_at_different_speeds():
+    """Direct, replay, direct on two ranks whose streams run at different speeds: captured
+    collectives took their number when they ran and direct ones when issued, so the slow rank
+    numbered its replay 1 where the fast one had 2, a deadlock until the timeout. Rank 1's
+    stream is held back by a user event until rank 0 has issued everything."""
+    cs = comm.init_all([0, 1], timeout=10.0)
+    bufs = [runtime.to_device(np.ones(2, "int64"), device=c.device) for c in cs]
+    streams = [runtime.Stream(c.device) for c in cs]
+    graphs = []
+    for c, b, s in zip(cs, bufs, streams):
+        s.begin_capture()
+        c.all_reduce(b, b, stream=s)
+        graphs.append(s.end_capture())
+    gate = runtime.Event.user()
+    streams[1].wait_event(gate)
+    cs[0].all_reduce(bufs[0], bufs[0], stream=streams[0])
+    graphs[0].launch(streams[0])
+    cs[0].all_reduce(bufs[0], bufs[0], stream=streams[0])
+    cs[1].all_reduce(bufs[1], bufs[1], stream=streams[1])
+    graphs[1].launch(streams[1])
+    gate.set()
+    cs[1].all_reduce(bufs[1], bufs[1], stream=streams[1])
+    for s in streams:
+        s.synchronize(timeout=WAIT)
+    for b in bufs:
+        np.testing.assert_array_equal(b.copy_to_host(), np.full(2, 8))
+
+
+def test_more_than_1024_collectives_per_rank_in_one_group():
+    """One thread queues 1,100 collectives for rank 0, then 1,100 for rank 1, in a group: the
+    1,025th call blocked on rank 0's stream back-pressure (rank 1's calls never came) until
+    the timeout. In a group calls never block; its end waits for room."""
+    cs = comm.init_all([0, 1], timeout=30.0)
+    bufs = [runtime.to_device(np.arange(3, dtype="int64"), device=c.device) for c in cs]
+    with comm.group():
+        for c, b in zip(cs, bufs):
+            for _ in range(1100):
+                c.all_reduce(b, b, op="max")
+    sync(cs)
+    for b in bufs:
+        np.testing.assert_array_equal(b.copy_to_host(), np.arange(3))
+
+
+def test_out_of_range_root_names_the_valid_ranks():
+    """An out-of-range root said "(0..4)" for 4 ranks."""
+    cs = comms(3)
+    a = runtime.empty(4, "float32", 0)
+    with pytest.raises(
+        ValueError, match=r"root: 3 is not a rank of this communicator: its 3 ranks are 0 to 2"
+    ):
+        cs[0].broadcast(a, 3)
+    with pytest.raises(ValueError, match=r"peer: 5 is not a rank.*0 to 2"):
+        cs[0].send(a, 5)

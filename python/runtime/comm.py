@@ -16,7 +16,8 @@ sends ``size`` times the receive count; ``send`` and ``recv`` may be the same bu
 or for those two, ``send`` may be block ``rank`` of the larger buffer.
 
 Across processes and machines, ``init_mpi(devices=None, mpi_comm=None)`` (from ``_mpi``, over
-mpi4py) makes communicators with the same methods whose ranks are (MPI process x device).
+mpi4py) makes communicators with the same methods whose ranks are (MPI process x device); they
+run the same core protocol, MPI only moving the bytes between processes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import contextlib
 from collections.abc import Iterable, Iterator
 
 from ._mpi import MPICommunicator, init_mpi
-from ._runtime import Communicator, Device, comm_init_all
+from ._runtime import Communicator, Device, comm_group_end, comm_group_start, comm_init_all
 
 __all__ = ["Communicator", "MPICommunicator", "group", "init_all", "init_mpi"]
 
@@ -43,8 +44,16 @@ def init_all(devices: Iterable[Device | int], timeout: float = 300.0) -> list[Co
 def group() -> Iterator[None]:
     """Batch calls, as ``ncclGroupStart``/``ncclGroupEnd``.
 
-    Calls never block here (each one only queues work on its rank's stream, and sends never
-    wait for their receive), so a group needs no special handling: it exists so that code
-    written for NCCL's grouping runs unchanged.
+    Calls in a group never block: each one only queues work on its rank's stream, and inside
+    a group not even a stream's full backlog (1,024 queued commands) makes the call wait, so
+    one thread may queue any number of collectives for one rank before the other ranks'. The
+    end of the outermost group waits (interruptibly) for room on the streams the group filled,
+    once every rank's calls are queued. Groups nest and belong to the calling thread.
     """
-    yield
+    comm_group_start()
+    try:
+        yield
+    except BaseException:
+        comm_group_end(False)  # the other ranks' calls may never come: do not wait for room
+        raise
+    comm_group_end(True)

@@ -14,7 +14,7 @@
 //! | execution | [`stream`] | streams, engines, executors, copies, capture and replay |
 //! | devices | [`device`] | a device's memory, executor and default stream; current device/stream |
 //! | kernels | [`kernel`] | the `Kernel` trait, checked arguments, registry, built-ins |
-//! | collectives | [`comm`] | communicators over this process's devices; stream-ordered collectives |
+//! | collectives | [`comm`] | communicators over devices of this process or across processes (a byte transport); stream-ordered collectives |
 //! | lifecycle | [`runtime`] | the devices between `init` and `shutdown`; barriers |
 //!
 //! (`sync`, crate-private, holds the lock and atomic types that loom model-checks.)

@@ -441,3 +441,149 @@ fn bad_arguments_are_refused_at_once() {
     cs[0].destroy();
     assert!(cs[0].barrier(&s0).is_err());
 }
+
+/// Issue 22: an in-place block made by slicing (a `Buffer::view`, as `buf[a:b]` and `buf + n`
+/// make) was compared with its whole by view-relative offsets and refused as a partial
+/// overlap, while the same block as a tensor offset of the whole buffer was accepted. Both
+/// name the same bytes of one allocation, so both run in place.
+#[test]
+fn in_place_blocks_made_by_slicing_are_accepted() {
+    let _serial = serial();
+    let n = 3;
+    let cs = comms(n, Duration::from_secs(60));
+    let len = 5;
+    let bufs: Vec<Tensor> = cs
+        .iter()
+        .enumerate()
+        .map(|(r, c)| {
+            let mut v = vec![-1i64; n * len];
+            v[r * len..(r + 1) * len].fill(r as i64 + 1);
+            i64s(c, &v)
+        })
+        .collect();
+    // Block r as a view of the allocation (slicing), and through pointer arithmetic.
+    let sliced: Vec<Tensor> = bufs
+        .iter()
+        .enumerate()
+        .map(|(r, b)| {
+            let view = b
+                .buffer()
+                .view((r * len * 8) as u64, (len * 8) as u64)
+                .unwrap();
+            Tensor::new(view, 0, DType::I64, vec![len]).unwrap()
+        })
+        .collect();
+    let shifted: Vec<Tensor> = bufs
+        .iter()
+        .enumerate()
+        .map(|(r, b)| {
+            let view = b.buffer().shifted((r * len * 8) as i64).unwrap();
+            Tensor::new(view, 0, DType::I64, vec![len]).unwrap()
+        })
+        .collect();
+    for (r, c) in cs.iter().enumerate() {
+        c.all_gather(&sliced[r], &bufs[r], &stream(c)).unwrap();
+    }
+    assert!(sync_all(&cs).iter().all(Result::is_ok));
+    let want: Vec<i64> = (0..n * len).map(|i| (i / len) as i64 + 1).collect();
+    for b in &bufs {
+        assert_eq!(b.to_vec::<i64>().unwrap(), want);
+    }
+    for (r, c) in cs.iter().enumerate() {
+        c.reduce_scatter(&bufs[r], &shifted[r], ReduceOp::Sum, &stream(c))
+            .unwrap();
+    }
+    assert!(sync_all(&cs).iter().all(Result::is_ok));
+    for (r, b) in shifted.iter().enumerate() {
+        assert_eq!(b.to_vec::<i64>().unwrap(), vec![3 * (r as i64 + 1); len]);
+    }
+    // A view one element off is a partial overlap, however it was made.
+    let off = bufs[0].buffer().view(8, (len * 8) as u64).unwrap();
+    let off = Tensor::new(off, 0, DType::I64, vec![len]).unwrap();
+    let e = cs[0]
+        .all_gather(&off, &bufs[0], &stream(&cs[0]))
+        .expect_err("partial overlap");
+    assert!(e.to_string().contains("partly overlap"), "{e}");
+}
+
+/// Issue 22: a direct collective, a graph replay containing one, then a direct one, issued
+/// by ranks running at different speeds, deadlocked until the timeout: direct collectives
+/// took their number when issued, captured ones when they ran. Rank 1's stream is held back
+/// by a user event until everything is issued, so without launch-time numbering rank 0's
+/// replay took number 2 and rank 1's number 1.
+#[test]
+fn graph_replays_take_their_numbers_at_launch_whatever_the_ranks_speed() {
+    let _serial = serial();
+    let cs = comms(2, Duration::from_secs(10));
+    let ts: Vec<Tensor> = cs.iter().map(|c| i64s(c, &[1, 1])).collect();
+    let streams: Vec<Stream> = cs
+        .iter()
+        .map(|c| Stream::new(c.device(), 0).unwrap())
+        .collect();
+    let graphs: Vec<_> = cs
+        .iter()
+        .zip(&ts)
+        .zip(&streams)
+        .map(|((c, t), s)| {
+            s.begin_capture().unwrap();
+            c.all_reduce(t, t, ReduceOp::Sum, s).unwrap();
+            s.end_capture().unwrap()
+        })
+        .collect();
+    let gate = runtime_core::event::Event::user();
+    streams[1].wait_event(&gate).unwrap();
+    // Rank 0: direct, replay, direct, all issued and free to run.
+    cs[0]
+        .all_reduce(&ts[0], &ts[0], ReduceOp::Sum, &streams[0])
+        .unwrap();
+    streams[0].launch_graph(&graphs[0]).unwrap();
+    cs[0]
+        .all_reduce(&ts[0], &ts[0], ReduceOp::Sum, &streams[0])
+        .unwrap();
+    // Rank 1: the same program, its stream held back until rank 0 is done issuing.
+    cs[1]
+        .all_reduce(&ts[1], &ts[1], ReduceOp::Sum, &streams[1])
+        .unwrap();
+    streams[1].launch_graph(&graphs[1]).unwrap();
+    gate.set().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    cs[1]
+        .all_reduce(&ts[1], &ts[1], ReduceOp::Sum, &streams[1])
+        .unwrap();
+    for s in &streams {
+        s.synchronize(Some(Duration::from_secs(30))).unwrap();
+    }
+    for t in &ts {
+        assert_eq!(t.to_vec::<i64>().unwrap(), vec![8, 8]);
+    }
+}
+
+/// Issue 22: an out-of-range root said "(0..4)" for 4 ranks.
+#[test]
+fn an_out_of_range_root_or_peer_names_the_valid_ranks() {
+    let _serial = serial();
+    let cs = comms(4, Duration::from_secs(60));
+    let a = tensor(&cs[0], DType::I64, 4);
+    let s0 = stream(&cs[0]);
+    let e = cs[0].broadcast(&a, 4, &s0).expect_err("root 4 of 4 ranks");
+    assert_eq!(
+        e.to_string(),
+        "root: 4 is not a rank of this communicator: its 4 ranks are 0 to 3"
+    );
+    let e = cs[0].send(&a, 7, &s0).expect_err("peer 7 of 4 ranks");
+    assert!(e.to_string().contains("its 4 ranks are 0 to 3"), "{e}");
+}
+
+/// A rank may send to itself (NCCL and the in-process ranks always did; the MPI
+/// communicators refused it before they ran on this protocol).
+#[test]
+fn a_rank_sends_to_itself() {
+    let _serial = serial();
+    let cs = comms(2, Duration::from_secs(60));
+    let a = i64s(&cs[1], &[7, 8, 9]);
+    let r = tensor(&cs[1], DType::I64, 3);
+    cs[1].send(&a, 1, &stream(&cs[1])).unwrap();
+    cs[1].recv(&r, 1, &stream(&cs[1])).unwrap();
+    assert!(sync_all(&cs).iter().all(Result::is_ok));
+    assert_eq!(r.to_vec::<i64>().unwrap(), vec![7, 8, 9]);
+}

@@ -15,7 +15,7 @@
 //   ipc                         inter-process buffers and events (handles, ipc_open, pickling)
 //   device, event, kernel       Device and records, Event, Kernel and launches
 //   stream                      Stream, Graph and the stream functions
-//   comm                        Communicator and comm_init_all (runtime.comm)
+//   comm                        Communicator, comm_init_all, comm_connect, groups (runtime.comm)
 //   lifecycle                   init, shutdown, options
 mod buffer;
 mod comm;
@@ -67,6 +67,9 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kernel::PyKernel>()?;
     m.add_class::<comm::PyCommunicator>()?;
     m.add_function(wrap_pyfunction!(comm::comm_init_all, m)?)?;
+    m.add_function(wrap_pyfunction!(comm::comm_connect, m)?)?;
+    m.add_function(wrap_pyfunction!(comm::comm_group_start, m)?)?;
+    m.add_function(wrap_pyfunction!(comm::comm_group_end, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::init, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::shutdown, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::is_initialized, m)?)?;

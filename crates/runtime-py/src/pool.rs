@@ -37,15 +37,21 @@ thread_local! {
 }
 
 /// Pass every block given back so far to its allocator's `free` (see the module docs).
-pub fn return_blocks(py: Python<'_>) {
+/// Runs attached (the plugged `free` it calls is Python code), and only while a Python
+/// allocator is or was plugged in: `device_free` calls it every time.
+pub fn return_blocks(_py: Python<'_>) {
+    if !EVER_PLUGGED.load(std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
     if let Ok(r) = rt::get() {
-        py.detach(|| {
-            for d in r.devices() {
-                d.memory().return_blocks();
-            }
-        });
+        for d in r.devices() {
+            d.memory().return_blocks();
+        }
     }
 }
+
+/// Whether a Python allocator was ever plugged in (until then no block can be given back).
+static EVER_PLUGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// A Python allocator as the core sees it.
 struct PyAllocator {
@@ -156,6 +162,9 @@ pub fn set_allocator(
             free: free.as_ref().map(|f| Arc::new(f.clone().unbind())),
         }) as Arc<dyn Allocator>
     });
+    if plug.is_some() {
+        EVER_PLUGGED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     for d in r.devices() {
         d.memory().set_allocator(plug.clone());
     }

@@ -9,7 +9,13 @@
 //! moves), and the ranks work in parallel on disjoint ranges. The other collectives split the
 //! same way. No two ranks ever touch the same bytes, and a rank reads a tile of an input before
 //! it writes the same tile of an output, so an output that *is* its input (in place) is safe;
-//! partial overlaps are refused when the collective is issued (`check_alias` in `mod.rs`).
+//! partial overlaps are refused when the collective is issued (`in_place_or_disjoint` in
+//! `mod.rs`).
+//!
+//! For communicators spanning processes the leader of a collective (one thread, while the
+//! other local ranks wait) reduces and copies whole tensors with [`reduce_tensors`], [`divide`] and
+//! [`copy_bytes`], and exchanges read and write their regions with [`read_bytes`] and
+//! [`write_bytes`].
 //!
 //! Memory access goes through [`Buffer::slice`](crate::memory::Buffer::slice) views, one tile
 //! at a time, never a shared and an exclusive view of the same bytes at once.
@@ -192,12 +198,15 @@ fn view<T: Num>(t: &Tensor, lo: usize, hi: usize) -> &[T] {
     let off = t.offset() + (lo * size_of::<T>()) as u64;
     // SAFETY: `Buffer::slice_unsynchronized` checks bounds and alignment itself (panicking
     // otherwise). No exclusive view of these bytes exists meanwhile: within a collective only
-    // this rank touches this element range of any participating tensor (disjoint shares),
-    // each tile's shared view is dropped before any exclusive view of the same bytes is made,
-    // and inputs and outputs of one rank are identical or disjoint (checked at issue). Every
-    // rank's op is running inside this collective and holds its tensors' allocations
-    // (`Part::accesses`) until all shares are done, so no other op or host thread touches
-    // these buffers meanwhile.
+    // this rank touches this element range of any participating tensor (disjoint shares;
+    // spanning processes, only the leader touches the local tensors and its staging, and an
+    // exchange's regions only under their step's lock while the leader waits for it), each
+    // tile's shared view is dropped before any exclusive view of the same bytes is made, and
+    // inputs and outputs of one rank are identical or disjoint (checked at issue; `copy_bytes`
+    // copies overlapping ranges through a temporary). Every local rank's op is running inside
+    // this collective and holds its tensors' allocations (`Part::accesses`) until the
+    // collective is done, so no other op or host thread touches these buffers meanwhile;
+    // staging allocations are the step's own.
     unsafe { t.buffer().slice_unsynchronized::<T>(off, hi - lo) }
 }
 
@@ -270,10 +279,16 @@ fn copy_to_all<T: Num>(
     }
 }
 
-/// Whether element `i` of `a` and element `j` of `b` are the same bytes.
+/// Whether element `i` of `a` and element `j` of `b` are the same bytes (the same allocation
+/// and offset in it, whichever views the tensors were made through).
 fn same_place(a: &Tensor, i: usize, b: &Tensor, j: usize) -> bool {
-    a.buffer() == b.buffer()
-        && a.offset() + (i * a.dtype().size()) as u64 == b.offset() + (j * b.dtype().size()) as u64
+    byte_at(a, i * a.dtype().size()) == byte_at(b, j * b.dtype().size())
+        && a.buffer().same_allocation(b.buffer())
+}
+
+/// The offset in its allocation of byte `at` of `t`.
+fn byte_at(t: &Tensor, at: usize) -> u64 {
+    t.buffer().offset() + t.offset() + at as u64
 }
 
 fn typed<T: Num>(s: &Share<'_>) {
@@ -333,4 +348,163 @@ pub(crate) fn stage(t: &Tensor) -> crate::Result<Vec<u8>> {
 /// Copy staged bytes into `t` (a point-to-point receive).
 pub(crate) fn unstage(t: &Tensor, bytes: &[u8]) -> crate::Result<()> {
     t.buffer().write(t.offset(), bytes)
+}
+
+/// `out = op(in_0, ..., in_k)` element-wise over `count` elements: each input and output
+/// starts at its element index; inputs are reduced in order. `Avg` is summed, not divided
+/// (see [`divide`]). Outputs may be inputs at the same place (in place).
+pub(crate) fn reduce_tensors(
+    dtype: DType,
+    op: ReduceOp,
+    inputs: &[(&Tensor, usize)],
+    outputs: &[(&Tensor, usize)],
+    count: usize,
+) {
+    let (dtype, op) = if dtype.is_bool() {
+        match Kind::Reduce(op, 0).bool_as_bytes() {
+            Kind::Reduce(op, _) => (DType::U8, op),
+            _ => unreachable!("bool_as_bytes keeps the kind"),
+        }
+    } else {
+        (dtype, op)
+    };
+    if let [(x, i)] = inputs {
+        if outputs.iter().all(|(y, j)| same_place(x, *i, y, *j)) {
+            return; // one input, already in place
+        }
+    }
+    macro_rules! go {
+        ($t:ty) => {
+            combine_typed::<$t>(op, inputs, outputs, count)
+        };
+    }
+    match dtype {
+        DType::F32 => go!(f32),
+        DType::F64 => go!(f64),
+        DType::I32 => go!(i32),
+        DType::I64 => go!(i64),
+        DType::U8 | DType::Bool => go!(u8),
+        DType::I8 => go!(i8),
+        DType::I16 => go!(i16),
+        DType::U16 => go!(u16),
+        DType::U32 => go!(u32),
+        DType::U64 => go!(u64),
+        DType::F16 => go!(f16),
+        DType::C64 => go!(Complex<f32>),
+        DType::C128 => go!(Complex<f64>),
+    }
+}
+
+fn combine_typed<T: Num>(
+    op: ReduceOp,
+    inputs: &[(&Tensor, usize)],
+    outputs: &[(&Tensor, usize)],
+    count: usize,
+) {
+    let tile = tile_elems::<T>();
+    let mut acc = vec![T::default(); tile.min(count)];
+    let mut at = 0;
+    while at < count {
+        let end = (at + tile).min(count);
+        let acc = &mut acc[..end - at];
+        let (x0, b0) = inputs[0];
+        acc.copy_from_slice(view::<T>(x0, b0 + at, b0 + end));
+        for (x, b) in &inputs[1..] {
+            combine(op, acc, view::<T>(x, b + at, b + end));
+        }
+        for (y, b) in outputs {
+            view_mut::<T>(y, b + at, b + end).copy_from_slice(acc);
+        }
+        at = end;
+    }
+}
+
+/// `t[i] /= n` for elements `[at, at + count)` (the end of an `Avg`; integer division for
+/// integers). Booleans never get here (`avg` of bool is refused at issue).
+pub(crate) fn divide(dtype: DType, t: &Tensor, at: usize, count: usize, n: usize) {
+    macro_rules! go {
+        ($t:ty) => {{
+            let tile = tile_elems::<$t>();
+            let mut i = at;
+            while i < at + count {
+                let end = (i + tile).min(at + count);
+                finish(ReduceOp::Avg, view_mut::<$t>(t, i, end), n);
+                i = end;
+            }
+        }};
+    }
+    match dtype {
+        DType::F32 => go!(f32),
+        DType::F64 => go!(f64),
+        DType::I32 => go!(i32),
+        DType::I64 => go!(i64),
+        DType::U8 | DType::Bool => go!(u8),
+        DType::I8 => go!(i8),
+        DType::I16 => go!(i16),
+        DType::U16 => go!(u16),
+        DType::U32 => go!(u32),
+        DType::U64 => go!(u64),
+        DType::F16 => go!(f16),
+        DType::C64 => go!(Complex<f32>),
+        DType::C128 => go!(Complex<f64>),
+    }
+}
+
+/// Copy `len` bytes from byte `src_at` of `src` to byte `dst_at` of `dst` (nothing when they
+/// are the same bytes; overlapping ranges go through a temporary, as `memmove`).
+pub(crate) fn copy_bytes(src: &Tensor, src_at: usize, dst: &Tensor, dst_at: usize, len: usize) {
+    if len == 0
+        || (src.buffer().same_allocation(dst.buffer())
+            && byte_at(src, src_at) == byte_at(dst, dst_at))
+    {
+        return;
+    }
+    let (s0, d0) = (byte_at(src, src_at), byte_at(dst, dst_at));
+    let overlap =
+        src.buffer().same_allocation(dst.buffer()) && s0 < d0 + len as u64 && d0 < s0 + len as u64;
+    if overlap {
+        let mut tmp = vec![0u8; len];
+        read_bytes(src, src_at, &mut tmp);
+        write_bytes(dst, dst_at, &tmp);
+        return;
+    }
+    let tile = TILE_BYTES * 4;
+    let mut at = 0;
+    while at < len {
+        let end = (at + tile).min(len);
+        let s = bytes(src, src_at + at, end - at);
+        bytes_mut(dst, dst_at + at, end - at).copy_from_slice(s);
+        at = end;
+    }
+}
+
+/// Copy bytes `[at, at + dst.len())` of `t` into `dst`.
+pub(crate) fn read_bytes(t: &Tensor, at: usize, dst: &mut [u8]) {
+    dst.copy_from_slice(bytes(t, at, dst.len()));
+}
+
+/// Copy `src` to bytes `[at, at + src.len())` of `t`.
+pub(crate) fn write_bytes(t: &Tensor, at: usize, src: &[u8]) {
+    bytes_mut(t, at, src.len()).copy_from_slice(src);
+}
+
+/// A shared view of `len` bytes at byte `at` of `t`.
+fn bytes(t: &Tensor, at: usize, len: usize) -> &[u8] {
+    // SAFETY: as for `view` (bytes have no alignment requirement;
+    // `Buffer::slice_unsynchronized` checks the bounds).
+    unsafe {
+        t.buffer()
+            .slice_unsynchronized::<u8>(t.offset() + at as u64, len)
+    }
+}
+
+/// An exclusive view of `len` bytes at byte `at` of `t`.
+#[allow(clippy::mut_from_ref)] // device memory is shared by design, as for kernels
+fn bytes_mut(t: &Tensor, at: usize, len: usize) -> &mut [u8] {
+    // SAFETY: as for `view_mut`: the view is the only one of these bytes alive (made, written
+    // and dropped within one statement of its caller).
+    unsafe {
+        t.buffer()
+            .slice_mut_unsynchronized::<u8>(t.offset() + at as u64, len)
+    }
 }

@@ -9,10 +9,24 @@ use crate::event::EventInner;
 use crate::memory::access::AccessSet;
 use crate::stream::command::Op;
 
+/// A captured operation that takes something at each launch: a collective takes its sequence
+/// number when its graph is launched, as a direct call takes it when issued, so that a rank's
+/// collectives are numbered in issue order whether they are captured or not.
+pub(crate) trait LaunchBound: Send + Sync {
+    /// The operation one launch runs (called once per launch, in launch order).
+    fn bind(&self) -> Arc<dyn Op>;
+    /// Name shown by [`Graph::node_names`].
+    fn name(&self) -> &str;
+    /// The device memory every bound op touches (see [`Op::accesses`]).
+    fn accesses(&self) -> &AccessSet;
+}
+
 /// One captured step.
 #[derive(Clone)]
 pub(crate) enum Node {
     Op(Arc<dyn Op>),
+    /// An operation bound by [`GraphInner::bind`] at each launch.
+    Launch(Arc<dyn LaunchBound>),
     /// Record the event (a new record number each replay).
     Record(Arc<EventInner>),
     /// Wait for the event's latest record at replay time.
@@ -34,7 +48,8 @@ pub(crate) struct GraphInner {
 }
 
 impl GraphInner {
-    /// The nodes to run for one launch, with records and waits bound to record numbers now.
+    /// The nodes to run for one launch, with records and waits bound to record numbers now
+    /// and launch-bound operations (collectives) bound to their numbers.
     ///
     /// Binding at launch, not when the replay runs, makes a replay behave exactly like
     /// submitting the captured commands at that moment, as `Stream::record` and
@@ -46,7 +61,7 @@ impl GraphInner {
         if !self
             .nodes
             .iter()
-            .any(|n| matches!(n, Node::Record(_) | Node::Wait(_)))
+            .any(|n| matches!(n, Node::Record(_) | Node::Wait(_) | Node::Launch(_)))
         {
             return self.clone();
         }
@@ -60,6 +75,7 @@ impl GraphInner {
                     0 => None,
                     id => Some(Node::WaitId(e.clone(), id)),
                 },
+                Node::Launch(l) => Some(Node::Op(l.bind())),
                 other => Some(other.clone()),
             })
             .collect();
@@ -86,6 +102,7 @@ impl Graph {
     pub(crate) fn new(nodes: Vec<Node>, device: usize, generation: u64) -> Graph {
         let accesses = AccessSet::union(nodes.iter().filter_map(|n| match n {
             Node::Op(op) => Some(op.accesses()),
+            Node::Launch(l) => Some(l.accesses()),
             _ => None,
         }));
         Graph(Arc::new(GraphInner {
@@ -143,6 +160,7 @@ impl Graph {
             .iter()
             .map(|n| match n {
                 Node::Op(op) => op.name().to_string(),
+                Node::Launch(l) => l.name().to_string(),
                 Node::Record(e) | Node::RecordId(e, _) => format!("record(Event#{})", e.id),
                 Node::Wait(e) | Node::WaitId(e, _) => format!("wait(Event#{})", e.id),
             })

@@ -383,6 +383,20 @@ impl Stream {
         Err(self.busy_from_runtime_thread("a synchronous-mode launch"))
     }
 
+    /// Queue an operation that binds at launch (a collective taking its sequence number): bound
+    /// now and queued, or captured unbound so that each replay binds it at its launch. Never
+    /// runs inline and never waits (in synchronous mode too): a collective must return so that
+    /// the same thread can issue the other ranks' calls. Returns true when queued.
+    pub(crate) fn enqueue_bound(&self, op: Arc<dyn graph::LaunchBound>) -> Result<bool> {
+        let _submitting = self.enter()?;
+        if let Some(session) = self.session() {
+            session.push(self.0.id, Node::Launch(op));
+            return Ok(false);
+        }
+        self.submit(Command::Op(op.bind()));
+        Ok(true)
+    }
+
     /// [`Stream::try_run_inline`] for a blocking submission from a runtime thread: when the
     /// stream has nothing pending but its worker has not let it go yet (it is between its
     /// last command and going idle), wait out that moment instead of calling it busy.
@@ -1167,6 +1181,8 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
             for (i, node) in g.nodes.iter().enumerate().skip(start) {
                 match node {
                     Node::Op(op) => run_op(s, op.as_ref()),
+                    // Not reached: every launch binds these (`GraphInner::bind`).
+                    Node::Launch(l) => run_op(s, l.bind().as_ref()),
                     Node::Record(ev) => {
                         let id = ev.next_record();
                         ev.complete(id);

@@ -1,0 +1,980 @@
+//! Communicators whose ranks span processes: the [`Transport`] a host library (MPI through
+//! mpi4py in the Python package) implements to move bytes between processes, and the steps
+//! the core runs over it.
+//!
+//! The ranks of such a communicator are (process, local device) pairs numbered process by
+//! process. Everything but the bytes crossing a process boundary is the core's, as for a
+//! communicator of one process: numbering, the rendezvous of the local ranks, the agreement
+//! check, timeouts, abort, local reductions and copies. Once the local ranks of a collective
+//! have all arrived, its leader (the last to arrive) runs one step: it reduces or gathers the
+//! local buffers, starts one [`Exchange`] across the processes, polls it ([`Pending::test`])
+//! until it completes, the communicator is aborted or the collective's deadline passes, and
+//! writes the result to every local buffer. Steps start in collective number order, which is
+//! the order every process makes them in.
+//!
+//! When the transport cannot reduce a dtype and operator itself ([`Transport::reduces`]:
+//! MPI has no float16, for example), the step gathers every process's partial result and
+//! reduces them here, in process order, with the same arithmetic as in-process collectives.
+//! Data movement (broadcast, gathers, all-to-all, send/recv) is bytes, so every dtype works.
+//!
+//! Regions handed to the transport are device memory (local buffers, or staging allocated on
+//! the first local device). They are the transport's only for the step: [`Region::read`] and
+//! [`Region::write`] fail once the step ended (completed, timed out or aborted).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::device::Device;
+use crate::error::{arg_error, Error, KernelFailure, Result, StreamError};
+use crate::kernel::{DType, Tensor};
+
+use super::protocol::{panic_message, rank_list, Part, Shared};
+use super::{reduce, Communicator, Kind, ReduceOp};
+
+/// After this long inside one exchange, polls are spaced by naps (a peer is late; the core is
+/// left to others).
+const SPIN: Duration = Duration::from_millis(50);
+const NAP: Duration = Duration::from_micros(200);
+
+/// A failure reported by a [`Transport`].
+#[derive(Clone)]
+pub struct TransportError {
+    /// What went wrong.
+    pub message: String,
+    /// The original error object (the Python bindings keep the Python exception here so that
+    /// it becomes the raised error's `__cause__`).
+    pub payload: Option<Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for TransportError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TransportError({:?})", self.message)
+    }
+}
+
+impl From<String> for TransportError {
+    fn from(message: String) -> Self {
+        TransportError {
+            message,
+            payload: None,
+        }
+    }
+}
+
+impl TransportError {
+    /// The core error a collective fails with: a kernel failure named after the exchange.
+    fn into_error(self, what: &str) -> Error {
+        StreamError::Kernel(KernelFailure {
+            kernel: what.to_string(),
+            stream: 0,
+            message: self.message,
+            payload: self.payload,
+        })
+        .into()
+    }
+}
+
+/// Whether a step's regions may still be touched.
+struct StepLive(Mutex<bool>);
+
+/// Marks its step ended when dropped (completed, failed, timed out, aborted or unwound).
+struct StepGuard(Arc<StepLive>);
+
+impl Drop for StepGuard {
+    fn drop(&mut self) {
+        *self.0 .0.lock() = false;
+    }
+}
+
+/// Device memory an exchange reads or writes: `len` elements of `dtype`, contiguous. Valid for
+/// the step only.
+pub struct Region {
+    tensor: Tensor,
+    step: Arc<StepLive>,
+}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Region({} x {} in {:?})",
+            self.len(),
+            self.dtype().name(),
+            self.tensor.buffer()
+        )
+    }
+}
+
+impl Region {
+    fn new(step: &Arc<StepLive>, t: &Tensor, dtype: DType, start: usize, len: usize) -> Region {
+        let at = t.offset() + (start * t.dtype().size()) as u64;
+        let tensor = Tensor::new(t.buffer().clone(), at, dtype, vec![len])
+            .expect("a region inside a checked tensor");
+        Region {
+            tensor,
+            step: step.clone(),
+        }
+    }
+
+    /// The whole of `t`, as bytes.
+    fn bytes(step: &Arc<StepLive>, t: &Tensor) -> Region {
+        let tensor = Tensor::new(
+            t.buffer().clone(),
+            t.offset(),
+            DType::U8,
+            vec![t.nbytes() as usize],
+        )
+        .expect("the bytes of a checked tensor");
+        Region {
+            tensor,
+            step: step.clone(),
+        }
+    }
+
+    /// The region's bytes as a tensor (1-D, `len` elements of `dtype`). Bindings export it
+    /// to their host language; Rust transports use [`Region::read`] and [`Region::write`].
+    pub fn tensor(&self) -> &Tensor {
+        &self.tensor
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.tensor.dtype()
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.tensor.len()
+    }
+
+    /// Whether it has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Size in bytes.
+    pub fn nbytes(&self) -> usize {
+        self.tensor.nbytes() as usize
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<()> {
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > self.nbytes())
+        {
+            return Err(arg_error(
+                "offset",
+                format!(
+                    "{len} bytes at {offset} do not fit in a {}-byte region",
+                    self.nbytes()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Copy `dst.len()` bytes at byte `offset` of the region into `dst`.
+    ///
+    /// # Errors
+    /// Out of range; `Invalid` once the step ended.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.check(offset, dst.len())?;
+        let live = self.step.0.lock();
+        if !*live {
+            return Err(ended());
+        }
+        reduce::read_bytes(&self.tensor, offset, dst);
+        Ok(())
+    }
+
+    /// Copy `src` to byte `offset` of the region.
+    ///
+    /// # Errors
+    /// Out of range; `Invalid` once the step ended.
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.check(offset, src.len())?;
+        let live = self.step.0.lock();
+        if !*live {
+            return Err(ended());
+        }
+        reduce::write_bytes(&self.tensor, offset, src);
+        Ok(())
+    }
+}
+
+fn ended() -> Error {
+    StreamError::Invalid("the exchange this region belongs to has ended".into()).into()
+}
+
+/// One step across the processes. Every process makes the same exchanges in the same order
+/// (one at a time per communicator); counts are per process, in process order.
+#[derive(Debug)]
+pub enum Exchange {
+    /// Complete once every process has made it.
+    Barrier,
+    /// Process `root`'s `buf` to every process's `buf` (bytes).
+    Broadcast {
+        /// In place.
+        buf: Region,
+        /// The source process.
+        root: usize,
+    },
+    /// `buf = op(buf of every process)` on every process, element-wise, in place.
+    AllReduce {
+        /// In place.
+        buf: Region,
+        /// Never `Avg` (the core divides).
+        op: ReduceOp,
+    },
+    /// `buf = op(buf of every process)` on process `root`; elsewhere `buf` is only read.
+    Reduce {
+        /// In place on the root.
+        buf: Region,
+        /// Never `Avg`.
+        op: ReduceOp,
+        /// The process that gets the result.
+        root: usize,
+    },
+    /// `buf` holds one block per process, `counts[q]` bytes for process `q`, back to back; on
+    /// entry this process's block is filled, on completion every block.
+    AllGather {
+        /// In place.
+        buf: Region,
+        /// Bytes per process.
+        counts: Vec<usize>,
+    },
+    /// `recv = block p of op(send of every process)` on process `p`; block `q` of `send` is
+    /// `counts[q]` elements; `recv` holds `counts[p]`.
+    ReduceScatter {
+        /// `counts.sum()` elements.
+        send: Region,
+        /// This process's block of the result.
+        recv: Region,
+        /// Elements per process.
+        counts: Vec<usize>,
+        /// Never `Avg`.
+        op: ReduceOp,
+    },
+    /// Block `q` of `send` (`send_counts[q]` bytes) goes to process `q`; block `q` of `recv`
+    /// (`recv_counts[q]` bytes) comes from process `q`.
+    AllToAll {
+        /// Bytes to send, block per destination process.
+        send: Region,
+        /// Bytes per destination.
+        send_counts: Vec<usize>,
+        /// Bytes received, block per source process.
+        recv: Region,
+        /// Bytes per source.
+        recv_counts: Vec<usize>,
+    },
+    /// `buf` (bytes) to process `to`, matched with its `Recv` of the same `tag` in order.
+    Send {
+        /// Read only.
+        buf: Region,
+        /// Destination process.
+        to: usize,
+        /// Tag: the (source, destination) pair of local ranks.
+        tag: u64,
+    },
+    /// Receive `buf.nbytes()` bytes from process `from`; a message of another size fails.
+    Recv {
+        /// Written.
+        buf: Region,
+        /// Source process.
+        from: usize,
+        /// As for `Send`.
+        tag: u64,
+    },
+}
+
+/// An exchange in flight.
+pub trait Pending: Send {
+    /// Whether it has completed. Called repeatedly by the core until it answers true or
+    /// fails; the core drops it (abandoning it) on timeout or abort.
+    ///
+    /// # Errors
+    /// The exchange failed; the communicator is aborted.
+    fn test(&mut self) -> std::result::Result<bool, TransportError>;
+}
+
+/// Moves bytes between the processes of a communicator that spans processes.
+///
+/// The core calls `start` and the pending exchange's `test` from one thread at a time per
+/// communicator for collectives (in collective order), and from the sending or receiving
+/// rank's thread for `Send`/`Recv`, which may run meanwhile.
+pub trait Transport: Send + Sync {
+    /// Whether `AllReduce`, `Reduce` and `ReduceScatter` of `dtype` under `op` are done by
+    /// the transport; otherwise the core gathers and reduces them itself. Must give the same
+    /// answer in every process. Booleans are asked as `U8` with `Max`/`Min`; `Avg` is never
+    /// asked.
+    fn reduces(&self, dtype: DType, op: ReduceOp) -> bool;
+
+    /// Start `exchange`.
+    ///
+    /// # Errors
+    /// It could not start; the communicator is aborted.
+    fn start(&self, exchange: Exchange) -> std::result::Result<Box<dyn Pending>, TransportError>;
+}
+
+/// The processes a communicator spans and its transport.
+pub(super) struct World {
+    transport: Arc<dyn Transport>,
+    pub(super) process: usize,
+    /// Ranks of every process.
+    pub(super) counts: Vec<usize>,
+    offsets: Vec<usize>,
+    pub(super) size: usize,
+    max_local: usize,
+    reduces: Mutex<HashMap<(DType, ReduceOp), bool>>,
+}
+
+/// The form a reduction takes across processes: booleans as bytes (or is max, and is min),
+/// averages as sums (divided by the rank count afterwards).
+fn transport_form(dtype: DType, op: ReduceOp) -> (DType, ReduceOp) {
+    let op = if op == ReduceOp::Avg {
+        ReduceOp::Sum
+    } else {
+        op
+    };
+    if dtype.is_bool() {
+        let op = match op {
+            ReduceOp::Sum => ReduceOp::Max,
+            ReduceOp::Prod => ReduceOp::Min,
+            other => other,
+        };
+        return (DType::U8, op);
+    }
+    (dtype, op)
+}
+
+/// Without `Avg`: partial results are sums until the end.
+fn partial(op: ReduceOp) -> ReduceOp {
+    if op == ReduceOp::Avg {
+        ReduceOp::Sum
+    } else {
+        op
+    }
+}
+
+/// A fresh staging tensor of `len` elements on `device`.
+fn staging(device: &Device, dtype: DType, len: usize) -> Result<Tensor> {
+    let buf = device.memory().allocate((len * dtype.size()) as u64)?;
+    Tensor::new(buf, 0, dtype, vec![len])
+}
+
+impl World {
+    /// The global rank of this process's first local rank.
+    pub(super) fn first_rank(&self) -> usize {
+        self.offsets[self.process]
+    }
+
+    /// (process, local rank) of global rank `rank`.
+    pub(super) fn locate(&self, rank: usize) -> (usize, usize) {
+        let p = self.offsets.partition_point(|&o| o <= rank) - 1;
+        (p, rank - self.offsets[p])
+    }
+
+    /// The tag of point-to-point messages from local rank `src` to local rank `dst`.
+    pub(super) fn tag(&self, src: usize, dst: usize) -> u64 {
+        (src * self.max_local + dst) as u64
+    }
+
+    fn native(&self, dtype: DType, op: ReduceOp) -> bool {
+        let (d, o) = transport_form(dtype, op);
+        if let Some(&known) = self.reduces.lock().get(&(d, o)) {
+            return known;
+        }
+        // Asked without the lock held: the transport is user code.
+        let answer = self.transport.reduces(d, o);
+        self.reduces.lock().insert((d, o), answer);
+        answer
+    }
+
+    /// Processes other than this one, and their ranks, for a timeout message.
+    fn others(&self) -> String {
+        let procs: Vec<usize> = (0..self.counts.len())
+            .filter(|&q| q != self.process)
+            .collect();
+        let ranks: Vec<usize> = procs
+            .iter()
+            .flat_map(|&q| self.offsets[q]..self.offsets[q] + self.counts[q])
+            .collect();
+        format!(
+            "one or more of processes {} (ranks {})",
+            rank_list(&procs),
+            rank_list(&ranks)
+        )
+    }
+
+    /// Start one exchange built by `make` over a fresh step and poll it to completion, the
+    /// deadline or the communicator's abort.
+    fn exchange(
+        &self,
+        sh: &Shared,
+        what: &str,
+        deadline: Option<Instant>,
+        make: impl FnOnce(&Arc<StepLive>) -> Exchange,
+    ) -> Result<()> {
+        let live = Arc::new(StepLive(Mutex::new(true)));
+        let _ended = StepGuard(live.clone());
+        let exchange = make(&live);
+        drive(
+            self.transport.as_ref(),
+            exchange,
+            what,
+            deadline,
+            || sh.abort_reason(),
+            || {
+                format!(
+                    "{what} across processes (process {} of {}, waiting for {} to take part)",
+                    self.process,
+                    self.counts.len(),
+                    self.others()
+                )
+            },
+            sh.timeout,
+        )
+    }
+
+    /// The leader's step of a collective whose local parts are `parts`.
+    pub(super) fn collective(
+        &self,
+        sh: &Shared,
+        what: &str,
+        parts: &[Arc<Part>],
+        deadline: Option<Instant>,
+    ) -> Result<()> {
+        let kind = parts[0].kind;
+        let count = parts[0].count;
+        let local = parts.len();
+        let nproc = self.counts.len();
+        let p = self.process;
+        let send = |l: usize| parts[l].send.as_ref().expect("send checked at issue");
+        let recv = |l: usize| parts[l].recv.as_ref().expect("recv checked at issue");
+        let dev = &sh.devices[0];
+        if kind == Kind::Barrier {
+            return self.exchange(sh, what, deadline, |_| Exchange::Barrier);
+        }
+        let dtype = parts[0]
+            .dtype
+            .expect("every collective but barrier has a dtype");
+        let esz = dtype.size();
+        if count == 0 {
+            return Ok(());
+        }
+        match kind {
+            Kind::Barrier => unreachable!("handled above"),
+            Kind::AllReduce(op) => {
+                let acc = recv(0);
+                let ins: Vec<(&Tensor, usize)> = (0..local).map(|l| (send(l), 0)).collect();
+                reduce::reduce_tensors(dtype, partial(op), &ins, &[(acc, 0)], count);
+                self.reduce_across(sh, what, deadline, acc, 0, dtype, op, count, None)?;
+                if op == ReduceOp::Avg {
+                    reduce::divide(dtype, acc, 0, count, self.size);
+                }
+                for l in 1..local {
+                    reduce::copy_bytes(acc, 0, recv(l), 0, count * esz);
+                }
+            }
+            Kind::Reduce(op, root) => {
+                let (rp, rl) = self.locate(root);
+                let here = rp == p;
+                let acc = if here {
+                    recv(rl).clone()
+                } else if local == 1 {
+                    send(0).clone()
+                } else {
+                    staging(dev, dtype, count)?
+                };
+                if here || local > 1 {
+                    let ins: Vec<(&Tensor, usize)> = (0..local).map(|l| (send(l), 0)).collect();
+                    reduce::reduce_tensors(dtype, partial(op), &ins, &[(&acc, 0)], count);
+                }
+                self.reduce_across(sh, what, deadline, &acc, 0, dtype, op, count, Some(rp))?;
+                if here && op == ReduceOp::Avg {
+                    reduce::divide(dtype, &acc, 0, count, self.size);
+                }
+            }
+            Kind::Broadcast(root) => {
+                let (rp, rl) = self.locate(root);
+                let src_local = if rp == p { rl } else { 0 };
+                let src = recv(src_local);
+                self.exchange(sh, what, deadline, |s| Exchange::Broadcast {
+                    buf: Region::bytes(s, src),
+                    root: rp,
+                })?;
+                for l in (0..local).filter(|&l| l != src_local) {
+                    reduce::copy_bytes(src, 0, recv(l), 0, count * esz);
+                }
+            }
+            Kind::AllGather => {
+                let acc = recv(0);
+                let first = self.first_rank();
+                for l in 0..local {
+                    reduce::copy_bytes(send(l), 0, acc, (first + l) * count * esz, count * esz);
+                }
+                let counts = self.counts.iter().map(|&c| c * count * esz).collect();
+                self.exchange(sh, what, deadline, |s| Exchange::AllGather {
+                    buf: Region::bytes(s, acc),
+                    counts,
+                })?;
+                for l in 1..local {
+                    reduce::copy_bytes(acc, 0, recv(l), 0, self.size * count * esz);
+                }
+            }
+            Kind::ReduceScatter(op) => {
+                let (tdtype, top) = transport_form(dtype, op);
+                let native = self.native(dtype, op);
+                let counts: Vec<usize> = self.counts.iter().map(|&c| c * count).collect();
+                if local == 1 && native && !super::overlaps(send(0), recv(0)) {
+                    self.exchange(sh, what, deadline, |s| Exchange::ReduceScatter {
+                        send: Region::new(s, send(0), tdtype, 0, self.size * count),
+                        recv: Region::new(s, recv(0), tdtype, 0, count),
+                        counts,
+                        op: top,
+                    })?;
+                    if op == ReduceOp::Avg {
+                        reduce::divide(dtype, recv(0), 0, count, self.size);
+                    }
+                    return Ok(());
+                }
+                let total = self.size * count;
+                let sum = staging(dev, dtype, total)?;
+                let ins: Vec<(&Tensor, usize)> = (0..local).map(|l| (send(l), 0)).collect();
+                reduce::reduce_tensors(dtype, partial(op), &ins, &[(&sum, 0)], total);
+                let first = self.first_rank();
+                let (mine, base) = if native {
+                    let mine = staging(dev, dtype, local * count)?;
+                    self.exchange(sh, what, deadline, |s| Exchange::ReduceScatter {
+                        send: Region::new(s, &sum, tdtype, 0, total),
+                        recv: Region::new(s, &mine, tdtype, 0, local * count),
+                        counts,
+                        op: top,
+                    })?;
+                    (mine, 0)
+                } else {
+                    self.gather_reduce(sh, what, deadline, &sum, dtype, op, total, first * count)?;
+                    (sum, first * count)
+                };
+                if op == ReduceOp::Avg {
+                    reduce::divide(dtype, &mine, base, local * count, self.size);
+                }
+                for l in 0..local {
+                    reduce::copy_bytes(&mine, (base + l * count) * esz, recv(l), 0, count * esz);
+                }
+            }
+            Kind::AllToAll => {
+                let c = count / self.size;
+                let block = c * esz;
+                if self.max_local == 1 {
+                    let counts = vec![block; nproc];
+                    return self.exchange(sh, what, deadline, |s| Exchange::AllToAll {
+                        send: Region::bytes(s, send(0)),
+                        send_counts: counts.clone(),
+                        recv: Region::bytes(s, recv(0)),
+                        recv_counts: counts,
+                    });
+                }
+                // Pack per destination process q: for each local source l, its blocks for
+                // the ranks of q.
+                let out = staging(dev, DType::U8, local * self.size * block)?;
+                let mut send_counts = Vec::with_capacity(nproc);
+                let mut pos = 0;
+                for q in 0..nproc {
+                    let (lo, n) = (self.offsets[q] * block, self.counts[q] * block);
+                    for l in 0..local {
+                        reduce::copy_bytes(send(l), lo, &out, pos, n);
+                        pos += n;
+                    }
+                    send_counts.push(local * n);
+                }
+                // Receive per source process q: for each of its ranks, a block per local rank.
+                let inn = staging(dev, DType::U8, self.size * local * block)?;
+                let recv_counts: Vec<usize> =
+                    self.counts.iter().map(|&n| n * local * block).collect();
+                self.exchange(sh, what, deadline, |s| Exchange::AllToAll {
+                    send: Region::new(s, &out, DType::U8, 0, out.len()),
+                    send_counts,
+                    recv: Region::new(s, &inn, DType::U8, 0, inn.len()),
+                    recv_counts,
+                })?;
+                for q in 0..nproc {
+                    for src in 0..self.counts[q] {
+                        let at = (self.offsets[q] * local + src * local) * block;
+                        for m in 0..local {
+                            let j = self.offsets[q] + src;
+                            reduce::copy_bytes(&inn, at + m * block, recv(m), j * block, block);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `op` across processes over elements `[at, at + count)` of `acc` (this process's partial
+    /// result): on every process, or on process `root` only. Not divided for `Avg`.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_across(
+        &self,
+        sh: &Shared,
+        what: &str,
+        deadline: Option<Instant>,
+        acc: &Tensor,
+        at: usize,
+        dtype: DType,
+        op: ReduceOp,
+        count: usize,
+        root: Option<usize>,
+    ) -> Result<()> {
+        if self.native(dtype, op) {
+            let (tdtype, top) = transport_form(dtype, op);
+            return self.exchange(sh, what, deadline, |s| {
+                let buf = Region::new(s, acc, tdtype, at, count);
+                match root {
+                    None => Exchange::AllReduce { buf, op: top },
+                    Some(root) => Exchange::Reduce { buf, op: top, root },
+                }
+            });
+        }
+        if root.is_some_and(|r| r != self.process) {
+            // Non-root processes still take part in the gather.
+            let gathered = self.gather(sh, what, deadline, acc, at, dtype, count)?;
+            drop(gathered);
+            return Ok(());
+        }
+        let gathered = self.gather(sh, what, deadline, acc, at, dtype, count)?;
+        let ins: Vec<(&Tensor, usize)> = (0..self.counts.len())
+            .map(|q| (&gathered, q * count))
+            .collect();
+        reduce::reduce_tensors(dtype, partial(op), &ins, &[(acc, at)], count);
+        Ok(())
+    }
+
+    /// Every process's elements `[at, at + count)` of its `acc`, block `q` from process `q`.
+    #[allow(clippy::too_many_arguments)]
+    fn gather(
+        &self,
+        sh: &Shared,
+        what: &str,
+        deadline: Option<Instant>,
+        acc: &Tensor,
+        at: usize,
+        dtype: DType,
+        count: usize,
+    ) -> Result<Tensor> {
+        let nproc = self.counts.len();
+        let esz = dtype.size();
+        let all = staging(&sh.devices[0], dtype, nproc * count)?;
+        reduce::copy_bytes(acc, at * esz, &all, self.process * count * esz, count * esz);
+        self.exchange(sh, what, deadline, |s| Exchange::AllGather {
+            buf: Region::new(s, &all, DType::U8, 0, all.len() * esz),
+            counts: vec![count * esz; nproc],
+        })?;
+        Ok(all)
+    }
+
+    /// Reduce every process's `sum` (of `total` elements) here, in process order; only
+    /// elements `[from, from + this process's share)` are written back to `sum`.
+    #[allow(clippy::too_many_arguments)]
+    fn gather_reduce(
+        &self,
+        sh: &Shared,
+        what: &str,
+        deadline: Option<Instant>,
+        sum: &Tensor,
+        dtype: DType,
+        op: ReduceOp,
+        total: usize,
+        from: usize,
+    ) -> Result<()> {
+        let gathered = self.gather(sh, what, deadline, sum, 0, dtype, total)?;
+        let mine = self.counts[self.process] * (total / self.size);
+        let ins: Vec<(&Tensor, usize)> = (0..self.counts.len())
+            .map(|q| (&gathered, q * total + from))
+            .collect();
+        reduce::reduce_tensors(dtype, partial(op), &ins, &[(sum, from)], mine);
+        Ok(())
+    }
+
+    /// A point-to-point message between this process's local rank and a rank of another
+    /// process, run on the rank's own stream.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn p2p(
+        &self,
+        sh: &Shared,
+        what: &str,
+        t: &Tensor,
+        peer_process: usize,
+        tag: u64,
+        sending: bool,
+    ) -> Result<()> {
+        let live = Arc::new(StepLive(Mutex::new(true)));
+        let _ended = StepGuard(live.clone());
+        let buf = Region::bytes(&live, t);
+        let exchange = if sending {
+            Exchange::Send {
+                buf,
+                to: peer_process,
+                tag,
+            }
+        } else {
+            Exchange::Recv {
+                buf,
+                from: peer_process,
+                tag,
+            }
+        };
+        drive(
+            self.transport.as_ref(),
+            exchange,
+            what,
+            sh.deadline(),
+            || sh.abort_reason(),
+            || {
+                format!(
+                    "{what} (process {} of {}; process {peer_process} did not {} it)",
+                    self.process,
+                    self.counts.len(),
+                    if sending { "receive" } else { "send" }
+                )
+            },
+            sh.timeout,
+        )
+    }
+}
+
+/// Start `exchange` and poll it until it completes, `aborted` says the communicator was
+/// aborted, or `deadline` passes (then `timeout_what` names what was waited for).
+#[allow(clippy::too_many_arguments)]
+fn drive(
+    transport: &dyn Transport,
+    exchange: Exchange,
+    what: &str,
+    deadline: Option<Instant>,
+    aborted: impl Fn() -> Option<Error>,
+    timeout_what: impl Fn() -> String,
+    timeout: Duration,
+) -> Result<()> {
+    let mut pending = transport.start(exchange).map_err(|e| e.into_error(what))?;
+    let t0 = Instant::now();
+    loop {
+        if pending.test().map_err(|e| e.into_error(what))? {
+            return Ok(());
+        }
+        if let Some(e) = aborted() {
+            return Err(e);
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(StreamError::Timeout {
+                what: timeout_what(),
+                timeout_ms: timeout.as_secs_f64() * 1e3,
+            }
+            .into());
+        }
+        if t0.elapsed() < SPIN {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(NAP);
+        }
+    }
+}
+
+/// Joining a communicator that spans processes: the processes exchange their local rank
+/// counts through the transport. Every process calls [`connect`] with the same `processes`,
+/// its own `process` index and its devices.
+pub struct Connecting {
+    devices: Vec<Device>,
+    process: usize,
+    transport: Arc<dyn Transport>,
+    timeout: Duration,
+    deadline: Option<Instant>,
+    table: Tensor,
+    live: Arc<StepLive>,
+    pending: Option<Box<dyn Pending>>,
+    t0: Instant,
+}
+
+impl std::fmt::Debug for Connecting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Connecting(process {} of {}, {} devices)",
+            self.process,
+            self.table.len() / 8,
+            self.devices.len()
+        )
+    }
+}
+
+/// Start joining a communicator that spans `processes` processes, this one being `process`,
+/// with one rank per device of `devices` (NCCL's `ncclCommInitRank`, with the transport doing
+/// what NCCL's unique id and bootstrap do). Ranks are numbered process by process. Finish
+/// with [`Connecting::wait`] (or [`Connecting::poll`]).
+///
+/// # Errors
+/// As for [`super::init_all`]; an argument error when `process >= processes`; the transport's
+/// failure to start the exchange.
+pub fn connect(
+    devices: &[Device],
+    process: usize,
+    processes: usize,
+    transport: Arc<dyn Transport>,
+    timeout: Duration,
+) -> Result<Connecting> {
+    super::check_devices(devices, timeout)?;
+    if process >= processes {
+        return Err(arg_error(
+            "process",
+            format!(
+                "{process} is not a process index for {processes} processes (0 to {})",
+                processes.saturating_sub(1)
+            ),
+        ));
+    }
+    let table = staging(&devices[0], DType::U8, 8 * processes)?;
+    reduce::write_bytes(&table, 8 * process, &(devices.len() as u64).to_le_bytes());
+    let live = Arc::new(StepLive(Mutex::new(true)));
+    let exchange = Exchange::AllGather {
+        buf: Region::new(&live, &table, DType::U8, 0, 8 * processes),
+        counts: vec![8; processes],
+    };
+    let what = "connect (exchanging the local rank counts)";
+    let pending =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| transport.start(exchange)))
+            .map_err(|p| {
+                Error::from(StreamError::Invalid(format!(
+                    "{what}: the transport panicked: {}",
+                    panic_message(p.as_ref())
+                )))
+            })?
+            .map_err(|e| e.into_error(what))?;
+    Ok(Connecting {
+        devices: devices.to_vec(),
+        process,
+        transport,
+        timeout,
+        deadline: crate::clock::deadline_after(Some(timeout)),
+        table,
+        live,
+        pending: Some(pending),
+        t0: Instant::now(),
+    })
+}
+
+impl Connecting {
+    /// Poll for at most `slice`: the communicators (one per device, in order) once every
+    /// process has joined, `None` while waiting.
+    ///
+    /// # Errors
+    /// `Timeout` after the timeout given to [`connect`]; the transport's failure; an
+    /// argument error when a process reported no devices. After an error, polling again
+    /// fails.
+    pub fn poll(&mut self, slice: Duration) -> Result<Option<Vec<Communicator>>> {
+        let what = "connect (exchanging the local rank counts)";
+        let until = Instant::now() + slice;
+        loop {
+            let Some(pending) = self.pending.as_mut() else {
+                return Err(StreamError::Invalid(format!("{what} already failed")).into());
+            };
+            let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pending.test()))
+                .map_err(|p| {
+                    Error::from(StreamError::Invalid(format!(
+                        "{what}: the transport panicked: {}",
+                        panic_message(p.as_ref())
+                    )))
+                })
+                .and_then(|r| r.map_err(|e| e.into_error(what)));
+            match done {
+                Ok(true) => break,
+                Ok(false) => {}
+                Err(e) => {
+                    self.fail();
+                    return Err(e);
+                }
+            }
+            let now = Instant::now();
+            if self.deadline.is_some_and(|d| now >= d) {
+                self.fail();
+                let processes = self.table.len() / 8;
+                return Err(StreamError::Timeout {
+                    what: format!(
+                        "{what} (process {} of {processes}; some other process did not call it)",
+                        self.process
+                    ),
+                    timeout_ms: self.timeout.as_secs_f64() * 1e3,
+                }
+                .into());
+            }
+            if now >= until {
+                return Ok(None);
+            }
+            if self.t0.elapsed() < SPIN {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(NAP.min(until - now));
+            }
+        }
+        self.pending = None;
+        *self.live.0.lock() = false;
+        let processes = self.table.len() / 8;
+        let mut bytes = vec![0u8; 8 * processes];
+        reduce::read_bytes(&self.table, 0, &mut bytes);
+        let counts: Vec<usize> = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
+            .collect();
+        if let Some(q) = counts.iter().position(|&c| c == 0) {
+            return Err(arg_error(
+                "devices",
+                format!("process {q} joined with no devices; every process needs at least one"),
+            ));
+        }
+        let offsets: Vec<usize> = counts
+            .iter()
+            .scan(0, |acc, &c| {
+                let o = *acc;
+                *acc += c;
+                Some(o)
+            })
+            .collect();
+        let world = World {
+            transport: self.transport.clone(),
+            process: self.process,
+            size: counts.iter().sum(),
+            max_local: counts.iter().copied().max().unwrap_or(1),
+            counts,
+            offsets,
+            reduces: Mutex::new(HashMap::new()),
+        };
+        let shared = Shared::new(self.devices.clone(), self.timeout, Some(world));
+        Ok(Some(
+            (0..self.devices.len())
+                .map(|local| Communicator {
+                    shared: shared.clone(),
+                    local,
+                })
+                .collect(),
+        ))
+    }
+
+    fn fail(&mut self) {
+        self.pending = None;
+        *self.live.0.lock() = false;
+    }
+
+    /// Wait until every process has joined (the timeout given to [`connect`] bounds it).
+    ///
+    /// # Errors
+    /// As for [`Connecting::poll`].
+    pub fn wait(mut self) -> Result<Vec<Communicator>> {
+        loop {
+            if let Some(c) = self.poll(Duration::from_millis(100))? {
+                return Ok(c);
+            }
+        }
+    }
+}
