@@ -401,11 +401,44 @@ pub fn find(name: &str) -> Result<Arc<dyn Kernel>> {
     })
 }
 
+/// A kernel's name as a launch keeps it: in place when short (no allocation per launch,
+/// which the launching thread would make and a worker free), else on the heap.
+enum OpName {
+    Inline { len: u8, bytes: [u8; 30] },
+    Heap(Box<str>),
+}
+
+impl OpName {
+    fn new(name: &str) -> OpName {
+        let mut bytes = [0u8; 30];
+        match bytes.get_mut(..name.len()) {
+            Some(dst) => {
+                dst.copy_from_slice(name.as_bytes());
+                OpName::Inline {
+                    len: name.len() as u8,
+                    bytes,
+                }
+            }
+            None => OpName::Heap(name.into()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            // Whole UTF-8 (a copy of a `str`), so this never falls back.
+            OpName::Inline { len, bytes } => {
+                std::str::from_utf8(&bytes[..*len as usize]).unwrap_or("")
+            }
+            OpName::Heap(s) => s,
+        }
+    }
+}
+
 struct KernelOp {
     kernel: Arc<dyn Kernel>,
     /// The kernel's name, asked once on the launching thread (`Kernel::name` is user code:
     /// the engines never call it).
-    name: String,
+    name: OpName,
     args: Args,
     accesses: AccessSet,
     /// Blocks of the launch (`1..=MAX_BLOCK_DIM`).
@@ -418,7 +451,7 @@ impl crate::stream::command::sealed::Sealed for KernelOp {}
 
 impl Op for KernelOp {
     fn name(&self) -> &str {
-        &self.name
+        self.name.as_str()
     }
     fn kind(&self) -> OpKind {
         OpKind::Compute
@@ -435,7 +468,7 @@ impl Op for KernelOp {
         let (kernel, args) = (self.kernel.clone(), self.args.for_launch(launch));
         block::run_blocks_on(
             &self.exec,
-            &self.name,
+            self.name.as_str(),
             self.blocks,
             Arc::new(move |cx| kernel.run(&args, &cx)),
             launch,
@@ -528,7 +561,7 @@ pub fn prepare_blocks(
         }
     };
     Ok(Arc::new(KernelOp {
-        name: kernel.name().to_string(),
+        name: OpName::new(kernel.name()),
         kernel,
         args,
         accesses,

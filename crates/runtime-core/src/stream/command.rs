@@ -178,7 +178,9 @@ impl Commands {
     }
 
     /// Take the next command: `ready`'s first, or, when `ready` is empty, the batch that
-    /// arrived in `incoming` (swapped in whole).
+    /// arrived in `incoming` (swapped in whole: `incoming` gets `ready`'s empty buffer, so a
+    /// stream that keeps running keeps both buffers instead of growing one per batch; they
+    /// are given back when the stream goes idle, [`Commands::is_empty_trimming`]).
     pub(crate) fn pop(&self) -> Option<Command> {
         let mut ready = self.ready.lock();
         if let Some(cmd) = ready.pop() {
@@ -202,6 +204,24 @@ impl Commands {
     pub(crate) fn is_empty(&self) -> bool {
         let ready = self.ready.lock();
         ready.is_empty() && self.incoming.lock().is_empty()
+    }
+
+    /// [`Commands::is_empty`], for a runner letting the stream go: when empty, buffers with
+    /// room for more than [`KEEP_WHEN_EMPTY`] commands are freed (they hold no command, so
+    /// no Python object is dropped here), so an idle stream costs a few hundred bytes
+    /// whatever it ran before.
+    pub(crate) fn is_empty_trimming(&self) -> bool {
+        let mut ready = self.ready.lock();
+        let mut incoming = self.incoming.lock();
+        if !(ready.is_empty() && incoming.is_empty()) {
+            return false;
+        }
+        for q in [&mut *ready, &mut *incoming] {
+            if q.0.capacity() > KEEP_WHEN_EMPTY {
+                q.0 = std::collections::VecDeque::new();
+            }
+        }
+        true
     }
 
     /// The engine the first command wants.
@@ -237,15 +257,9 @@ impl CommandQueue {
         self.0.push_front(cmd);
     }
 
-    /// Take the first command. The buffer of a queue this leaves empty is freed when it
-    /// holds room for more than [`KEEP_WHEN_EMPTY`] commands (it holds no command, so no
-    /// Python object is dropped here).
+    /// Take the first command (the buffer is kept: see [`Commands::is_empty_trimming`]).
     pub(crate) fn pop(&mut self) -> Option<Command> {
-        let cmd = self.0.pop_front();
-        if self.0.is_empty() && self.0.capacity() > KEEP_WHEN_EMPTY {
-            self.0 = std::collections::VecDeque::new();
-        }
-        cmd
+        self.0.pop_front()
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -305,26 +319,37 @@ mod tests {
     }
 
     #[test]
-    fn a_drained_burst_gives_its_buffer_back_and_a_short_queue_keeps_it() {
-        let mut q = CommandQueue::default();
-        assert_eq!(q.0.capacity(), 0, "an unused queue allocates nothing");
-        for id in 0..1000 {
-            q.push(record(id));
+    fn a_drained_burst_gives_its_buffers_back_and_a_short_queue_keeps_them() {
+        let q = Commands::default();
+        let caps = |q: &Commands| (q.ready.lock().0.capacity(), q.incoming.lock().0.capacity());
+        assert_eq!(caps(&q), (0, 0), "an unused queue allocates nothing");
+        for batching in [false, true] {
+            for id in 0..1000 {
+                q.push(record(id), batching);
+            }
+            let mut n = 0;
+            while q.pop().is_some() {
+                n += 1;
+            }
+            assert_eq!(n, 1000);
+            assert!(q.is_empty_trimming());
+            assert_eq!(
+                caps(&q),
+                (0, 0),
+                "the burst's buffers were freed once drained"
+            );
         }
-        while q.pop().is_some() {}
-        assert_eq!(
-            q.0.capacity(),
-            0,
-            "the burst's buffer was freed once drained"
-        );
-        q.push(record(1));
-        let kept = q.0.capacity();
+        q.push(record(1), false);
+        let kept = caps(&q).0;
         assert!((1..=KEEP_WHEN_EMPTY).contains(&kept));
         q.pop();
+        assert!(q.is_empty_trimming());
         assert_eq!(
-            q.0.capacity(),
+            caps(&q).0,
             kept,
             "a buffer of a few commands is kept for reuse"
         );
+        q.push(record(2), true);
+        assert!(!q.is_empty_trimming());
     }
 }

@@ -979,7 +979,7 @@ fn schedule(s: &Arc<StreamInner>, kind: Option<OpKind>) {
 /// Returns true when the caller owns it again.
 fn release_stream(s: &Arc<StreamInner>) -> bool {
     s.state.store(IDLE, Ordering::SeqCst);
-    if !s.queue.is_empty()
+    if !s.queue.is_empty_trimming()
         && s.state
             .compare_exchange(IDLE, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
