@@ -212,7 +212,13 @@ pub(crate) fn run_blocks_on(
     let engine = exec.engines.compute();
     let wanted = (block_num as usize - 1).min(engine.helpers_for_caller());
     if wanted > 0 {
-        engine.post_help(&help, wanted);
+        // A waiter spinning for the stream takes a block at once: no sleeping worker is
+        // woken for that one (the wake-up would cost this thread a system call before its
+        // own first block, more than a small block takes).
+        let spinning = offer
+            .as_ref()
+            .is_some_and(crate::stream::Offer::waiter_spinning);
+        engine.post_help(&help, wanted, usize::from(spinning));
     }
     {
         let _borrowed = launch.lending.enter();

@@ -24,6 +24,8 @@ pub(crate) struct Completion {
     submit: super::command::CacheLine<Submitted>,
     completed: AtomicU64,
     waiters: AtomicUsize,
+    /// Waiters spinning now (before they sleep): they can run blocks of a launch meanwhile.
+    spinning: std::sync::atomic::AtomicU32,
     lock: Mutex<()>,
     cv: Condvar,
     /// CPU of the engine worker that began running the stream last; a hint, never ordered.
@@ -46,6 +48,7 @@ impl Completion {
             }),
             completed: AtomicU64::new(0),
             waiters: AtomicUsize::new(0),
+            spinning: std::sync::atomic::AtomicU32::new(0),
             lock: Mutex::new(()),
             cv: Condvar::new(),
             runner_cpu: std::sync::atomic::AtomicU32::new(u32::MAX),
@@ -87,6 +90,12 @@ impl Completion {
         self.completed() >= target
     }
 
+    /// Whether a waiter is spinning for this stream now (and so may run blocks of its
+    /// launch: see `Stream::wait_for`).
+    pub(crate) fn waiter_spinning(&self) -> bool {
+        self.spinning.load(std::sync::atomic::Ordering::SeqCst) > 0
+    }
+
     /// Whether everything submitted has completed.
     pub(crate) fn is_idle(&self) -> bool {
         self.completed() >= self.submitted()
@@ -123,8 +132,15 @@ impl Completion {
             return true;
         }
         #[cfg(not(loom))]
-        if self.spin(target, Duration::from_micros(50), help) {
-            return true;
+        {
+            self.spinning
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let done = self.spin(target, Duration::from_micros(50), help);
+            self.spinning
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            if done {
+                return true;
+            }
         }
         #[cfg(loom)]
         let _ = help;

@@ -143,15 +143,18 @@ impl Engine {
     }
 
     /// Ask `copies` workers to help with `work` (at the most urgent level, so that running
-    /// streams yield their turn to it); wakes sleepers for them. The caller does not wait
-    /// for them: whatever they do not take, it does itself.
-    pub(crate) fn post_help(self: &Arc<Self>, work: &Arc<dyn Help>, copies: usize) {
+    /// streams yield their turn to it), waking sleepers for all but `unwoken` of them (those
+    /// only spinning workers, and sleepers that wake for other work, find). The caller does
+    /// not wait for them: whatever they do not take, it does itself.
+    pub(crate) fn post_help(self: &Arc<Self>, work: &Arc<dyn Help>, copies: usize, unwoken: usize) {
         if !self.started.load(Ordering::Acquire) && self.start().is_err() {
             return;
         }
-        for _ in 0..copies {
+        for i in 0..copies {
             let _ = self.queues[0].0.send(Msg::Help(work.clone()));
-            self.wake_one();
+            if i >= unwoken {
+                self.wake_one();
+            }
         }
     }
 

@@ -940,6 +940,13 @@ pub(crate) fn offer_help(help: &Arc<dyn engine::Help>) -> Option<Offer> {
 /// An offer of [`offer_help`]; withdrawn when dropped.
 pub(crate) struct Offer(Arc<StreamInner>);
 
+impl Offer {
+    /// Whether a thread waiting for the stream spins now, and will take blocks.
+    pub(crate) fn waiter_spinning(&self) -> bool {
+        self.0.done.waiter_spinning()
+    }
+}
+
 impl Drop for Offer {
     fn drop(&mut self) {
         self.0.offered.store(false, Ordering::SeqCst);
