@@ -3,9 +3,10 @@
 # Usage: bash scripts/test.sh [extra pytest args]
 #
 # It installs into the Python that `python3` runs (the active virtualenv, if any): the test
-# tools (maturin, numpy, pytest, hypothesis), the optional atheris, the required mpi4py and mpich, and this
-# package's wheel (runtime-vdev, replacing any installed one). Activate a virtualenv first to
-# keep them out of the system Python: python3 -m venv .venv && . .venv/bin/activate.
+# tools (maturin, numpy, pytest, hypothesis), the optional atheris and numba, the required
+# mpi4py and mpich, and this package's wheel (runtime-vdev, replacing any installed one).
+# Activate a virtualenv first to keep them out of the system Python:
+# python3 -m venv .venv && . .venv/bin/activate.
 # CI (.ci/run) relies on the wheel being installed there afterwards.
 #
 # Build products stay in target/ (cargo's cache, so the next run is fast): 1.2 GB in a fresh
@@ -25,6 +26,8 @@ python3 -m pip install -q "maturin>=1.5,<2" numpy pytest hypothesis
 python3 -m pip install -q pytest-timeout matplotlib
 # Optional: atheris runs the 10 s argument fuzz; without it that one test is skipped.
 python3 -m pip install -q atheris 2>/dev/null || echo "atheris not installable: its fuzz test will be skipped"
+# Optional: numba (the [numba] extra) runs the @cfunc kernel tests; without it they are skipped.
+python3 -m pip install -q numba 2>/dev/null || echo "numba not installable: the @cfunc kernel tests will be skipped"
 # Required: mpi4py and the mpich wheel (its mpiexec) run the MPI tests under mpiexec -n 1/2/3
 # (runtime._mpi is tested nowhere else), so a failed install fails the run, and
 # RUNTIME_REQUIRE_MPI makes those tests fail rather than skip if MPI is still missing.

@@ -17,8 +17,10 @@ from . import comm, kernels
 
 # Pinned host memory and 2-D copies: pure-Python faces over the extension.
 from ._copy2d import memcpy_2d
+from ._native import get_include
 from ._pinned import PinnedArray, malloc_host, pinned_empty
 from ._runtime import (
+    MAX_BLOCK_DIM,
     MAX_QUEUED,
     ComputeInfo,
     Device,
@@ -51,6 +53,8 @@ from ._runtime import (
     free_host,
     get_allocator,
     get_available_devices,
+    get_block_idx,
+    get_block_num,
     get_default_memory_pool,
     get_device,
     get_device_compute_info,
@@ -268,6 +272,14 @@ __all__ = [
     "pinned_empty",
     "prefetch",
     "set_per_process_memory_fraction",
+]
+
+# Custom operators: multi-block launches and native kernels (runtime/kernel.h).
+__all__ += [
+    "MAX_BLOCK_DIM",
+    "get_block_idx",
+    "get_block_num",
+    "get_include",
 ]
 
 # Memory pool and pluggable allocation.

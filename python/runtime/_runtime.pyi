@@ -1,11 +1,13 @@
 """Type stubs for the compiled extension ``runtime._runtime`` (checked by mypy.stubtest)."""
 
+import os
 from collections.abc import Awaitable, Callable, Generator, Iterable
 from typing import Any, TypeAlias, final
 
 import numpy as np
 
 __all__ = [
+    "MAX_BLOCK_DIM",
     "MAX_QUEUED",
     "Communicator",
     "ComputeInfo",
@@ -68,6 +70,8 @@ __all__ = [
     "ipc_open",
     "is_initialized",
     "kernel_names",
+    "get_block_idx",
+    "get_block_num",
     "malloc_managed",
     "mem_advise",
     "mem_range_attributes",
@@ -138,6 +142,7 @@ __all__ = [
 ]
 
 MAX_QUEUED: int
+MAX_BLOCK_DIM: int
 """Commands a stream holds before a launch waits for room (back-pressure, like CUDA's launch queue)."""
 
 class Error(RuntimeError): ...
@@ -149,6 +154,8 @@ class InvalidHandleError(Error): ...
 class KernelError(Error):
     kernel: str
     stream: int
+    block: int | None
+    code: int | None
 
 class NotReadyError(Error): ...
 class InvalidOperationError(Error): ...
@@ -296,9 +303,27 @@ class DeviceBuffer:
 @final
 class Kernel:
     def __new__(cls, name: str) -> Kernel: ...
+    @staticmethod
+    def load(
+        path: str | os.PathLike[str],
+        symbol: str,
+        *,
+        nargs: int | None = None,
+        read_only: Iterable[int] | None = None,
+    ) -> Kernel: ...
+    @staticmethod
+    def from_cfunc(
+        obj: Any,
+        *,
+        name: str | None = None,
+        nargs: int | None = None,
+        read_only: Iterable[int] | None = None,
+    ) -> Kernel: ...
     @property
     def name(self) -> str: ...
-    def __call__(self, *args: Any, stream: Stream | None = None) -> None: ...
+    def __call__(
+        self, *args: Any, stream: Stream | None = None, block_dim: int | None = None
+    ) -> None: ...
 
 @final
 class Communicator:
@@ -370,7 +395,9 @@ class Stream:
     def is_default(self) -> bool: ...
     @property
     def is_capturing(self) -> bool: ...
-    def launch_kernel(self, kernel: Any, args: Iterable[Any] | None = None) -> None: ...
+    def launch_kernel(
+        self, kernel: Any, args: Iterable[Any] | None = None, block_dim: int | None = None
+    ) -> None: ...
     def launch_host_func(self, func: Any, *args: Any) -> None: ...
     def synchronize(self, timeout: float | None = None) -> None: ...
     def query(self) -> bool: ...
@@ -528,6 +555,8 @@ def is_current_stream_capturing() -> bool: ...
 def defer_cleanup() -> _DeferCleanup: ...
 def _defer_state() -> tuple[int, int]: ...
 def kernel_names() -> list[str]: ...
+def get_block_idx() -> int: ...
+def get_block_num() -> int: ...
 def comm_init_all(devices: Iterable[_DeviceLike], timeout: float = 300.0) -> list[Communicator]: ...
 def comm_connect(
     devices: Iterable[_DeviceLike],

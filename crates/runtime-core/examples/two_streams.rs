@@ -9,7 +9,7 @@ use std::sync::Arc;
 use runtime_core::config::ConfigBuilder;
 use runtime_core::error::{ArgError, KernelFailure};
 use runtime_core::event::Event;
-use runtime_core::kernel::{self, Args, DType, Kernel, KernelArg, Tensor};
+use runtime_core::kernel::{self, Args, DType, Kernel, KernelArg, RunContext, Tensor};
 use runtime_core::runtime;
 use runtime_core::stream::Stream;
 
@@ -28,7 +28,7 @@ impl Kernel for Square {
         }
     }
 
-    fn run(&self, args: &Args) -> Result<(), KernelFailure> {
+    fn run(&self, args: &Args, _: &RunContext) -> Result<(), KernelFailure> {
         let [KernelArg::Tensor(t)] = &args[..] else {
             unreachable!("checked")
         };

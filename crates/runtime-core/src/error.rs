@@ -185,6 +185,10 @@ pub struct KernelFailure {
     /// The original error object, if the kernel produced one (the Python bindings keep the
     /// Python exception here so that it becomes `__cause__`).
     pub payload: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    /// The block that failed, in a multi-block launch (the lowest one when several did).
+    pub block: Option<u32>,
+    /// The non-zero code a native (C ABI) kernel returned.
+    pub code: Option<i32>,
 }
 
 impl KernelFailure {
@@ -195,6 +199,8 @@ impl KernelFailure {
             stream: 0,
             message: message.into(),
             payload: None,
+            block: None,
+            code: None,
         }
     }
 }

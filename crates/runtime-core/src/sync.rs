@@ -22,6 +22,20 @@ pub(crate) fn mark_runtime_thread() {
     RUNTIME_THREAD.with(|w| w.set(true));
 }
 
+/// Run `f` as a runtime thread (a host thread running blocks of a launch while it waits for
+/// their stream): waits inside follow the rules for runtime threads. Restored after, also
+/// when `f` unwinds.
+pub(crate) fn as_runtime_thread<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            RUNTIME_THREAD.with(|w| w.set(self.0));
+        }
+    }
+    let _restore = Restore(RUNTIME_THREAD.with(|w| w.replace(true)));
+    f()
+}
+
 /// The CPU the calling thread runs on (a hint: it may move at once), or `u32::MAX` when the
 /// OS does not say. Spinning waits use it to tell whether the thread they wait for shares
 /// their core, where spinning would only keep it off (glibc reads it from the thread's

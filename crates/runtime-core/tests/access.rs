@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use runtime_core::error::{ArgError, KernelFailure, StreamError};
-use runtime_core::kernel::{self, Args, DType, Kernel, KernelArg, Tensor};
+use runtime_core::kernel::{self, Args, DType, Kernel, KernelArg, RunContext, Tensor};
 use runtime_core::memory::access::Access;
 use runtime_core::stream::{FnOp, OpKind, Stream};
 use runtime_core::Error;
@@ -34,7 +34,7 @@ impl Kernel for Halves {
             _ => Err(ArgError::new("args", "tensor, value")),
         }
     }
-    fn run(&self, args: &Args) -> Result<(), KernelFailure> {
+    fn run(&self, args: &Args, _: &RunContext) -> Result<(), KernelFailure> {
         let (KernelArg::Tensor(t), KernelArg::Int(v)) = (&args[0], &args[1]) else {
             unreachable!("checked")
         };
@@ -168,7 +168,7 @@ fn an_op_reaches_its_own_buffers_and_a_read_only_hold_refuses_writes() {
         fn access(&self, _: usize) -> Access {
             Access::Read
         }
-        fn run(&self, args: &Args) -> Result<(), KernelFailure> {
+        fn run(&self, args: &Args, _: &RunContext) -> Result<(), KernelFailure> {
             let KernelArg::Tensor(t) = &args[0] else {
                 unreachable!()
             };

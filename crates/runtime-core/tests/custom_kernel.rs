@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use runtime_core::error::{ArgError, Error, KernelFailure, StreamError};
-use runtime_core::kernel::{self, Args, DType, Kernel, KernelArg, Tensor};
+use runtime_core::kernel::{self, Args, DType, Kernel, KernelArg, RunContext, Tensor};
 use runtime_core::stream::Stream;
 
 use common::init;
@@ -44,7 +44,7 @@ impl Kernel for Iota {
         }
     }
 
-    fn run(&self, args: &Args) -> Result<(), KernelFailure> {
+    fn run(&self, args: &Args, _: &RunContext) -> Result<(), KernelFailure> {
         self.runs.fetch_add(1, Ordering::SeqCst);
         let (KernelArg::Tensor(t), KernelArg::Int(start), KernelArg::Int(step)) =
             (&args[0], &args[1], &args[2])

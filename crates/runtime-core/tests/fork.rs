@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use runtime_core::error::{ArgError, KernelFailure};
-use runtime_core::kernel::{self, Args, Kernel, KernelArg};
+use runtime_core::kernel::{self, Args, Kernel, KernelArg, RunContext};
 use runtime_core::runtime;
 
 /// A kernel whose `name` takes its time, so a fork often lands while `register` works.
@@ -30,7 +30,7 @@ impl Kernel for Slow {
     fn check(&self, _: &[KernelArg]) -> Result<(), ArgError> {
         Ok(())
     }
-    fn run(&self, _: &Args) -> Result<(), KernelFailure> {
+    fn run(&self, _: &Args, _: &RunContext) -> Result<(), KernelFailure> {
         Ok(())
     }
 }
@@ -45,7 +45,7 @@ impl Kernel for Fast {
     fn check(&self, _: &[KernelArg]) -> Result<(), ArgError> {
         Ok(())
     }
-    fn run(&self, _: &Args) -> Result<(), KernelFailure> {
+    fn run(&self, _: &Args, _: &RunContext) -> Result<(), KernelFailure> {
         Ok(())
     }
 }

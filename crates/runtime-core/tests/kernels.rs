@@ -868,7 +868,11 @@ fn a_builtin_refuses_arguments_checked_by_another_kernel() {
         fn check(&self, _: &[KernelArg]) -> Result<(), ArgError> {
             Ok(())
         }
-        fn run(&self, _: &kernel::Args) -> Result<(), runtime_core::error::KernelFailure> {
+        fn run(
+            &self,
+            _: &kernel::Args,
+            _: &kernel::RunContext,
+        ) -> Result<(), runtime_core::error::KernelFailure> {
             Ok(())
         }
     }
@@ -887,7 +891,9 @@ fn a_builtin_refuses_arguments_checked_by_another_kernel() {
     let lax: Arc<dyn kernel::Kernel> = Arc::new(Lax);
     let laundered = kernel::Args::check(&lax, overlapping).unwrap();
     assert!(laundered.checked_by(&*lax) && !laundered.checked_by(&*add));
-    let failure = add.run(&laundered).unwrap_err();
+    let failure = add
+        .run(&laundered, &kernel::RunContext::single())
+        .unwrap_err();
     assert!(
         failure.to_string().contains("checked by another kernel"),
         "{failure}"
@@ -908,7 +914,11 @@ fn arguments_checked_by_a_dropped_kernel_never_pass_for_a_new_one() {
         fn check(&self, _: &[KernelArg]) -> Result<(), ArgError> {
             Ok(())
         }
-        fn run(&self, _: &kernel::Args) -> Result<(), runtime_core::error::KernelFailure> {
+        fn run(
+            &self,
+            _: &kernel::Args,
+            _: &kernel::RunContext,
+        ) -> Result<(), runtime_core::error::KernelFailure> {
             Ok(())
         }
     }
@@ -926,7 +936,7 @@ fn arguments_checked_by_a_dropped_kernel_never_pass_for_a_new_one() {
         for fresh in kernel::builtin::all() {
             assert!(!args.checked_by(&*fresh), "{} passed for lax", fresh.name());
             if fresh.name() == "add" {
-                assert!(fresh.run(&args).is_err());
+                assert!(fresh.run(&args, &kernel::RunContext::single()).is_err());
             }
         }
     }

@@ -7,7 +7,7 @@
 //!     ├── InvalidDeviceError        (also ValueError)
 //!     ├── OutOfMemoryError          (also MemoryError)
 //!     ├── InvalidHandleError
-//!     ├── KernelError               (.kernel, .stream; __cause__ = the kernel's exception)
+//!     ├── KernelError               (.kernel, .stream, .block, .code; __cause__ = the kernel's exception)
 //!     ├── NotReadyError
 //!     ├── InvalidOperationError
 //!     └── WaitTimeoutError          (also TimeoutError)
@@ -63,7 +63,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
             invalid_device: make(py, "InvalidDeviceError", "A device index outside the valid range (also a ValueError).", vec![b(), py.get_type::<PyValueError>().into_any()])?,
             out_of_memory: make(py, "OutOfMemoryError", "A device allocation failed; the message gives requested, free, largest free block, fragmentation and total bytes (also a MemoryError).", vec![b(), py.get_type::<PyMemoryError>().into_any()])?,
             invalid_handle: make(py, "InvalidHandleError", "A freed buffer, destroyed stream or event, or a handle from before a shutdown.", vec![b()])?,
-            kernel: make(py, "KernelError", "A kernel, copy or host function failed on a stream; raised at the next synchronisation. Attributes: kernel, stream; __cause__ is the original exception.", vec![b()])?,
+            kernel: make(py, "KernelError", "A kernel, copy or host function failed on a stream; raised at the next synchronisation. Attributes: kernel, stream, block (the failing block of a multi-block launch, else None), code (a C ABI kernel's non-zero return, else None); __cause__ is the original exception.", vec![b()])?,
             not_ready: make(py, "NotReadyError", "The event has not completed yet (e.g. elapsed_time before synchronize).", vec![b()])?,
             invalid_operation: make(py, "InvalidOperationError", "An operation not allowed in the object's current state (e.g. end_capture without begin_capture).", vec![b()])?,
             timeout: make(py, "WaitTimeoutError", "A wait with a timeout ran out of time (also a TimeoutError).", vec![b(), py.get_type::<PyTimeoutError>().into_any()])?,
@@ -161,6 +161,8 @@ pub fn to_pyerr(py: Python<'_>, e: Error) -> PyErr {
             let v = err.value(py);
             let _ = v.setattr("kernel", &k.kernel);
             let _ = v.setattr("stream", k.stream);
+            let _ = v.setattr("block", k.block);
+            let _ = v.setattr("code", k.code);
             if let Some(cause) = k.payload.as_ref().and_then(|p| p.downcast_ref::<PyCause>()) {
                 err.set_cause(py, Some(cause.0.clone_ref(py)));
             }
@@ -200,6 +202,11 @@ pub fn invalid_handle(py: Python<'_>, what: String, why: &str) -> PyErr {
         &classes(py).invalid_handle,
         format!("{what} is no longer valid: {why}"),
     )
+}
+
+/// `InvalidOperationError`.
+pub fn invalid_operation(py: Python<'_>, msg: String) -> PyErr {
+    err_of(py, &classes(py).invalid_operation, msg)
 }
 
 /// `WaitTimeoutError`.

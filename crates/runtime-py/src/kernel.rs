@@ -1,7 +1,10 @@
-//! Kernels: the `Kernel` class (native kernels from the registry), and launching on a stream —
-//! native kernels with their arguments converted to `KernelArg`s (buffers as tensors, numbers
-//! as exact integers or floats), Python callables and host functions as ops that attach to the
-//! interpreter when they run.
+//! Kernels: the `Kernel` class (native kernels from the registry, and machine code behind the
+//! C ABI of `runtime/kernel.h`: `Kernel.load`, `Kernel.from_cfunc`), and launching on a
+//! stream — native kernels with their arguments converted to `KernelArg`s (buffers as
+//! tensors, numbers as exact integers or floats; numpy scalars as typed values for C ABI
+//! kernels), Python callables and host functions as ops that attach to the interpreter when
+//! they run. `block_dim` (checked here, before anything is queued) makes a launch of several
+//! blocks; `get_block_idx()` / `get_block_num()` read the running block.
 
 use std::sync::Arc;
 
@@ -10,7 +13,8 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyComplex, PyComplexMethods, PyFloat, PyInt, PyString, PyTuple};
 use runtime_core::error::KernelFailure;
-use runtime_core::kernel::{self, KernelArg, Tensor};
+use runtime_core::kernel::native::NativeKernel;
+use runtime_core::kernel::{self, block, KernelArg, Scalar, Tensor};
 use runtime_core::memory::access::{Access, AccessSet};
 use runtime_core::stream::{FnOp, Op, OpKind, Stream};
 
@@ -29,12 +33,26 @@ struct PyOp {
 }
 
 impl PyOp {
-    /// The stream op: `accesses` are the buffer arguments of a kernel, all as written (what
-    /// Python code does with a view is not known), held while it runs so that no other work
-    /// touches them meanwhile.
-    fn into_op(self, accesses: AccessSet) -> Arc<dyn Op> {
+    /// The stream op of a host function: it names no device memory.
+    fn into_op(self) -> Arc<dyn Op> {
         let name = self.name.clone();
-        FnOp::with_accesses(name, OpKind::Compute, accesses, move || self.run())
+        FnOp::with_accesses(name, OpKind::Compute, AccessSet::default(), move || {
+            self.run()
+        })
+    }
+
+    /// The stream op of a kernel: `accesses` are its buffer arguments, all as written (what
+    /// Python code does with a view is not known), held while it runs so that no other work
+    /// touches them meanwhile; it runs as `blocks` blocks on `s`'s device (`get_block_idx()`
+    /// tells them apart).
+    fn into_kernel_op(self, s: &Stream, accesses: AccessSet, blocks: u32) -> Arc<dyn Op> {
+        let name = self.name.clone();
+        let runner = block::BlockRunner::of(s);
+        let me = Arc::new(self);
+        FnOp::with_accesses(name, OpKind::Compute, accesses, move || {
+            let op = me.clone();
+            runner.run(&me.name, blocks, Arc::new(move |_| op.run()))
+        })
     }
 }
 
@@ -105,12 +123,144 @@ fn callable_name(f: &Bound<'_, PyAny>) -> String {
         .unwrap_or_else(|_| type_name(f))
 }
 
-/// A native kernel from the registry, by name.
+/// A native kernel: from the registry by name, or machine code behind the C ABI
+/// (`Kernel.load`, `Kernel.from_cfunc`).
 #[pyclass(name = "Kernel", module = "runtime", frozen)]
 pub struct PyKernel {
     #[pyo3(get)]
     name: String,
     kernel: Arc<dyn kernel::Kernel>,
+    /// Behind the C ABI: numpy scalar arguments keep their dtype (a pointer to the value).
+    c_abi: bool,
+}
+
+/// Keeps the Python object that owns a kernel's machine code (a numba `@cfunc`, a ctypes
+/// function) alive while the kernel lives; released attached to the interpreter.
+struct PyKeep(Option<Py<PyAny>>);
+
+impl Drop for PyKeep {
+    fn drop(&mut self) {
+        let Some(obj) = self.0.take() else {
+            return;
+        };
+        if !crate::interp::prepare() {
+            std::mem::forget(obj); // the interpreter is finalising: leave it to it
+            return;
+        }
+        Python::attach(|_| drop(obj));
+    }
+}
+
+/// The argument indices named read-only, checked against `nargs` when given.
+fn read_only_arg(
+    read_only: Option<&Bound<'_, PyAny>>,
+    nargs: Option<usize>,
+) -> PyResult<Vec<usize>> {
+    let Some(obj) = read_only else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for item in obj.try_iter().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "read_only must be a sequence of argument indices, got {}",
+            type_name(obj)
+        ))
+    })? {
+        let item = item?;
+        if item.is_instance_of::<PyBool>() || !item.is_instance_of::<PyInt>() {
+            return Err(PyTypeError::new_err(format!(
+                "read_only must hold argument indices (int), got {}",
+                type_name(&item)
+            )));
+        }
+        let i: i64 = item.extract()?;
+        let ok = usize::try_from(i)
+            .ok()
+            .filter(|&i| nargs.is_none_or(|n| i < n));
+        let Some(i) = ok else {
+            return Err(PyValueError::new_err(format!(
+                "read_only: argument index {i} out of range{}",
+                nargs.map_or(String::new(), |n| format!(" for {n} arguments"))
+            )));
+        };
+        out.push(i);
+    }
+    Ok(out)
+}
+
+fn nargs_arg(nargs: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
+    match nargs {
+        None => Ok(None),
+        Some(n) if n.is_none() => Ok(None),
+        Some(n) => {
+            if n.is_instance_of::<PyBool>() || !n.is_instance_of::<PyInt>() {
+                return Err(PyTypeError::new_err(format!(
+                    "nargs must be an int, got {}",
+                    type_name(n)
+                )));
+            }
+            let v: i64 = n.extract()?;
+            usize::try_from(v)
+                .map(Some)
+                .map_err(|_| PyValueError::new_err(format!("nargs must be >= 0, got {v}")))
+        }
+    }
+}
+
+impl PyKernel {
+    fn c_abi(k: NativeKernel, read_only: Vec<usize>, nargs: Option<usize>) -> PyKernel {
+        let mut k = k.with_read_only(read_only);
+        if let Some(n) = nargs {
+            k = k.with_nargs(n);
+        }
+        PyKernel {
+            name: kernel::Kernel::name(&k).to_string(),
+            kernel: k.into_kernel(),
+            c_abi: true,
+        }
+    }
+}
+
+/// The address of a C function given as a numba `@cfunc`, a ctypes function pointer or an
+/// integer, and the object to keep alive for it.
+fn cfunc_address(py: Python<'_>, obj: &Bound<'_, PyAny>) -> PyResult<usize> {
+    let refuse = || {
+        PyTypeError::new_err(format!(
+            "from_cfunc takes a numba @cfunc, a ctypes function pointer or an integer address, got {}",
+            type_name(obj)
+        ))
+    };
+    if obj.is_instance_of::<PyBool>() {
+        return Err(refuse());
+    }
+    if obj.is_instance_of::<PyInt>() {
+        return obj.extract::<usize>().map_err(|_| {
+            PyValueError::new_err(format!(
+                "address {} is not a valid address",
+                crate::convert::repr(obj)
+            ))
+        });
+    }
+    // numba's CFunc: `.address` (the C wrapper) next to `.ctypes`.
+    if let (Ok(addr), true) = (obj.getattr("address"), obj.hasattr("ctypes")?) {
+        if addr.is_instance_of::<PyInt>() {
+            return addr.extract::<usize>().map_err(|_| refuse());
+        }
+    }
+    // A ctypes function pointer (CFUNCTYPE instance): its value as a void pointer.
+    let ctypes = py.import("ctypes")?;
+    let cfuncptr = ctypes.getattr("_CFuncPtr")?;
+    if obj.is_instance(&cfuncptr)? {
+        let p = ctypes
+            .getattr("cast")?
+            .call1((obj, ctypes.getattr("c_void_p")?))?
+            .getattr("value")?;
+        if p.is_none() {
+            return Err(PyValueError::new_err("the ctypes function pointer is NULL"));
+        }
+        return p.extract::<usize>();
+    }
+    Err(refuse())
 }
 
 #[pymethods]
@@ -121,24 +271,137 @@ impl PyKernel {
         Ok(PyKernel {
             name: name.to_string(),
             kernel: k,
+            c_abi: false,
         })
     }
 
-    fn __repr__(&self) -> String {
-        format!("runtime.kernels.{}", self.name)
+    /// A kernel from `symbol` of the shared library at `path` (C ABI of `runtime/kernel.h`);
+    /// the library stays loaded while the kernel lives.
+    #[staticmethod]
+    #[pyo3(signature = (path, symbol, *, nargs=None, read_only=None))]
+    fn load(
+        py: Python<'_>,
+        path: &Bound<'_, PyAny>,
+        symbol: &str,
+        nargs: Option<&Bound<'_, PyAny>>,
+        read_only: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let path: String = py
+            .import("os")?
+            .getattr("fspath")?
+            .call1((path,))
+            .and_then(|p| p.extract())
+            .map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "path must be a str or os.PathLike, got {}",
+                    type_name(path)
+                ))
+            })?;
+        let nargs = nargs_arg(nargs)?;
+        let read_only = read_only_arg(read_only, nargs)?;
+        // SAFETY: loading a library and calling its symbol is the caller's contract, as with
+        // ctypes (documented: the code must follow the C ABI and stay inside its buffers);
+        // the call runs without the GIL, which `dlopen` does not need.
+        let k = py
+            .detach(|| unsafe { NativeKernel::load(&path, symbol) })
+            .map_err(RtErr)?;
+        Ok(PyKernel::c_abi(k, read_only, nargs))
     }
 
-    /// Launch on `stream` (the current stream when None).
-    #[pyo3(signature = (*args, stream=None))]
+    /// A kernel from C machine code made elsewhere: a numba `@cfunc`, a ctypes function
+    /// pointer, or an integer address (C ABI of `runtime/kernel.h`); the object is kept alive
+    /// while the kernel lives.
+    #[staticmethod]
+    #[pyo3(signature = (obj, *, name=None, nargs=None, read_only=None))]
+    fn from_cfunc(
+        py: Python<'_>,
+        obj: &Bound<'_, PyAny>,
+        name: Option<String>,
+        nargs: Option<&Bound<'_, PyAny>>,
+        read_only: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let address = cfunc_address(py, obj)?;
+        let nargs = nargs_arg(nargs)?;
+        let read_only = read_only_arg(read_only, nargs)?;
+        let name = name.unwrap_or_else(|| {
+            obj.getattr("__name__")
+                .and_then(|n| n.extract::<String>())
+                .unwrap_or_else(|_| format!("cfunc@{address:#x}"))
+        });
+        let keep: Box<dyn std::any::Any + Send + Sync> =
+            Box::new(PyKeep(Some(obj.clone().unbind())));
+        // SAFETY: the caller hands us code of the C ABI (documented contract, as with ctypes);
+        // `keep` holds the object that owns it for as long as the kernel lives.
+        let k = unsafe { NativeKernel::from_address(name, address, Some(keep)) }.map_err(RtErr)?;
+        Ok(PyKernel::c_abi(k, read_only, nargs))
+    }
+
+    fn __repr__(&self) -> String {
+        if self.c_abi {
+            format!("runtime.Kernel({:?}, C ABI)", self.name)
+        } else {
+            format!("runtime.kernels.{}", self.name)
+        }
+    }
+
+    /// Launch on `stream` (the current stream when None), as `block_dim` blocks (None: the
+    /// kernel chooses).
+    #[pyo3(signature = (*args, stream=None, block_dim=None))]
     fn __call__(
         &self,
         py: Python<'_>,
         args: &Bound<'_, PyTuple>,
         stream: Option<&Bound<'_, PyAny>>,
+        block_dim: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let blocks = block_dim_arg(block_dim)?;
         let s = stream_or_current(py, stream)?;
-        launch_native(py, &s, self.kernel.clone(), args)
+        launch_native(py, &s, self.kernel.clone(), args, blocks, self.c_abi)
     }
+}
+
+/// `block_dim`: None, or an int in `1..=MAX_BLOCK_DIM`.
+pub fn block_dim_arg(block_dim: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u32>> {
+    let Some(b) = block_dim.filter(|b| !b.is_none()) else {
+        return Ok(None);
+    };
+    if b.is_instance_of::<PyBool>() || !b.is_instance(integral(b.py())?)? {
+        return Err(PyTypeError::new_err(format!(
+            "block_dim must be an int or None, got {}",
+            type_name(b)
+        )));
+    }
+    let v: i64 = b.call_method0("__index__")?.extract().map_err(|_| {
+        PyValueError::new_err(format!(
+            "block_dim: must be between 1 and {}, got {}",
+            kernel::MAX_BLOCK_DIM,
+            crate::convert::repr(b)
+        ))
+    })?;
+    block::check_block_dim(v)
+        .map(Some)
+        .map_err(|e| PyValueError::new_err(format!("block_dim: {}", e.message)))
+}
+
+/// The index of the block running the calling kernel (`0..get_block_num()`).
+#[pyfunction]
+pub fn get_block_idx(py: Python<'_>) -> PyResult<u32> {
+    current_block(py).map(|b| b.block_idx())
+}
+
+/// The number of blocks of the launch running the calling kernel.
+#[pyfunction]
+pub fn get_block_num(py: Python<'_>) -> PyResult<u32> {
+    current_block(py).map(|b| b.block_num())
+}
+
+fn current_block(py: Python<'_>) -> PyResult<kernel::RunContext> {
+    block::current().ok_or_else(|| {
+        errors::invalid_operation(
+            py,
+            "get_block_idx() and get_block_num() are only defined inside a running kernel".into(),
+        )
+    })
 }
 
 /// Names of the registered native kernels.
@@ -175,7 +438,26 @@ fn abc<'py>(
         .bind(py))
 }
 
-fn native_args(py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<Vec<KernelArg>> {
+static GENERIC: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// A numpy scalar (`numpy.generic`) as a typed value, or None for anything else.
+fn typed_scalar(py: Python<'_>, a: &Bound<'_, PyAny>) -> PyResult<Option<Scalar>> {
+    let generic = GENERIC
+        .get_or_try_init(py, || {
+            Ok::<_, PyErr>(numpy(py)?.getattr("generic")?.unbind())
+        })?
+        .bind(py);
+    if !a.is_instance(generic)? {
+        return Ok(None);
+    }
+    let dtype = crate::convert::parse_dtype(py, &a.getattr("dtype")?)?;
+    let bytes: Vec<u8> = a.call_method0("tobytes")?.extract()?;
+    Scalar::from_bytes(dtype, &bytes)
+        .map(Some)
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+fn native_args(py: Python<'_>, args: &Bound<'_, PyTuple>, c_abi: bool) -> PyResult<Vec<KernelArg>> {
     let mut out = Vec::with_capacity(args.len());
     for (i, a) in args.iter().enumerate() {
         if let Ok(b) = a.cast::<PyDeviceBuffer>() {
@@ -183,6 +465,9 @@ fn native_args(py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<Vec<Kernel
             let t =
                 Tensor::new(b.buffer(py)?, b.offset, b.dtype, b.shape_usize()).map_err(RtErr)?;
             out.push(KernelArg::Tensor(t));
+        } else if let Some(v) = c_abi.then(|| typed_scalar(py, &a)).transpose()?.flatten() {
+            // A C ABI kernel gets a pointer to a value of the scalar's own dtype.
+            out.push(KernelArg::Typed(v));
         } else if a.is_instance_of::<PyBool>() {
             out.push(KernelArg::Int(i64::from(a.extract::<bool>()?)));
         } else if a.is_instance_of::<PyInt>() {
@@ -226,9 +511,11 @@ fn launch_native(
     s: &Stream,
     k: Arc<dyn kernel::Kernel>,
     args: &Bound<'_, PyTuple>,
+    blocks: Option<u32>,
+    c_abi: bool,
 ) -> PyResult<()> {
-    let args = native_args(py, args)?;
-    let op = kernel::prepare(s, k, args).map_err(RtErr)?;
+    let args = native_args(py, args, c_abi)?;
+    let op = kernel::prepare_blocks(s, k, args, blocks).map_err(RtErr)?;
     wait::submit(py, s, op)
 }
 
@@ -270,14 +557,17 @@ pub fn launch_kernel(
     s: &Stream,
     kernel: &Bound<'_, PyAny>,
     args: Option<&Bound<'_, PyAny>>,
+    block_dim: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
+    let blocks = block_dim_arg(block_dim)?;
     let args = to_tuple(py, args)?;
     if let Ok(k) = kernel.cast::<PyKernel>() {
-        return launch_native(py, s, k.get().kernel.clone(), &args);
+        let k = k.get();
+        return launch_native(py, s, k.kernel.clone(), &args, blocks, k.c_abi);
     }
     if let Ok(name) = kernel.cast::<PyString>() {
         let k = kernel::find(&name.to_cow()?).map_err(RtErr)?;
-        return launch_native(py, s, k, &args);
+        return launch_native(py, s, k, &args, blocks, false);
     }
     if !kernel.is_callable() {
         return Err(PyTypeError::new_err(format!(
@@ -303,7 +593,11 @@ pub fn launch_kernel(
         args: PyTuple::new(py, held)?.unbind(),
         views: true,
     }
-    .into_op(AccessSet::new(buffers.iter().map(|b| (b, Access::Write))));
+    .into_kernel_op(
+        s,
+        AccessSet::new(buffers.iter().map(|b| (b, Access::Write))),
+        blocks.unwrap_or(1),
+    );
     wait::submit(py, s, op)
 }
 
@@ -326,6 +620,6 @@ pub fn launch_host_func(
         args: args.clone().unbind(),
         views: false,
     }
-    .into_op(AccessSet::default());
+    .into_op();
     wait::submit(py, s, op)
 }

@@ -121,6 +121,9 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stream::is_current_stream_capturing, m)?)?;
     m.add_function(wrap_pyfunction!(defer::defer_cleanup, m)?)?;
     m.add_function(wrap_pyfunction!(kernel::kernel_names, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel::get_block_idx, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel::get_block_num, m)?)?;
+    m.add("MAX_BLOCK_DIM", runtime_core::kernel::MAX_BLOCK_DIM)?;
     m.add_function(wrap_pyfunction!(trace::trace_start, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_stop, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_enabled, m)?)?;

@@ -167,15 +167,17 @@ impl PyStream {
 
     /// Queue `kernel` with `args`: a native kernel (`runtime.kernels.fill` or its name) or any
     /// Python callable (runs on the stream's executor; DeviceBuffer arguments arrive as numpy
-    /// views sharing device memory).
-    #[pyo3(signature = (kernel, args=None))]
+    /// views sharing device memory), as `block_dim` blocks (None: the kernel chooses; one
+    /// for a Python callable).
+    #[pyo3(signature = (kernel, args=None, block_dim=None))]
     fn launch_kernel(
         &self,
         py: Python<'_>,
         kernel: &Bound<'_, PyAny>,
         args: Option<&Bound<'_, PyAny>>,
+        block_dim: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        kernel::launch_kernel(py, self.inner(), kernel, args)
+        kernel::launch_kernel(py, self.inner(), kernel, args, block_dim)
     }
 
     /// Queue a host function `fn(*args)`, run in stream order on the executor.

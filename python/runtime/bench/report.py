@@ -259,6 +259,23 @@ def check_targets(rows, cfg: Config, peers: Peers) -> list[dict]:
         in_quick=False,
     )
     compare(
+        "native no-op launch, amortised, batching off <= 0.2x PyOpenCL enqueue",
+        "launch_amortised_unbatched",
+        "pyopencl",
+        0.2,
+        in_quick=False,
+    )
+    compare(
+        "native no-op launch, amortised (batching on) <= 0.1x PyOpenCL enqueue",
+        "launch_amortised",
+        "pyopencl",
+        0.1,
+        in_quick=False,
+    )
+    for p, goal, how in ((16, 1.0, "faster than"), (24, 1.0, "<= 1.0x")):
+        compare(f"add 2^{p} float32 + sync {how} numpy np.add", f"add_2p{p}", "numpy", goal)
+    compare("matmul 1024^2 float32 + sync <= 1.0x numpy np.matmul", "matmul_1024", "numpy", 1.0)
+    compare(
         "Python-callable launch <= stdlib thread + queue",
         "pylaunch_amortised",
         "stdlib",

@@ -67,13 +67,9 @@ impl From<String> for TransportError {
 impl TransportError {
     /// The core error a collective fails with: a kernel failure named after the exchange.
     fn into_error(self, what: &str) -> Error {
-        StreamError::Kernel(KernelFailure {
-            kernel: what.to_string(),
-            stream: 0,
-            message: self.message,
-            payload: self.payload,
-        })
-        .into()
+        let mut f = KernelFailure::new(what, self.message);
+        f.payload = self.payload;
+        StreamError::Kernel(f).into()
     }
 }
 

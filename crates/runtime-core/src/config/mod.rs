@@ -15,6 +15,7 @@
 //! | `enablePipelining` | | on |
 //! | `enableAsync` | `RUNTIME_LAUNCH_BLOCKING=1` turns it off | on |
 //! | `legacyDefaultStream` | `RUNTIME_DEFAULT_STREAM=legacy` turns it on | off |
+//! | `enableBatching` | | on |
 //! | (largest copy split across helper threads) | `RUNTIME_COPY_SPLIT_MAX` (bytes) | no limit |
 //!
 //! * [`profile`]: the device models (`ascend910`, `host`).
@@ -65,15 +66,19 @@ pub enum RuntimeOption {
     /// device's default stream synchronises with its blocking streams, as CUDA's legacy
     /// default stream (off: the per-thread default stream model).
     LegacyDefaultStream,
+    /// `enableBatching` (default on): consecutive commands submitted to a running stream
+    /// reach its worker as one batch (nothing observable changes but speed).
+    Batching,
 }
 
 impl RuntimeOption {
     /// Every option, in the order their names are listed.
-    pub const ALL: [RuntimeOption; 4] = [
+    pub const ALL: [RuntimeOption; 5] = [
         RuntimeOption::MemoryReuse,
         RuntimeOption::Pipelining,
         RuntimeOption::Async,
         RuntimeOption::LegacyDefaultStream,
+        RuntimeOption::Batching,
     ];
 
     /// The option's name (`"enableAsync"`, ...).
@@ -83,6 +88,7 @@ impl RuntimeOption {
             RuntimeOption::Pipelining => "enablePipelining",
             RuntimeOption::Async => "enableAsync",
             RuntimeOption::LegacyDefaultStream => "legacyDefaultStream",
+            RuntimeOption::Batching => "enableBatching",
         }
     }
 }
@@ -126,6 +132,7 @@ pub struct Options {
     pipelining: AtomicBool,
     asynchronous: AtomicBool,
     legacy_default_stream: AtomicBool,
+    batching: AtomicBool,
 }
 
 impl Default for Options {
@@ -136,6 +143,7 @@ impl Default for Options {
             pipelining: AtomicBool::new(true),
             asynchronous: AtomicBool::new(true),
             legacy_default_stream: AtomicBool::new(false),
+            batching: AtomicBool::new(true),
         }
     }
 }
@@ -157,6 +165,7 @@ impl Options {
             RuntimeOption::Pipelining => &self.pipelining,
             RuntimeOption::Async => &self.asynchronous,
             RuntimeOption::LegacyDefaultStream => &self.legacy_default_stream,
+            RuntimeOption::Batching => &self.batching,
         }
     }
 
@@ -183,6 +192,11 @@ impl Options {
     /// Whether the default streams are CUDA's legacy default streams.
     pub(crate) fn legacy_default_stream(&self) -> bool {
         self.legacy_default_stream.load(Ordering::Relaxed)
+    }
+
+    /// Whether submissions to a running stream are handed to its worker in batches.
+    pub fn batching(&self) -> bool {
+        self.batching.load(Ordering::Relaxed)
     }
 
     /// Whether copies run on their own engine beside compute.

@@ -34,8 +34,8 @@ use half::f16;
 use num_complex::Complex;
 
 use crate::error::{ArgError, KernelFailure};
-use crate::kernel::{Args, DType, Kernel, KernelArg, Tensor};
-use crate::memory::access::Access;
+use crate::kernel::{Args, DType, Kernel, KernelArg, RunContext, Tensor};
+use crate::memory::access::{Access, AccessSet};
 
 /// All built-in kernels.
 pub fn all() -> Vec<Arc<dyn Kernel>> {
@@ -386,13 +386,17 @@ fn scalar(
         // `lo` and `hi + 1` are powers of two or exact, so `f < hi + 1` means `f <= hi`.
         KernelArg::Float(f) => f >= lo as f64 && f < (hi + 1) as f64,
         KernelArg::Int(n) => (lo..=hi).contains(&i128::from(n)),
-        KernelArg::Tensor(_) | KernelArg::Complex(..) => unreachable!("matched above"),
+        KernelArg::Tensor(_) | KernelArg::Complex(..) | KernelArg::Typed(_) => {
+            unreachable!("matched above")
+        }
     };
     if !fits {
         let v = match *s {
             KernelArg::Float(f) => f.to_string(),
             KernelArg::Int(n) => n.to_string(),
-            KernelArg::Tensor(_) | KernelArg::Complex(..) => unreachable!("matched above"),
+            KernelArg::Tensor(_) | KernelArg::Complex(..) | KernelArg::Typed(_) => {
+                unreachable!("matched above")
+            }
         };
         return Err(err(
             name,
@@ -594,28 +598,99 @@ impl Kernel for Builtin {
         }
     }
 
-    fn run(&self, args: &Args) -> Result<(), KernelFailure> {
+    /// Element-wise kernels and matmul run on every compute worker once their data is large
+    /// enough to pay for waking them ([`SPLIT_BYTES`], [`SPLIT_MACS`]); the others as one
+    /// block.
+    fn blocks(&self, args: &Args, workers: u32) -> u32 {
+        let big = match self {
+            Builtin::Noop | Builtin::Sum => false,
+            Builtin::Matmul => {
+                let (a, b) = (t(args, 1), t(args, 2));
+                let macs = (a.shape[0] as u128) * (a.shape[1] as u128) * (b.shape[1] as u128);
+                macs >= SPLIT_MACS && a.shape[0] >= 2
+            }
+            _ => {
+                args.iter()
+                    .map(|a| match a {
+                        KernelArg::Tensor(t) => t.nbytes(),
+                        _ => 0,
+                    })
+                    .sum::<u64>()
+                    >= SPLIT_BYTES
+            }
+        };
+        if big {
+            workers.clamp(1, super::MAX_BLOCK_DIM)
+        } else {
+            1
+        }
+    }
+
+    fn run(&self, args: &Args, cx: &RunContext) -> Result<(), KernelFailure> {
         if !args.checked_by(self) {
             return Err(KernelFailure::new(
                 self.name(),
                 "the arguments were checked by another kernel",
             ));
         }
+        if *self == Builtin::Noop {
+            return Ok(());
+        }
+        // The typed views below are sound only while nothing else touches the tensors: the
+        // calling thread must hold them itself (the op of a launch of this kernel), or borrow
+        // them from the blocks of the launch these very arguments belong to (which share the
+        // work out by block index). A call from anywhere else (user code calling `run`
+        // directly) takes the allocations as a host access does, waiting for their work.
+        let uses = AccessSet::new(args.iter().enumerate().filter_map(|(i, a)| match a {
+            KernelArg::Tensor(t) => Some((t.buffer(), self.access(i))),
+            _ => None,
+        }));
+        let launch = if args.launch() == cx.launch() {
+            args.launch()
+        } else {
+            0
+        };
+        if uses.held_for(launch) {
+            self.compute(args, cx);
+            Ok(())
+        } else {
+            uses.host(|| self.compute(args, cx))
+                .map_err(|e| KernelFailure::new(self.name(), e.to_string()))
+        }
+    }
+}
+
+impl Builtin {
+    /// The work of block `cx`, the tensors held (see `run`).
+    fn compute(&self, args: &Args, cx: &RunContext) {
         match self {
             Builtin::Noop => {}
             Builtin::Copy => {
                 let (d, s) = (t(args, 0), t(args, 1));
                 if d.span() != s.span() {
-                    d.buffer
-                        .copy_from(d.offset, &s.buffer, s.offset, s.nbytes())
-                        .map_err(|e| KernelFailure::new("copy", e.to_string()))?;
+                    // Disjoint (checked): this block's share of the bytes.
+                    let r = cx.share_aligned(d.nbytes() as usize, SHARE_ALIGN_BYTES);
+                    view_mut_part::<u8>(d, r.clone()).copy_from_slice(view_part::<u8>(s, r));
                 }
             }
-            _ => dispatch(*self, args),
+            // One block sums it all: the others have nothing to do.
+            Builtin::Sum if cx.block_idx() != 0 => {}
+            _ => dispatch(*self, args, cx),
         }
-        Ok(())
     }
 }
+
+/// Bytes of tensor data (inputs and output together) from which an element-wise kernel runs
+/// on every compute worker when the launch names no `block_dim`.
+pub const SPLIT_BYTES: u64 = 512 << 10;
+
+/// Multiply-adds from which a matmul runs on every compute worker when the launch names no
+/// `block_dim` (a 64 x 64 x 64 product).
+pub const SPLIT_MACS: u128 = 64 * 64 * 64;
+
+/// Shares of element-wise kernels start on multiples of this many bytes (a cache line, and
+/// whole vectors for every element size).
+const SHARE_ALIGN_BYTES: usize = 64;
 
 fn t(args: &[KernelArg], i: usize) -> &Tensor {
     match &args[i] {
@@ -629,112 +704,151 @@ fn s<T: Elem>(args: &[KernelArg], i: usize) -> T {
         KernelArg::Float(f) => T::from_f64(f),
         KernelArg::Int(n) => T::from_i64(n),
         KernelArg::Complex(re, im) => T::from_complex(re, im),
-        KernelArg::Tensor(_) => unreachable!("checked at launch"),
+        KernelArg::Tensor(_) | KernelArg::Typed(_) => unreachable!("checked at launch"),
     }
 }
 
-fn dispatch(k: Builtin, args: &[KernelArg]) {
+fn dispatch(k: Builtin, args: &[KernelArg], cx: &RunContext) {
     match t(args, 0).dtype {
-        DType::Bool => typed::<bool>(k, args),
-        DType::I8 => typed::<i8>(k, args),
-        DType::I16 => typed::<i16>(k, args),
-        DType::I32 => typed::<i32>(k, args),
-        DType::I64 => typed::<i64>(k, args),
-        DType::U8 => typed::<u8>(k, args),
-        DType::U16 => typed::<u16>(k, args),
-        DType::U32 => typed::<u32>(k, args),
-        DType::U64 => typed::<u64>(k, args),
-        DType::F16 => typed::<Half>(k, args),
-        DType::F32 => typed::<f32>(k, args),
-        DType::F64 => typed::<f64>(k, args),
-        DType::C64 => typed::<Complex<f32>>(k, args),
-        DType::C128 => typed::<Complex<f64>>(k, args),
+        DType::Bool => typed::<bool>(k, args, cx),
+        DType::I8 => typed::<i8>(k, args, cx),
+        DType::I16 => typed::<i16>(k, args, cx),
+        DType::I32 => typed::<i32>(k, args, cx),
+        DType::I64 => typed::<i64>(k, args, cx),
+        DType::U8 => typed::<u8>(k, args, cx),
+        DType::U16 => typed::<u16>(k, args, cx),
+        DType::U32 => typed::<u32>(k, args, cx),
+        DType::U64 => typed::<u64>(k, args, cx),
+        DType::F16 => typed::<Half>(k, args, cx),
+        DType::F32 => typed::<f32>(k, args, cx),
+        DType::F64 => typed::<f64>(k, args, cx),
+        DType::C64 => typed::<Complex<f32>>(k, args, cx),
+        DType::C128 => typed::<Complex<f64>>(k, args, cx),
     }
 }
 
-/// Read-only view. SAFETY contract of `Buffer::slice_unsynchronized`: `check` verified
-/// bounds, alignment (the offset is a multiple of the item size, which every `Repr`'s
-/// alignment divides), and that the range is either disjoint from every output or exactly an
-/// output (in which case callers use the in-place paths and never hold both views); the
-/// kernel runs as an op holding every tensor's allocation (the output exclusively, `access`),
-/// so no other op or host thread touches the bytes meanwhile.
-fn view<T: Elem>(x: &Tensor) -> &[T::Repr] {
+/// Read-only view of elements `range` of `x`. SAFETY contract of
+/// `Buffer::slice_unsynchronized`: `check` verified bounds, alignment (the offset is a
+/// multiple of the item size, which every `Repr`'s alignment divides), and that the tensor is
+/// either disjoint from every output or exactly an output (in which case callers use the
+/// in-place paths and never hold both views); `run` computes only while its thread holds
+/// every tensor's allocation (the output exclusively, `access`) itself, or borrows it from
+/// the blocks of this very launch, whose blocks view disjoint element ranges of each output
+/// (`RunContext::share_aligned`, one claimed block index each), so no other op, block or
+/// host thread touches the bytes meanwhile.
+fn view_part<T: crate::memory::Element>(x: &Tensor, range: std::ops::Range<usize>) -> &[T] {
+    let at = x.offset + (range.start * size_of::<T>()) as u64;
     // SAFETY: see above.
-    unsafe { x.buffer.slice_unsynchronized::<T::Repr>(x.offset, x.len()) }
+    unsafe { x.buffer.slice_unsynchronized::<T>(at, range.len()) }
 }
 
-#[allow(clippy::mut_from_ref)] // the op holds the allocation exclusively; see `view`
-fn view_mut<T: Elem>(x: &Tensor) -> &mut [T::Repr] {
-    // SAFETY: see `view`; the output is the only mutable view alive in each kernel.
-    unsafe {
-        x.buffer
-            .slice_mut_unsynchronized::<T::Repr>(x.offset, x.len())
-    }
+#[allow(clippy::mut_from_ref)] // the op holds the allocation exclusively; see `view_part`
+fn view_mut_part<T: crate::memory::Element>(x: &Tensor, range: std::ops::Range<usize>) -> &mut [T] {
+    let at = x.offset + (range.start * size_of::<T>()) as u64;
+    // SAFETY: see `view_part`; the output's share is the only mutable view of those bytes
+    // alive, in this block and in every other block of the launch.
+    unsafe { x.buffer.slice_mut_unsynchronized::<T>(at, range.len()) }
 }
 
-fn typed<T: Elem>(k: Builtin, args: &[KernelArg]) {
+fn typed<'a, T: Elem>(k: Builtin, args: &'a [KernelArg], cx: &RunContext) {
     let out = t(args, 0);
+    let share = cx.share_aligned(
+        out.len(),
+        (SHARE_ALIGN_BYTES / size_of::<T::Repr>().max(1)).max(1),
+    );
+    let part = |x: &'a Tensor| view_part::<T::Repr>(x, share.clone());
+    let out_part = || view_mut_part::<T::Repr>(out, share.clone());
     match k {
-        Builtin::Fill => view_mut::<T>(out).fill(s::<T>(args, 1).store()),
+        Builtin::Fill => out_part().fill(s::<T>(args, 1).store()),
         Builtin::Scale => {
             let alpha = s::<T>(args, 2);
-            unary::<T>(out, t(args, 1), move |_, x| alpha.mul(x));
+            let x = t(args, 1);
+            if x.span() == out.span() {
+                map_in_place::<T, _>(out_part(), move |v| alpha.mul(v));
+            } else {
+                map_from::<T, _>(out_part(), part(x), move |_, x| alpha.mul(x));
+            }
         }
         Builtin::Axpy => {
             let alpha = s::<T>(args, 2);
-            unary::<T>(out, t(args, 1), move |y, x| alpha.mul(x).add(y));
+            let x = t(args, 1);
+            if x.span() == out.span() {
+                map_in_place::<T, _>(out_part(), move |y| alpha.mul(y).add(y));
+            } else {
+                map_from::<T, _>(out_part(), part(x), move |y, x| alpha.mul(x).add(y));
+            }
         }
-        Builtin::Add => binary::<T>(out, t(args, 1), t(args, 2), T::add),
-        Builtin::Mul => binary::<T>(out, t(args, 1), t(args, 2), T::mul),
+        Builtin::Add => binary::<T, _>(out, t(args, 1), t(args, 2), &share, T::add),
+        Builtin::Mul => binary::<T, _>(out, t(args, 1), t(args, 2), &share, T::mul),
         Builtin::Sum => {
-            let total = T::sum(view::<T>(t(args, 1)));
-            view_mut::<T>(out)[0] = total;
+            let total = T::sum(view_part::<T::Repr>(t(args, 1), 0..t(args, 1).len()));
+            view_mut_part::<T::Repr>(out, 0..1)[0] = total;
         }
-        Builtin::Matmul => matmul::<T>(out, t(args, 1), t(args, 2)),
+        Builtin::Matmul => matmul::<T>(out, t(args, 1), t(args, 2), cx),
         Builtin::Noop | Builtin::Copy => {}
     }
 }
 
-/// `out[i] = f(out[i], x[i])`, `x` being exactly `out` or disjoint from it.
-fn unary<T: Elem>(out: &Tensor, x: &Tensor, f: impl Fn(T, T) -> T) {
-    if x.span() == out.span() {
-        view_mut::<T>(out).iter_mut().for_each(|v| {
-            let a = T::load(*v);
-            *v = f(a, a).store();
-        });
-    } else {
-        let (o, x) = (view_mut::<T>(out), view::<T>(x));
-        o.iter_mut()
-            .zip(x)
-            .for_each(|(o, &x)| *o = f(T::load(*o), T::load(x)).store());
+/// `o[i] = f(o[i])`.
+#[multiversion::multiversion(targets = "simd")]
+fn map_in_place<T: Elem, F: Fn(T) -> T>(o: &mut [T::Repr], f: F) {
+    for v in o.iter_mut() {
+        *v = f(T::load(*v)).store();
     }
 }
 
-fn binary<T: Elem>(out: &Tensor, a: &Tensor, b: &Tensor, f: fn(T, T) -> T) {
-    let g = |a: T::Repr, b: T::Repr| f(T::load(a), T::load(b)).store();
-    let (oa, ob) = (out.span() == a.span(), out.span() == b.span());
-    match (oa, ob) {
-        (true, true) => view_mut::<T>(out).iter_mut().for_each(|v| *v = g(*v, *v)),
-        (true, false) => {
-            let (o, b) = (view_mut::<T>(out), view::<T>(b));
-            o.iter_mut().zip(b).for_each(|(o, &b)| *o = g(*o, b));
-        }
-        (false, true) => {
-            let (o, a) = (view_mut::<T>(out), view::<T>(a));
-            o.iter_mut().zip(a).for_each(|(o, &a)| *o = g(a, *o));
-        }
-        (false, false) => {
-            let (o, a, b) = (view_mut::<T>(out), view::<T>(a), view::<T>(b));
-            o.iter_mut()
-                .zip(a.iter().zip(b))
-                .for_each(|(o, (&a, &b))| *o = g(a, b));
-        }
+/// `o[i] = f(o[i], x[i])`.
+#[multiversion::multiversion(targets = "simd")]
+fn map_from<T: Elem, F: Fn(T, T) -> T>(o: &mut [T::Repr], x: &[T::Repr], f: F) {
+    let x = &x[..o.len()];
+    for (o, &x) in o.iter_mut().zip(x) {
+        *o = f(T::load(*o), T::load(x)).store();
     }
 }
 
-fn matmul<T: Elem>(c: &Tensor, a: &Tensor, b: &Tensor) {
+/// `o[i] = f(a[i], b[i])`.
+#[multiversion::multiversion(targets = "simd")]
+fn zip_into<T: Elem, F: Fn(T, T) -> T>(o: &mut [T::Repr], a: &[T::Repr], b: &[T::Repr], f: F) {
+    let n = o.len();
+    let (a, b) = (&a[..n], &b[..n]);
+    for i in 0..n {
+        o[i] = f(T::load(a[i]), T::load(b[i])).store();
+    }
+}
+
+fn binary<'a, T: Elem, F: Fn(T, T) -> T + Copy>(
+    out: &'a Tensor,
+    a: &'a Tensor,
+    b: &'a Tensor,
+    share: &std::ops::Range<usize>,
+    f: F,
+) {
+    let part = |x: &'a Tensor| view_part::<T::Repr>(x, share.clone());
+    let o = view_mut_part::<T::Repr>(out, share.clone());
+    match (out.span() == a.span(), out.span() == b.span()) {
+        (true, true) => map_in_place::<T, _>(o, move |v| f(v, v)),
+        (true, false) => map_from::<T, _>(o, part(b), f),
+        (false, true) => map_from::<T, _>(o, part(a), move |o, a| f(a, o)),
+        (false, false) => zip_into::<T, _>(o, part(a), part(b), f),
+    }
+}
+
+/// This block's rows of `c = a @ b`.
+fn matmul<T: Elem>(c: &Tensor, a: &Tensor, b: &Tensor, cx: &RunContext) {
     let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
-    T::gemm(m, k, n, view::<T>(a), view::<T>(b), view_mut::<T>(c));
+    let rows = cx.share(m);
+    let mr = rows.len();
+    if mr == 0 {
+        return;
+    }
+    T::gemm(
+        mr,
+        k,
+        n,
+        view_part::<T::Repr>(a, rows.start * k..rows.end * k),
+        view_part::<T::Repr>(b, 0..k * n),
+        view_mut_part::<T::Repr>(c, rows.start * n..rows.end * n),
+    );
 }
 
 /// Plain i-k-j product (integers wrap, as numpy; bool is or-of-ands; complex exact formula).

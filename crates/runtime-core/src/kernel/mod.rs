@@ -5,14 +5,21 @@
 //!   rule for viewing an array as another dtype.
 //! * [`builtin`]: `noop`, `fill`, `copy`, `scale`, `axpy`, `add`, `mul`, `sum`, `matmul` for
 //!   every dtype where numpy defines the operation.
+//! * [`block`]: multi-block launches ([`RunContext`]: which instance of the launch runs).
+//! * [`native`]: kernels behind the C ABI (`runtime/kernel.h`): C, C++, ctypes, numba.
 //!
 //! A launch checks the arguments on the caller's thread ([`Kernel::check`]: wrong shapes and
 //! dtypes fail there, as `ValueError` in Python) and queues the run on the stream. The
-//! arguments hold their buffers, so memory stays alive until the kernel has run.
+//! arguments hold their buffers, so memory stays alive until the kernel has run. A launch
+//! runs as `block_dim` instances ([`prepare_blocks`]); without one the kernel chooses
+//! ([`Kernel::blocks`]: one, unless it says otherwise).
 
+pub mod block;
 pub mod builtin;
 pub mod dtype;
+pub mod native;
 
+pub use block::{RunContext, MAX_BLOCK_DIM};
 pub use dtype::DType;
 
 use std::collections::HashMap;
@@ -21,7 +28,7 @@ use std::sync::{Arc, LazyLock};
 use crate::error::{arg_error, ArgError, KernelFailure, Result};
 use crate::memory::access::{Access, AccessSet};
 use crate::memory::{Buffer, Element, MemorySpan};
-use crate::stream::{Op, OpKind, Stream};
+use crate::stream::{Executor, Op, OpKind, Stream};
 
 /// A typed, C-contiguous view of part of a buffer: the only way a kernel sees device memory.
 ///
@@ -172,6 +179,56 @@ pub enum KernelArg {
     Int(i64),
     /// A complex scalar `(re, im)` (for complex tensors only).
     Complex(f64, f64),
+    /// A scalar of one dtype, as its bytes in native order (a numpy scalar given to a
+    /// native kernel, which receives a pointer to exactly this value). The built-ins refuse
+    /// it.
+    Typed(Scalar),
+}
+
+/// A value of one [`DType`], its bytes in native order (at most 16: complex128).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Scalar {
+    dtype: DType,
+    bytes: [u8; 16],
+}
+
+impl Scalar {
+    /// The value whose bytes are `bytes` (exactly the dtype's size).
+    ///
+    /// # Errors
+    /// `ArgError` naming `bytes` when the length is not the dtype's item size.
+    pub fn from_bytes(dtype: DType, bytes: &[u8]) -> Result<Scalar, ArgError> {
+        if bytes.len() != dtype.size() {
+            return Err(ArgError::new(
+                "bytes",
+                format!(
+                    "{} bytes for a {} scalar of {} bytes",
+                    bytes.len(),
+                    dtype.name(),
+                    dtype.size()
+                ),
+            ));
+        }
+        let mut b = [0u8; 16];
+        b[..bytes.len()].copy_from_slice(bytes);
+        Ok(Scalar { dtype, bytes: b })
+    }
+
+    /// The dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The value's bytes (the dtype's size).
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes[..self.dtype.size()]
+    }
+}
+
+impl std::fmt::Debug for Scalar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Scalar({}, {:02x?})", self.dtype.name(), self.bytes())
+    }
 }
 
 /// Arguments that passed a kernel's [`Kernel::check`]: the only value [`Kernel::run`]
@@ -182,8 +239,14 @@ pub enum KernelArg {
 /// # use runtime_core::kernel::Args;
 /// let args = Args { args: vec![], checked_by: todo!() };
 /// ```
+///
+/// Cloning keeps the kernel that checked them (the blocks of a launch share clones).
+#[derive(Clone)]
 pub struct Args {
     args: Vec<KernelArg>,
+    /// The multi-block launch these are the arguments of (0: none): set only by the launch
+    /// itself, on its blocks' copy.
+    launch: u64,
     /// The kernel whose `check` accepted `args`. Held, so no other kernel can be made at
     /// its address while these arguments live (identity by ownership, not by an address
     /// that a freed kernel's successor may reuse).
@@ -208,8 +271,22 @@ impl Args {
         kernel.check(&args)?;
         Ok(Args {
             args,
+            launch: 0,
             checked_by: kernel.clone(),
         })
+    }
+
+    /// A copy for the blocks of launch `launch`.
+    fn for_launch(&self, launch: u64) -> Args {
+        Args {
+            launch,
+            ..self.clone()
+        }
+    }
+
+    /// The multi-block launch these are the arguments of (0: none).
+    pub(crate) fn launch(&self) -> u64 {
+        self.launch
     }
 
     /// Whether `kernel` (this very object) is the one whose check accepted these arguments.
@@ -235,9 +312,10 @@ impl std::ops::Deref for Args {
 /// A kernel that can be launched on a stream by name.
 ///
 /// `check` runs on the launching thread; `run` gets the same arguments, wrapped in [`Args`],
-/// on the stream's executor. A kernel whose `run` depends on its check for soundness (the
-/// built-ins do: they build typed views that must not partly overlap) verifies
-/// [`Args::checked_by`] first.
+/// on the stream's executor, once per block of the launch (concurrently, on several threads,
+/// when the launch has several: see [`block`]), with the block's [`RunContext`]. A kernel
+/// whose `run` depends on its check for soundness (the built-ins do: they build typed views
+/// that must not partly overlap) verifies [`Args::checked_by`] first.
 pub trait Kernel: Send + Sync {
     /// Registry name.
     fn name(&self) -> &str;
@@ -251,8 +329,17 @@ pub trait Kernel: Send + Sync {
         let _ = index;
         Access::Write
     }
-    /// Run with arguments that passed a check. May panic; the executor catches it.
-    fn run(&self, args: &Args) -> Result<(), KernelFailure>;
+    /// How many blocks a launch that names none runs as, given the arguments and the
+    /// device's compute workers (called on the launching thread). One by default: a kernel
+    /// runs as several blocks only when its author splits the work by
+    /// [`RunContext::block_idx`].
+    fn blocks(&self, args: &Args, workers: u32) -> u32 {
+        let _ = (args, workers);
+        1
+    }
+    /// Run block `cx` of a launch, with arguments that passed a check. May panic; the
+    /// executor catches it.
+    fn run(&self, args: &Args, cx: &RunContext) -> Result<(), KernelFailure>;
 }
 
 static REGISTRY: LazyLock<crate::sync::StaticRwLock<HashMap<String, Arc<dyn Kernel>>>> =
@@ -314,20 +401,57 @@ pub fn find(name: &str) -> Result<Arc<dyn Kernel>> {
     })
 }
 
+/// A kernel's name as a launch keeps it: in place when short (no allocation per launch,
+/// which the launching thread would make and a worker free), else on the heap.
+enum OpName {
+    Inline { len: u8, bytes: [u8; 30] },
+    Heap(Box<str>),
+}
+
+impl OpName {
+    fn new(name: &str) -> OpName {
+        let mut bytes = [0u8; 30];
+        match bytes.get_mut(..name.len()) {
+            Some(dst) => {
+                dst.copy_from_slice(name.as_bytes());
+                OpName::Inline {
+                    len: name.len() as u8,
+                    bytes,
+                }
+            }
+            None => OpName::Heap(name.into()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            // Whole UTF-8 (a copy of a `str`), so this never falls back.
+            OpName::Inline { len, bytes } => {
+                std::str::from_utf8(&bytes[..*len as usize]).unwrap_or("")
+            }
+            OpName::Heap(s) => s,
+        }
+    }
+}
+
 struct KernelOp {
     kernel: Arc<dyn Kernel>,
     /// The kernel's name, asked once on the launching thread (`Kernel::name` is user code:
     /// the engines never call it).
-    name: String,
+    name: OpName,
     args: Args,
     accesses: AccessSet,
+    /// Blocks of the launch (`1..=MAX_BLOCK_DIM`).
+    blocks: u32,
+    /// The device's executor, whose compute workers run the blocks.
+    exec: Arc<Executor>,
 }
 
 impl crate::stream::command::sealed::Sealed for KernelOp {}
 
 impl Op for KernelOp {
     fn name(&self) -> &str {
-        &self.name
+        self.name.as_str()
     }
     fn kind(&self) -> OpKind {
         OpKind::Compute
@@ -336,7 +460,20 @@ impl Op for KernelOp {
         &self.accesses
     }
     fn run(&self) -> Result<(), KernelFailure> {
-        self.kernel.run(&self.args)
+        if self.blocks == 1 {
+            let cx = RunContext::single();
+            return block::as_block(cx, || self.kernel.run(&self.args, &cx));
+        }
+        let launch = block::new_launch();
+        let (kernel, args) = (self.kernel.clone(), self.args.for_launch(launch));
+        block::run_blocks_on(
+            &self.exec,
+            self.name.as_str(),
+            self.blocks,
+            Arc::new(move |cx| kernel.run(&args, &cx)),
+            launch,
+            true,
+        )
     }
 }
 
@@ -349,13 +486,46 @@ pub fn launch(stream: &Stream, kernel: Arc<dyn Kernel>, args: Vec<KernelArg>) ->
     stream.launch(prepare(stream, kernel, args)?)
 }
 
+/// [`launch`] as `block_dim` blocks (`None`: as many as the kernel chooses).
+///
+/// # Errors
+/// As [`launch`]; `ArgError` naming `block_dim` outside `1..=MAX_BLOCK_DIM`.
+pub fn launch_blocks(
+    stream: &Stream,
+    kernel: Arc<dyn Kernel>,
+    args: Vec<KernelArg>,
+    block_dim: Option<u32>,
+) -> Result<()> {
+    stream.launch(prepare_blocks(stream, kernel, args, block_dim)?)
+}
+
 /// Check `args` against `kernel` for a launch on `stream` and build the stream op, without
-/// queueing it.
+/// queueing it; the kernel chooses how many blocks it runs as ([`Kernel::blocks`]).
+///
+/// # Errors
+/// As [`prepare_blocks`].
 pub fn prepare(
     stream: &Stream,
     kernel: Arc<dyn Kernel>,
     args: Vec<KernelArg>,
 ) -> Result<Arc<dyn Op>> {
+    prepare_blocks(stream, kernel, args, None)
+}
+
+/// [`prepare`] for a launch of `block_dim` blocks (`None`: the kernel chooses).
+///
+/// # Errors
+/// `ArgError` from the check, for a tensor on another device, or naming `block_dim` outside
+/// `1..=MAX_BLOCK_DIM` (also when the kernel's own choice is).
+pub fn prepare_blocks(
+    stream: &Stream,
+    kernel: Arc<dyn Kernel>,
+    args: Vec<KernelArg>,
+    block_dim: Option<u32>,
+) -> Result<Arc<dyn Op>> {
+    if let Some(n) = block_dim {
+        block::check_block_dim(i64::from(n))?;
+    }
     let args = Args::check(&kernel, args)?;
     for a in args.iter() {
         if let KernelArg::Tensor(t) = a {
@@ -376,11 +546,27 @@ pub fn prepare(
         KernelArg::Tensor(t) => Some((&t.buffer, kernel.access(i))),
         _ => None,
     }));
+    let exec = stream.executor();
+    let blocks = match block_dim {
+        Some(n) => n,
+        None => {
+            let workers = u32::try_from(exec.compute_workers()).unwrap_or(u32::MAX);
+            let n = kernel.blocks(&args, workers);
+            block::check_block_dim(i64::from(n)).map_err(|e| {
+                arg_error(
+                    "block_dim",
+                    format!("the kernel chose {n} blocks: {}", e.message),
+                )
+            })?
+        }
+    };
     Ok(Arc::new(KernelOp {
-        name: kernel.name().to_string(),
+        name: OpName::new(kernel.name()),
         kernel,
         args,
         accesses,
+        blocks,
+        exec: exec.clone(),
     }))
 }
 
@@ -395,11 +581,22 @@ pub trait LaunchKernel {
     /// An unknown name (naming the registered ones); the kernel's argument check; stream
     /// errors as for [`Stream::launch`].
     fn launch_kernel(&self, name: &str, args: Vec<KernelArg>) -> Result<()>;
+
+    /// [`LaunchKernel::launch_kernel`] as `block_dim` blocks.
+    ///
+    /// # Errors
+    /// As [`LaunchKernel::launch_kernel`]; `ArgError` naming `block_dim` outside
+    /// `1..=MAX_BLOCK_DIM`.
+    fn launch_kernel_blocks(&self, name: &str, args: Vec<KernelArg>, block_dim: u32) -> Result<()>;
 }
 
 impl LaunchKernel for Stream {
     fn launch_kernel(&self, name: &str, args: Vec<KernelArg>) -> Result<()> {
         launch(self, find(name)?, args)
+    }
+
+    fn launch_kernel_blocks(&self, name: &str, args: Vec<KernelArg>, block_dim: u32) -> Result<()> {
+        launch_blocks(self, find(name)?, args, Some(block_dim))
     }
 }
 
@@ -424,7 +621,7 @@ pub mod testing {
         fn check(&self, _args: &[KernelArg]) -> Result<(), ArgError> {
             Ok(())
         }
-        fn run(&self, args: &super::Args) -> Result<(), KernelFailure> {
+        fn run(&self, args: &super::Args, _cx: &super::RunContext) -> Result<(), KernelFailure> {
             let what = format!("injected fault ({} args)", args.len());
             if self.panic {
                 panic!("{what}");

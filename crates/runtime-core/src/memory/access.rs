@@ -23,6 +23,12 @@
 //!   reaches them without waiting or locking again; needing a write where the op holds only a
 //!   read is refused (`NotPermitted`), as is a lock taken out of order that does not come
 //!   within [`OUT_OF_ORDER_WAIT`].
+//! * **Lending.** The blocks of a multi-block launch run on several threads while the op's
+//!   thread holds the locks. Each block thread borrows the op's holdings for the block's
+//!   duration (`lend`, `Lending::enter`): it counts as a holder (never taking the locks
+//!   again, which would deadlock against the op that waits for it), and safe host accesses
+//!   of borrowed allocations take the launch's own mutex instead, so two blocks never copy
+//!   into the same bytes at once through safe calls.
 //!
 //! What stays unordered is explicit: [`Buffer`]'s `unsafe fn …_unsynchronized`
 //! methods (and raw pointers), whose callers promise no conflicting access. The Python
@@ -244,9 +250,10 @@ impl AccessSet {
     fn take(&self, wait: Wait) -> Result<Held> {
         let mut held = Held {
             guards: Vec::with_capacity(self.0.len()),
+            blocks: None,
         };
         for (a, m) in &self.0 {
-            if let Some(mine) = held_mode(a.id) {
+            if let Some((mine, lent)) = held_entry(a.id) {
                 if *m == Access::Write && mine == Access::Read {
                     return Err(refused(format!(
                         "writing device memory (lock #{}) from an op that holds it only for \
@@ -254,9 +261,23 @@ impl AccessSet {
                         a.id
                     )));
                 }
+                if let (Some(lending), None) = (lent, &held.blocks) {
+                    // Borrowed by a block: the other blocks of the launch hold it too.
+                    let guard = match wait {
+                        Wait::Block => lending.host.lock_arc(),
+                        Wait::No => lending.host.try_lock_arc().ok_or_else(|| {
+                            refused(format!(
+                                "device memory (lock #{}) is in use by another block of the \
+                                 same launch",
+                                a.id
+                            ))
+                        })?,
+                    };
+                    held.blocks = Some(guard);
+                }
                 continue;
             }
-            let in_order = HELD.with(|h| h.borrow().iter().all(|(id, _)| *id < a.id));
+            let in_order = HELD.with(|h| h.borrow().iter().all(|e| e.id < a.id));
             let lock = &a.lock;
             let guard = match (wait, in_order, m) {
                 (Wait::Block, true, Access::Read) => Some(Guard::Read(lock.read_arc())),
@@ -277,10 +298,28 @@ impl AccessSet {
                     a.id
                 )));
             };
-            HELD.with(|h| h.borrow_mut().push((a.id, *m)));
+            HELD.with(|h| {
+                h.borrow_mut().push(HeldEntry {
+                    id: a.id,
+                    mode: *m,
+                    lent: None,
+                })
+            });
             held.guards.push((a.id, guard));
         }
         Ok(held)
+    }
+
+    /// Whether the calling thread may use these allocations as they say without taking
+    /// anything: it holds each in a sufficient mode, itself (the op it runs: no other thread
+    /// touches them meanwhile), or borrowed from the blocks of launch `launch` (not 0), whose
+    /// blocks share out the work between them.
+    pub(crate) fn held_for(&self, launch: u64) -> bool {
+        self.0.iter().all(|(a, m)| {
+            held_entry(a.id).is_some_and(|(mine, lent)| {
+                mine >= *m && lent.is_none_or(|l| launch != 0 && l.launch == launch)
+            })
+        })
     }
 
     /// Run `f` as a safe host access of these allocations: after the queued work it must
@@ -310,6 +349,8 @@ enum Guard {
 /// Locks taken by [`AccessSet::acquire`]; released (in reverse order) when dropped.
 pub(crate) struct Held {
     guards: Vec<(u64, Guard)>,
+    /// The launch's mutex, when some of the allocations are borrowed by a block.
+    blocks: Option<parking_lot::ArcMutexGuard<parking_lot::RawMutex, ()>>,
 }
 
 impl Drop for Held {
@@ -318,18 +359,38 @@ impl Drop for Held {
             drop(guard);
             HELD.with(|h| {
                 let mut h = h.borrow_mut();
-                if let Some(i) = h.iter().rposition(|(held, _)| *held == id) {
+                if let Some(i) = h.iter().rposition(|e| e.id == id) {
                     h.remove(i);
                 }
             });
         }
+        self.blocks = None;
     }
 }
 
+/// One allocation a thread holds: locked by this thread (`lent: None`), or borrowed from the
+/// op whose block it runs.
+struct HeldEntry {
+    id: u64,
+    mode: Access,
+    lent: Option<Arc<Lending>>,
+}
+
 thread_local! {
-    /// The allocations this thread holds (the op it runs, or its host access), in the order
-    /// taken.
-    static HELD: RefCell<Vec<(u64, Access)>> = const { RefCell::new(Vec::new()) };
+    /// The allocations this thread holds (the op it runs, or its host access, or the
+    /// holdings a block borrowed), in the order taken.
+    static HELD: RefCell<Vec<HeldEntry>> = const { RefCell::new(Vec::new()) };
+}
+
+/// How this thread holds allocation `id`, if it does (the strongest mode it holds it in),
+/// and the launch it borrowed it from when its innermost holding is a block's borrow.
+fn held_entry(id: u64) -> Option<(Access, Option<Arc<Lending>>)> {
+    HELD.with(|h| {
+        let h = h.borrow();
+        let mode = h.iter().filter(|e| e.id == id).map(|e| e.mode).max()?;
+        let lent = h.iter().rev().find(|e| e.id == id)?.lent.clone();
+        Some((mode, lent))
+    })
 }
 
 /// How this thread holds allocation `id`, if it does.
@@ -337,8 +398,66 @@ fn held_mode(id: u64) -> Option<Access> {
     HELD.with(|h| {
         h.borrow()
             .iter()
-            .filter(|(held, _)| *held == id)
-            .map(|(_, m)| *m)
+            .filter(|e| e.id == id)
+            .map(|e| e.mode)
             .max()
     })
+}
+
+/// What a multi-block launch lends its blocks: the holdings of the thread that runs the op
+/// (taken when the launch begins), and the mutex that safe host accesses of those
+/// allocations take from a block (the op holds the allocations' own locks, so blocks cannot
+/// take them; this one keeps blocks of the launch from touching the same bytes at once).
+pub(crate) struct Lending {
+    entries: Vec<(u64, Access)>,
+    host: Arc<Mutex<()>>,
+    /// The launch (`kernel::block`) whose blocks borrow.
+    launch: u64,
+}
+
+/// Snapshot the calling thread's holdings (the op it runs) for the blocks of launch
+/// `launch`.
+pub(crate) fn lend(launch: u64) -> Arc<Lending> {
+    let entries = HELD.with(|h| h.borrow().iter().map(|e| (e.id, e.mode)).collect());
+    Arc::new(Lending {
+        entries,
+        host: Arc::new(Mutex::new(())),
+        launch,
+    })
+}
+
+impl Lending {
+    /// Borrow the holdings on the calling thread (a block's thread: a helper, or the op's own
+    /// thread while it runs a block) until the guard is dropped. Takes no lock.
+    pub(crate) fn enter(self: &Arc<Self>) -> Borrowed {
+        let depth = HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            let depth = h.len();
+            h.extend(self.entries.iter().map(|&(id, mode)| HeldEntry {
+                id,
+                mode,
+                lent: Some(self.clone()),
+            }));
+            depth
+        });
+        Borrowed {
+            depth,
+            _thread: std::marker::PhantomData,
+        }
+    }
+}
+
+/// A block's borrow of its launch's holdings ([`Lending::enter`]); ends when dropped.
+pub(crate) struct Borrowed {
+    depth: usize,
+    /// Bound to the thread whose holdings list it changed.
+    _thread: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for Borrowed {
+    fn drop(&mut self) {
+        // Holdings taken inside the borrow were dropped first (guards nest).
+        let rest = HELD.with(|h| h.borrow_mut().split_off(self.depth));
+        drop(rest);
+    }
 }

@@ -135,6 +135,105 @@ impl Command {
     }
 }
 
+/// The command queue of one stream: `ready`, which only the stream's runner (whoever moved
+/// the stream to `RUNNING`, or is moving it there) locks, and `incoming`, where submitters
+/// put commands while batching is on. The runner takes `incoming` whole (one lock round trip
+/// for a batch of commands, not one per command) when `ready` runs dry, so consecutive
+/// launches reach the worker as one unit; commands never wait there while the runner is
+/// idle, because a runner looks at both before it lets the stream go.
+///
+/// With batching off, submitters push to `ready` (one shared queue, each launch taking the
+/// lock the runner pops under). Order is the same either way: `incoming` holds only commands
+/// submitted after everything in `ready` (a command is put back only to `ready`'s front).
+/// Locks are taken `ready` first, then `incoming`.
+#[derive(Default)]
+pub(crate) struct Commands {
+    ready: parking_lot::Mutex<CommandQueue>,
+    /// On a cache line of its own: submitters write it, the runner reads it once per batch.
+    incoming: CacheLine<parking_lot::Mutex<CommandQueue>>,
+}
+
+/// A value alone on its 64-byte cache line (crossbeam's `CachePadded` pads to 128 bytes on
+/// x86-64, against the adjacent-line prefetcher; a stream has two padded parts, and 64 bytes
+/// each keep it within its memory budget).
+#[derive(Default)]
+#[repr(align(64))]
+pub(crate) struct CacheLine<T>(pub(crate) T);
+
+impl<T> std::ops::Deref for CacheLine<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl Commands {
+    /// Queue `cmd` behind the others (in `incoming` when `batching`).
+    pub(crate) fn push(&self, cmd: Command, batching: bool) {
+        if batching {
+            self.incoming.lock().push(cmd);
+        } else {
+            self.ready.lock().push(cmd);
+        }
+    }
+
+    /// Take the next command: `ready`'s first, or, when `ready` is empty, the batch that
+    /// arrived in `incoming` (swapped in whole: `incoming` gets `ready`'s empty buffer, so a
+    /// stream that keeps running keeps both buffers instead of growing one per batch; they
+    /// are given back when the stream goes idle, [`Commands::is_empty_trimming`]).
+    pub(crate) fn pop(&self) -> Option<Command> {
+        let mut ready = self.ready.lock();
+        if let Some(cmd) = ready.pop() {
+            return Some(cmd);
+        }
+        let mut incoming = self.incoming.lock();
+        if incoming.is_empty() {
+            return None;
+        }
+        std::mem::swap(&mut *ready, &mut *incoming);
+        drop(incoming);
+        ready.pop()
+    }
+
+    /// Put back a command the runner took but did not run: it stays first.
+    pub(crate) fn put_back(&self, cmd: Command) {
+        self.ready.lock().put_back(cmd);
+    }
+
+    /// Whether no command is queued.
+    pub(crate) fn is_empty(&self) -> bool {
+        let ready = self.ready.lock();
+        ready.is_empty() && self.incoming.lock().is_empty()
+    }
+
+    /// [`Commands::is_empty`], for a runner letting the stream go: when empty, buffers with
+    /// room for more than [`KEEP_WHEN_EMPTY`] commands are freed (they hold no command, so
+    /// no Python object is dropped here), so an idle stream costs a few hundred bytes
+    /// whatever it ran before.
+    pub(crate) fn is_empty_trimming(&self) -> bool {
+        let mut ready = self.ready.lock();
+        let mut incoming = self.incoming.lock();
+        if !(ready.is_empty() && incoming.is_empty()) {
+            return false;
+        }
+        for q in [&mut *ready, &mut *incoming] {
+            if q.0.capacity() > KEEP_WHEN_EMPTY {
+                q.0 = std::collections::VecDeque::new();
+            }
+        }
+        true
+    }
+
+    /// The engine the first command wants.
+    pub(crate) fn first_kind(&self) -> Option<OpKind> {
+        let ready = self.ready.lock();
+        if !ready.is_empty() {
+            return ready.first_kind();
+        }
+        self.incoming.lock().first_kind()
+    }
+}
+
 /// Commands a [`CommandQueue`] may keep room for once it has drained: a stream that ran a
 /// burst of work gives the rest of its buffer back, so an idle stream costs a few hundred
 /// bytes whatever it ran before.
@@ -158,15 +257,9 @@ impl CommandQueue {
         self.0.push_front(cmd);
     }
 
-    /// Take the first command. The buffer of a queue this leaves empty is freed when it
-    /// holds room for more than [`KEEP_WHEN_EMPTY`] commands (it holds no command, so no
-    /// Python object is dropped here).
+    /// Take the first command (the buffer is kept: see [`Commands::is_empty_trimming`]).
     pub(crate) fn pop(&mut self) -> Option<Command> {
-        let cmd = self.0.pop_front();
-        if self.0.is_empty() && self.0.capacity() > KEEP_WHEN_EMPTY {
-            self.0 = std::collections::VecDeque::new();
-        }
-        cmd
+        self.0.pop_front()
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -182,6 +275,22 @@ impl CommandQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batched_and_direct_pushes_come_out_in_order() {
+        let q = Commands::default();
+        q.push(record(1), false);
+        q.push(record(2), true);
+        q.push(record(3), true);
+        let first = q.pop().unwrap();
+        assert_eq!(id_of(&first), 1);
+        q.put_back(first);
+        assert!(!q.is_empty());
+        assert_eq!(q.first_kind(), None);
+        let got: Vec<u64> = std::iter::from_fn(|| q.pop()).map(|c| id_of(&c)).collect();
+        assert_eq!(got, [1, 2, 3]);
+        assert!(q.is_empty());
+    }
 
     fn record(id: u64) -> Command {
         Command::Record(crate::event::Event::new().0, id)
@@ -210,26 +319,37 @@ mod tests {
     }
 
     #[test]
-    fn a_drained_burst_gives_its_buffer_back_and_a_short_queue_keeps_it() {
-        let mut q = CommandQueue::default();
-        assert_eq!(q.0.capacity(), 0, "an unused queue allocates nothing");
-        for id in 0..1000 {
-            q.push(record(id));
+    fn a_drained_burst_gives_its_buffers_back_and_a_short_queue_keeps_them() {
+        let q = Commands::default();
+        let caps = |q: &Commands| (q.ready.lock().0.capacity(), q.incoming.lock().0.capacity());
+        assert_eq!(caps(&q), (0, 0), "an unused queue allocates nothing");
+        for batching in [false, true] {
+            for id in 0..1000 {
+                q.push(record(id), batching);
+            }
+            let mut n = 0;
+            while q.pop().is_some() {
+                n += 1;
+            }
+            assert_eq!(n, 1000);
+            assert!(q.is_empty_trimming());
+            assert_eq!(
+                caps(&q),
+                (0, 0),
+                "the burst's buffers were freed once drained"
+            );
         }
-        while q.pop().is_some() {}
-        assert_eq!(
-            q.0.capacity(),
-            0,
-            "the burst's buffer was freed once drained"
-        );
-        q.push(record(1));
-        let kept = q.0.capacity();
+        q.push(record(1), false);
+        let kept = caps(&q).0;
         assert!((1..=KEEP_WHEN_EMPTY).contains(&kept));
         q.pop();
+        assert!(q.is_empty_trimming());
         assert_eq!(
-            q.0.capacity(),
+            caps(&q).0,
             kept,
             "a buffer of a few commands is kept for reuse"
         );
+        q.push(record(2), true);
+        assert!(!q.is_empty_trimming());
     }
 }

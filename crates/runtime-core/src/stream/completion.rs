@@ -18,26 +18,39 @@ use std::time::Instant;
 use crate::sync::{current_cpu, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
 
 pub(crate) struct Completion {
-    submitted: AtomicU64,
+    /// Written by submitters, on a cache line of its own: the runner writes `completed` (and
+    /// `waiters`) after every command, and sharing one line made every launch pull it back
+    /// and forth between the submitter's core and the runner's.
+    submit: super::command::CacheLine<Submitted>,
     completed: AtomicU64,
     waiters: AtomicUsize,
+    /// Waiters spinning now (before they sleep): they can run blocks of a launch meanwhile.
+    spinning: std::sync::atomic::AtomicU32,
     lock: Mutex<()>,
     cv: Condvar,
-    /// CPU of the thread that submitted last (`u32::MAX`: none yet); a hint, never ordered.
-    submitter_cpu: std::sync::atomic::AtomicU32,
     /// CPU of the engine worker that began running the stream last; a hint, never ordered.
     runner_cpu: std::sync::atomic::AtomicU32,
+}
+
+/// The submitters' side of [`Completion`].
+struct Submitted {
+    submitted: AtomicU64,
+    /// CPU of the thread that submitted last (`u32::MAX`: none yet); a hint, never ordered.
+    submitter_cpu: std::sync::atomic::AtomicU32,
 }
 
 impl Completion {
     pub(crate) fn new() -> Self {
         Completion {
-            submitted: AtomicU64::new(0),
+            submit: super::command::CacheLine(Submitted {
+                submitted: AtomicU64::new(0),
+                submitter_cpu: std::sync::atomic::AtomicU32::new(u32::MAX),
+            }),
             completed: AtomicU64::new(0),
             waiters: AtomicUsize::new(0),
+            spinning: std::sync::atomic::AtomicU32::new(0),
             lock: Mutex::new(()),
             cv: Condvar::new(),
-            submitter_cpu: std::sync::atomic::AtomicU32::new(u32::MAX),
             runner_cpu: std::sync::atomic::AtomicU32::new(u32::MAX),
         }
     }
@@ -51,20 +64,22 @@ impl Completion {
     /// Whether the last submitter ran on the calling thread's core: a worker lingering for
     /// its next command must then yield, or the submitter cannot run to send it.
     pub(crate) fn submitter_shares_core(&self) -> bool {
-        self.submitter_cpu
+        self.submit
+            .submitter_cpu
             .load(std::sync::atomic::Ordering::Relaxed)
             == current_cpu()
     }
 
     /// Count one more submitted command; returns the new total.
     pub(crate) fn submit(&self) -> u64 {
-        self.submitter_cpu
+        self.submit
+            .submitter_cpu
             .store(current_cpu(), std::sync::atomic::Ordering::Relaxed);
-        self.submitted.fetch_add(1, Ordering::SeqCst) + 1
+        self.submit.submitted.fetch_add(1, Ordering::SeqCst) + 1
     }
 
     pub(crate) fn submitted(&self) -> u64 {
-        self.submitted.load(Ordering::SeqCst)
+        self.submit.submitted.load(Ordering::SeqCst)
     }
 
     pub(crate) fn completed(&self) -> u64 {
@@ -73,6 +88,12 @@ impl Completion {
 
     pub(crate) fn reached(&self, target: u64) -> bool {
         self.completed() >= target
+    }
+
+    /// Whether a waiter is spinning for this stream now (and so may run blocks of its
+    /// launch: see `Stream::wait_for`).
+    pub(crate) fn waiter_spinning(&self) -> bool {
+        self.spinning.load(std::sync::atomic::Ordering::SeqCst) > 0
     }
 
     /// Whether everything submitted has completed.
@@ -93,14 +114,36 @@ impl Completion {
     }
 
     /// Wait until `completed >= target` or `deadline`; false on timeout.
+    #[cfg(loom)]
     pub(crate) fn wait(&self, target: u64, deadline: Option<Instant>) -> bool {
+        self.wait_helping(target, deadline, &|| false)
+    }
+
+    /// [`Completion::wait`], calling `help()` while it spins and before it sleeps: work the
+    /// waiter can do for the stream meanwhile (the blocks of its running launch); `help`
+    /// returns whether it did some.
+    pub(crate) fn wait_helping(
+        &self,
+        target: u64,
+        deadline: Option<Instant>,
+        help: &dyn Fn() -> bool,
+    ) -> bool {
         if self.reached(target) {
             return true;
         }
         #[cfg(not(loom))]
-        if self.spin(target, Duration::from_micros(50)) {
-            return true;
+        {
+            self.spinning
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let done = self.spin(target, Duration::from_micros(50), help);
+            self.spinning
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            if done {
+                return true;
+            }
         }
+        #[cfg(loom)]
+        let _ = help;
         self.waiters.fetch_add(1, Ordering::SeqCst);
         let mut g = self.lock.lock();
         let ok = loop {
@@ -131,13 +174,18 @@ impl Completion {
     /// to an unrelated busy thread for a whole time slice (`Backoff::snooze`, which yields on
     /// every turn, measured a no-op launch + synchronize 2-3x slower on a loaded machine).
     #[cfg(not(loom))]
-    fn spin(&self, target: u64, limit: Duration) -> bool {
-        let until = Instant::now() + limit;
+    fn spin(&self, target: u64, limit: Duration, help: &dyn Fn() -> bool) -> bool {
+        let mut until = Instant::now() + limit;
         let backoff = crossbeam_utils::Backoff::new();
         let mut n = 0u32;
         while Instant::now() < until {
             if self.reached(target) {
                 return true;
+            }
+            if help() {
+                // The launch this thread helped is about done: spin on for its end.
+                until = Instant::now() + limit;
+                continue;
             }
             n += 1;
             if n.is_multiple_of(8)

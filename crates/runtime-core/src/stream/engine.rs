@@ -86,9 +86,22 @@ pub(crate) enum EngineKind {
     Serial,
 }
 
+/// Work an engine's workers lend a hand with besides streams: the blocks of a multi-block
+/// launch (`kernel::block`). `help` claims and runs what is left and returns; a helper that
+/// comes late finds nothing to do.
+pub(crate) trait Help: Send + Sync {
+    fn help(&self);
+}
+
 pub(crate) enum Msg {
     Run(Arc<StreamInner>),
+    Help(Arc<dyn Help>),
     Stop,
+}
+
+thread_local! {
+    /// The engine whose worker the calling thread is (its address), 0 on other threads.
+    static WORKER_OF: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// How pushers and an engine's idle workers meet: the wake-up protocol, apart from the queue
@@ -237,6 +250,29 @@ impl Engine {
         self.idle.wake_one();
     }
 
+    /// Ask `copies` workers to help with `work` (at the most urgent level, so that running
+    /// streams yield their turn to it), waking sleepers for all but `unwoken` of them (those
+    /// only spinning workers, and sleepers that wake for other work, find). The caller does
+    /// not wait for them: whatever they do not take, it does itself.
+    pub(crate) fn post_help(self: &Arc<Self>, work: &Arc<dyn Help>, copies: usize, unwoken: usize) {
+        if !self.started.load(Ordering::Acquire) && self.start().is_err() {
+            return;
+        }
+        for i in 0..copies {
+            let _ = self.queues[0].0.send(Msg::Help(work.clone()));
+            if i >= unwoken {
+                self.idle.wake_one();
+            }
+        }
+    }
+
+    /// Workers of this engine that could help the calling thread: all of them, less the
+    /// caller when it is one.
+    pub(crate) fn helpers_for_caller(self: &Arc<Self>) -> usize {
+        let me = Arc::as_ptr(self) as usize;
+        self.workers - usize::from(WORKER_OF.with(std::cell::Cell::get) == me)
+    }
+
     /// Start every worker, or none: when the OS refuses one, the workers already started are
     /// told to stop (they are not joined: the caller may hold the interpreter lock that a
     /// starting worker needs) and the error is returned, so a later call can try again.
@@ -382,6 +418,7 @@ impl Engine {
 
     fn work(self: Arc<Self>) {
         crate::sync::mark_runtime_thread();
+        WORKER_OF.with(|w| w.set(Arc::as_ptr(&self) as usize));
         loop {
             let msg = match self.try_pop().or_else(|| self.spin_pop()) {
                 Some(m) => m,
@@ -390,6 +427,7 @@ impl Engine {
             match msg {
                 Msg::Stop => return,
                 Msg::Run(s) => run_stream(&s, Runner::Engine(self.kind)),
+                Msg::Help(h) => h.help(),
             }
         }
     }
@@ -417,6 +455,11 @@ impl Engines {
 
     pub(crate) fn compute_workers(&self) -> usize {
         self.compute.workers
+    }
+
+    /// The compute engine: where the blocks of a launch run.
+    pub(crate) fn compute(&self) -> &Arc<Engine> {
+        &self.compute
     }
 
     pub(crate) fn get(&self, kind: EngineKind) -> &Arc<Engine> {

@@ -40,7 +40,7 @@ pub(crate) mod engine;
 pub(crate) mod executor;
 pub(crate) mod gate;
 pub mod graph;
-mod panics;
+pub(crate) mod panics;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -56,7 +56,7 @@ use crate::memory::pinned::PinnedBuffer;
 use crate::memory::{Buffer, Element};
 use crate::trace;
 use capture::Session;
-use command::{Command, CommandQueue};
+use command::{Command, Commands};
 pub use command::{FnOp, Op, OpKind};
 use completion::Completion;
 use engine::{EngineKind, Engines};
@@ -100,7 +100,7 @@ pub(crate) struct StreamInner {
     non_blocking: bool,
     /// Commands queued and not yet run; a runner that takes one but cannot run it yet
     /// (engine hand-off, time slice, event wait) puts it back first.
-    queue: Mutex<CommandQueue>,
+    queue: Commands,
     state: AtomicU8,
     done: Completion,
     /// A lower bound of `done.completed()` seen by launchers: the back-pressure check reads
@@ -122,6 +122,10 @@ pub(crate) struct StreamInner {
     /// Whether the stream is on its executor's list of streams a barrier must look at (see
     /// [`Executor::mark_active`]).
     pub(crate) listed: AtomicBool,
+    /// The blocks of the launch this stream runs now, which a thread waiting for the stream
+    /// may run while it waits ([`offer_help`]); `offered` says whether the slot is set.
+    offer: Mutex<Option<Arc<dyn engine::Help>>>,
+    offered: AtomicBool,
 }
 
 impl Drop for StreamInner {
@@ -255,7 +259,7 @@ impl Stream {
             level: (priority - PRIORITY_HIGHEST) as usize,
             is_default,
             non_blocking,
-            queue: Mutex::new(CommandQueue::default()),
+            queue: Commands::default(),
             state: AtomicU8::new(IDLE),
             done: Completion::new(),
             completed_floor: AtomicU64::new(0),
@@ -266,6 +270,8 @@ impl Stream {
             capture: Mutex::new(None),
             capturing: AtomicBool::new(false),
             listed: AtomicBool::new(false),
+            offer: Mutex::new(None),
+            offered: AtomicBool::new(false),
         });
         exec.register(&inner);
         Ok(Stream(inner))
@@ -424,7 +430,7 @@ impl Stream {
                 return Ok(true);
             }
             let s = &self.0;
-            let releasing = s.done.is_idle() && s.queue.lock().is_empty();
+            let releasing = s.done.is_idle() && s.queue.is_empty();
             if !releasing || Instant::now() >= until {
                 return Ok(false);
             }
@@ -465,7 +471,7 @@ impl Stream {
         // The op's allocations must be free now: the caller may hold a lock of its own (the
         // Python bindings hold the interpreter's, which a kernel holding them may need), so
         // it never blocks here; contended, the op is queued and waited for instead.
-        let held = (s.done.is_idle() && s.queue.lock().is_empty())
+        let held = (s.done.is_idle() && s.queue.is_empty())
             .then(|| op.accesses().try_acquire())
             .flatten();
         let idle = held.is_some();
@@ -561,7 +567,7 @@ impl Stream {
         if trace::enabled() {
             trace_enqueue(s, &cmd);
         }
-        s.queue.lock().push(cmd);
+        s.queue.push(cmd, s.exec.options.batching());
         // Load first: a stream already running (the common case in a launch loop) is only
         // read, where a failing compare-exchange would still take its cache line from the
         // runner.
@@ -639,6 +645,9 @@ impl Stream {
     /// Wait until `completed >= target`; `Ok(false)` on timeout. Does not report the stream's
     /// errors (see [`Stream::take_error`]).
     ///
+    /// A thread that is not a runtime thread runs blocks of the stream's running multi-block
+    /// launch while it waits, when the launch offers them (see `kernel::block`).
+    ///
     /// From a runtime thread (a kernel or host function), a wait must not need that thread:
     /// a stream that is only queued is run right here; a wait for the stream running the
     /// caller, or for one that is running or blocked elsewhere (it may be waiting for the
@@ -653,26 +662,27 @@ impl Stream {
             return Ok(true);
         }
         let deadline = deadline_after(timeout);
-        if engine::on_worker_thread() {
-            if running_here(s.id) {
-                return Err(self.not_permitted("a kernel or host function running on it"));
-            }
-            if s.state.load(Ordering::SeqCst) == QUEUED
-                && s.state
-                    .compare_exchange(QUEUED, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
-                    .is_ok()
-            {
-                run_stream(&self.0, Runner::Caller(deadline));
-            }
-            if s.done.reached(target) {
-                return Ok(true);
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(false);
-            }
-            return Err(self.not_permitted("a runtime thread (a kernel or host function)"));
+        if !engine::on_worker_thread() {
+            // A thread that waits for the stream runs blocks of its running launch meanwhile.
+            return Ok(s.done.wait_helping(target, deadline, &|| help_offered(s)));
         }
-        Ok(s.done.wait(target, deadline))
+        if running_here(s.id) {
+            return Err(self.not_permitted("a kernel or host function running on it"));
+        }
+        if s.state.load(Ordering::SeqCst) == QUEUED
+            && s.state
+                .compare_exchange(QUEUED, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        {
+            run_stream(&self.0, Runner::Caller(deadline));
+        }
+        if s.done.reached(target) {
+            return Ok(true);
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(false);
+        }
+        Err(self.not_permitted("a runtime thread (a kernel or host function)"))
     }
 
     fn not_permitted(&self, from: &str) -> crate::error::Error {
@@ -985,6 +995,49 @@ pub(crate) fn after_fork(child: bool) {
     capture::after_fork(child);
 }
 
+/// While the calling thread runs a command of a stream (an engine worker or a caller running
+/// it inline), let threads that wait for that stream help with `help` (the blocks of a
+/// launch) until the returned guard is dropped. `None` when the thread runs no stream.
+pub(crate) fn offer_help(help: &Arc<dyn engine::Help>) -> Option<Offer> {
+    let s = RUNNING_HERE.with(|r| r.borrow().last().cloned())?;
+    *s.offer.lock() = Some(help.clone());
+    s.offered.store(true, Ordering::SeqCst);
+    Some(Offer(s))
+}
+
+/// An offer of [`offer_help`]; withdrawn when dropped.
+pub(crate) struct Offer(Arc<StreamInner>);
+
+impl Offer {
+    /// Whether a thread waiting for the stream spins now, and will take blocks.
+    pub(crate) fn waiter_spinning(&self) -> bool {
+        self.0.done.waiter_spinning()
+    }
+}
+
+impl Drop for Offer {
+    fn drop(&mut self) {
+        self.0.offered.store(false, Ordering::SeqCst);
+        // Taken out under the lock, dropped after it.
+        let old = self.0.offer.lock().take();
+        drop(old);
+    }
+}
+
+/// For a thread waiting for `s`: run the blocks of the launch `s` runs now, if it offered
+/// them; true when it did. The blocks run under the rules of a runtime thread (a wait from
+/// them for a busy stream is refused, never a hang).
+fn help_offered(s: &StreamInner) -> bool {
+    if !s.offered.load(Ordering::Relaxed) {
+        return false;
+    }
+    let Some(help) = s.offer.lock().clone() else {
+        return false;
+    };
+    crate::sync::as_runtime_thread(|| help.help());
+    true
+}
+
 /// After `fork()`, in the child (see `runtime::install_fork_handlers`).
 pub(crate) fn after_fork_in_child() {
     engine::after_fork_in_child();
@@ -1001,7 +1054,7 @@ fn schedule(s: &Arc<StreamInner>, kind: Option<OpKind>) {
 /// Returns true when the caller owns it again.
 fn release_stream(s: &Arc<StreamInner>) -> bool {
     s.state.store(IDLE, Ordering::SeqCst);
-    if !s.queue.lock().is_empty()
+    if !s.queue.is_empty_trimming()
         && s.state
             .compare_exchange(IDLE, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
@@ -1014,30 +1067,30 @@ fn release_stream(s: &Arc<StreamInner>) -> bool {
 thread_local! {
     /// Ids of the streams this thread is running commands of (innermost last: a runner that
     /// waits may run another stream inline).
-    static RUNNING_HERE: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+    static RUNNING_HERE: std::cell::RefCell<Vec<Arc<StreamInner>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Whether this thread is running a command of stream `id` (a wait for it would wait for
 /// itself).
 pub(crate) fn running_here(id: u64) -> bool {
-    RUNNING_HERE.with(|r| r.borrow().contains(&id))
+    RUNNING_HERE.with(|r| r.borrow().iter().any(|s| s.id == id))
 }
 
 /// Marks this thread as running a stream's commands while alive.
 struct RunningGuard;
 
 impl RunningGuard {
-    fn enter(id: u64) -> RunningGuard {
-        RUNNING_HERE.with(|r| r.borrow_mut().push(id));
+    fn enter(s: &Arc<StreamInner>) -> RunningGuard {
+        RUNNING_HERE.with(|r| r.borrow_mut().push(s.clone()));
         RunningGuard
     }
 }
 
 impl Drop for RunningGuard {
     fn drop(&mut self) {
-        RUNNING_HERE.with(|r| {
-            r.borrow_mut().pop();
-        });
+        // Dropped after the borrow: it may be the stream's last handle.
+        let s = RUNNING_HERE.with(|r| r.borrow_mut().pop());
+        drop(s);
     }
 }
 
@@ -1052,14 +1105,14 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
             return; // stale entry: a caller already ran it
         }
     }
-    let _running = RunningGuard::enter(s.id);
+    let _running = RunningGuard::enter(s);
     if let Runner::Engine(_) = runner {
         s.done.note_runner();
     }
     let mut ran = 0u32;
     let began = Instant::now();
     loop {
-        let cmd = s.queue.lock().pop();
+        let cmd = s.queue.pop();
         let Some(cmd) = cmd else {
             if let Runner::Engine(mine) = runner {
                 // A command counted (`submitted`) but not yet pushed is microseconds away.
@@ -1076,7 +1129,7 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
         if let Runner::Caller(Some(until)) = runner {
             if Instant::now() >= until {
                 let kind = cmd.kind();
-                s.queue.lock().put_back(cmd);
+                s.queue.put_back(cmd);
                 s.state.store(QUEUED, Ordering::SeqCst);
                 schedule(s, kind);
                 return;
@@ -1085,7 +1138,7 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
         if let Runner::Engine(mine) = runner {
             if let Some(want) = Engines::target(s.exec.options.pipelining(), cmd.kind()) {
                 if want != mine {
-                    s.queue.lock().put_back(cmd);
+                    s.queue.put_back(cmd);
                     s.state.store(QUEUED, Ordering::SeqCst);
                     s.exec.engines.get(want).push(s.clone());
                     return;
@@ -1095,7 +1148,7 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
             if (ran >= SLICE || began.elapsed() >= TIME_SLICE)
                 && s.exec.engines.get(mine).has_waiting(s.level)
             {
-                s.queue.lock().put_back(cmd);
+                s.queue.put_back(cmd);
                 s.state.store(QUEUED, Ordering::SeqCst);
                 s.exec.engines.get(mine).push(s.clone());
                 return;
@@ -1199,7 +1252,7 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
         }
         Command::Wait(ev, id) => {
             if ev.park_unless_complete(id, s.clone(), || {
-                s.queue.lock().put_back(Command::Wait(ev.clone(), id));
+                s.queue.put_back(Command::Wait(ev.clone(), id));
                 s.state.store(BLOCKED, Ordering::SeqCst);
             }) {
                 check_wait(s, &ev);
@@ -1222,7 +1275,7 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
                         let id = ev.recorded();
                         if id != 0
                             && !ev.park_unless_complete(id, s.clone(), || {
-                                s.queue.lock().put_back(Command::Graph(g.clone(), i));
+                                s.queue.put_back(Command::Graph(g.clone(), i));
                                 s.state.store(BLOCKED, Ordering::SeqCst);
                             })
                         {
@@ -1234,7 +1287,7 @@ fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
                     Node::RecordId(ev, id) => ev.complete(*id),
                     Node::WaitId(ev, id) => {
                         if !ev.park_unless_complete(*id, s.clone(), || {
-                            s.queue.lock().put_back(Command::Graph(g.clone(), i));
+                            s.queue.put_back(Command::Graph(g.clone(), i));
                             s.state.store(BLOCKED, Ordering::SeqCst);
                         }) {
                             return Step::Blocked;
@@ -1254,7 +1307,7 @@ pub(crate) fn unblock(s: &Arc<StreamInner>) {
         .compare_exchange(BLOCKED, QUEUED, Ordering::SeqCst, Ordering::SeqCst)
         .is_ok()
     {
-        let kind = s.queue.lock().first_kind();
+        let kind = s.queue.first_kind();
         schedule(s, kind);
     }
 }

@@ -1,7 +1,8 @@
 """Every benchmark row, in the order the table shows them; one module per area.
 
 ``streams`` (stream create, event record, idle synchronize), ``memory`` (alloc / free, copies),
-``executor`` (launches, graph replay), ``pool`` (allocation through the built-in pool and
+``executor`` (launches, graph replay), ``operators`` (the built-in kernels beside numpy and
+torch, a numba kernel in blocks, launches with batching off), ``pool`` (allocation through the built-in pool and
 plugged Python allocators) and ``pipeline`` (the copy -> compute -> copy pipeline,
 multi-stream scaling). ``base`` holds the ``Row`` / ``Ctx`` model they share.
 """
@@ -18,6 +19,7 @@ from .base import (
 )
 from .executor import graph_rows, launch_rows
 from .memory import alloc_rows, async_copy_rows, copy_rows
+from .operators import batching_rows, kernel_rows, numba_rows
 from .pipeline import pipeline_rows, scaling_rows
 from .pool import pool_rows
 from .streams import stream_event_rows, sync_idle_rows
@@ -41,8 +43,11 @@ def rows_for(cfg: Config) -> list[Row]:
         *async_copy_rows(cfg),
         *sync_idle_rows(cfg),
         *launch_rows(cfg),
+        *batching_rows(cfg),
         *graph_rows(cfg),
         *pipeline_rows(cfg),
         *scaling_rows(cfg),
         *pool_rows(cfg),
+        *kernel_rows(cfg),
+        *numba_rows(cfg),
     ]

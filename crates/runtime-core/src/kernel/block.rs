@@ -1,0 +1,422 @@
+//! Multi-block launches: one launch runs as `block_num` instances of its kernel (Ascend C's
+//! `kernel<<<blockDim, ..., stream>>>`, a CUDA grid), each told its index.
+//!
+//! A kernel sees its instance through a [`RunContext`] (`block_idx` of `block_num`), and
+//! code called from it through [`current`] (what `runtime.get_block_idx()` reads). The
+//! blocks run concurrently on the device's compute workers: the thread that runs the op
+//! posts a request for help to the compute engine ([`Engine::post_help`]) and then claims
+//! blocks itself, one at a time from a shared counter, as every helper does, so a launch
+//! never waits for a worker that is busy elsewhere (with no helper, its own thread runs every
+//! block). The op completes when every block has run; each block runs under `catch_unwind`,
+//! and the launch fails with the failure of the lowest failing block, naming it.
+//!
+//! The op's thread holds the launch's allocations (`memory::access`) while its blocks run on
+//! other threads: each block borrows those holdings for its duration
+//! (`memory::access::Lending`), so safe host accesses from a block neither wait for
+//! the op nor race with the other blocks.
+//!
+//! [`Engine::post_help`]: crate::stream::engine
+
+use std::cell::Cell;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::error::{ArgError, KernelFailure};
+use crate::memory::access::{self, Lending};
+use crate::stream::engine::Help;
+use crate::stream::Executor;
+
+/// The largest `block_dim` a launch accepts (Ascend C's limit).
+pub const MAX_BLOCK_DIM: u32 = 65_535;
+
+/// Which instance of a launch is running: block `block_idx` of `block_num` (Ascend C's
+/// `GetBlockIdx()` / `GetBlockNum()`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunContext {
+    block_idx: u32,
+    block_num: u32,
+    /// The multi-block launch this block belongs to (0: none, or made by [`RunContext::new`]):
+    /// what the built-in kernels compare with the launch their arguments and their thread's
+    /// borrowed holdings belong to (see `builtin`).
+    launch: u64,
+}
+
+impl RunContext {
+    /// Block `block_idx` of `block_num`.
+    ///
+    /// # Panics
+    /// When `block_idx >= block_num`.
+    pub fn new(block_idx: u32, block_num: u32) -> RunContext {
+        assert!(
+            block_idx < block_num,
+            "block index {block_idx} out of range for {block_num} blocks"
+        );
+        RunContext {
+            block_idx,
+            block_num,
+            launch: 0,
+        }
+    }
+
+    /// Block `block_idx` of `block_num` of the multi-block launch `launch`.
+    pub(crate) fn of_launch(block_idx: u32, block_num: u32, launch: u64) -> RunContext {
+        RunContext {
+            launch,
+            ..RunContext::new(block_idx, block_num)
+        }
+    }
+
+    /// The launch this block belongs to (0 when none).
+    pub(crate) fn launch(&self) -> u64 {
+        self.launch
+    }
+
+    /// The only block of a single-block launch.
+    pub fn single() -> RunContext {
+        RunContext::new(0, 1)
+    }
+
+    /// This instance's index, `0..block_num`.
+    pub fn block_idx(&self) -> u32 {
+        self.block_idx
+    }
+
+    /// The number of instances of the launch.
+    pub fn block_num(&self) -> u32 {
+        self.block_num
+    }
+
+    /// This block's contiguous share of `len` items: the blocks' shares are disjoint, in
+    /// block order, cover `0..len`, and differ in length by at most one.
+    pub fn share(&self, len: usize) -> Range<usize> {
+        self.share_aligned(len, 1)
+    }
+
+    /// [`RunContext::share`] with every boundary between shares a multiple of `align` items
+    /// (so that each block's vector loop starts on a whole vector); the last share takes the
+    /// rest.
+    pub fn share_aligned(&self, len: usize, align: usize) -> Range<usize> {
+        let align = align.max(1);
+        let units = len.div_ceil(align);
+        let (i, n) = (self.block_idx as usize, self.block_num as usize);
+        // units * i / n, without overflow: units <= usize::MAX / 1 and n <= 65,535.
+        let cut = |k: usize| ((units as u128 * k as u128 / n as u128) as usize * align).min(len);
+        cut(i)..cut(i + 1)
+    }
+}
+
+thread_local! {
+    static CURRENT: Cell<Option<RunContext>> = const { Cell::new(None) };
+}
+
+/// The block the calling thread is running, if it is running a kernel: what
+/// `runtime.get_block_idx()` and `get_block_num()` read.
+pub fn current() -> Option<RunContext> {
+    CURRENT.with(Cell::get)
+}
+
+/// Run `f` as block `cx` (visible through [`current`]); the previous value comes back after,
+/// also when `f` unwinds.
+pub(crate) fn as_block<R>(cx: RunContext, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<RunContext>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CURRENT.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(CURRENT.with(|c| c.replace(Some(cx))));
+    f()
+}
+
+/// Check a `block_dim` given by a caller: `1..=MAX_BLOCK_DIM`.
+///
+/// # Errors
+/// `ArgError` naming `block_dim` and the value.
+pub fn check_block_dim(block_dim: i64) -> Result<u32, ArgError> {
+    match u32::try_from(block_dim) {
+        Ok(n) if (1..=MAX_BLOCK_DIM).contains(&n) => Ok(n),
+        _ => Err(ArgError::new(
+            "block_dim",
+            format!("must be between 1 and {MAX_BLOCK_DIM}, got {block_dim}"),
+        )),
+    }
+}
+
+/// What each block of a launch runs.
+pub type BlockBody = dyn Fn(RunContext) -> Result<(), KernelFailure> + Send + Sync;
+
+/// How long the op's thread spins for the last blocks of its helpers before it sleeps.
+const SPIN: Duration = Duration::from_micros(50);
+
+/// Launch ids (never 0, never reused).
+static NEXT_LAUNCH: AtomicU64 = AtomicU64::new(1);
+
+/// A new multi-block launch id: give it to [`run_blocks_on`] and to the launch's arguments
+/// (`Args::for_launch`).
+pub(crate) fn new_launch() -> u64 {
+    NEXT_LAUNCH.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Run `body` as `block_num` blocks on the compute workers of `exec`'s device and on the
+/// calling thread, and return when all have run (the lowest failing block's failure, named).
+/// Called (through [`BlockRunner::run`]) by the op that runs the launch, holding its allocations; a single block runs right
+/// here. Blocks run only on runtime threads (for bodies that need the Python interpreter,
+/// which a waiting host thread may hold).
+///
+/// # Errors
+/// The failure of the lowest-numbered block that failed (or panicked), its message prefixed
+/// with `block i of n` and `block` set.
+pub(crate) fn run_blocks(
+    exec: &Executor,
+    name: &str,
+    block_num: u32,
+    body: Arc<BlockBody>,
+) -> Result<(), KernelFailure> {
+    run_blocks_on(exec, name, block_num, body, new_launch(), false)
+}
+
+/// Where the blocks of a launch queued on a stream run: its device's compute workers. An op
+/// built outside the core (the Python bindings' kernels) keeps one and runs its blocks with
+/// [`BlockRunner::run`].
+#[derive(Clone)]
+pub struct BlockRunner {
+    exec: Arc<Executor>,
+}
+
+impl BlockRunner {
+    /// The runner of the device `stream` belongs to.
+    pub fn of(stream: &crate::stream::Stream) -> BlockRunner {
+        BlockRunner {
+            exec: stream.executor().clone(),
+        }
+    }
+
+    /// Run `body` as `block_num` blocks (see [`run_blocks`]).
+    ///
+    /// # Errors
+    /// As [`run_blocks`].
+    pub fn run(
+        &self,
+        name: &str,
+        block_num: u32,
+        body: Arc<BlockBody>,
+    ) -> Result<(), KernelFailure> {
+        run_blocks(&self.exec, name, block_num, body)
+    }
+}
+
+/// [`run_blocks`], also letting host threads that wait for the stream running the launch
+/// run blocks while they wait (a thread in `synchronize()` has a core and nothing else to
+/// do with it: on a host with few cores it is the one that can run a second block at once).
+pub(crate) fn run_blocks_on(
+    exec: &Executor,
+    name: &str,
+    block_num: u32,
+    body: Arc<BlockBody>,
+    launch_id: u64,
+    waiters_help: bool,
+) -> Result<(), KernelFailure> {
+    if block_num <= 1 {
+        return as_block(RunContext::single(), || body(RunContext::single()));
+    }
+    let launch = Arc::new(Launch {
+        name: name.to_string(),
+        block_num,
+        next: AtomicU32::new(0),
+        done: AtomicU32::new(0),
+        helpers: AtomicU32::new(0),
+        launch: launch_id,
+        lending: access::lend(launch_id),
+        state: Mutex::new(State {
+            body: Some(body.clone()),
+            failure: None,
+        }),
+        left: Condvar::new(),
+    });
+    let help: Arc<dyn Help> = launch.clone();
+    let offer = waiters_help
+        .then(|| crate::stream::offer_help(&help))
+        .flatten();
+    let engine = exec.engines.compute();
+    let wanted = (block_num as usize - 1).min(engine.helpers_for_caller());
+    if wanted > 0 {
+        // A waiter spinning for the stream takes a block at once: no sleeping worker is
+        // woken for that one (the wake-up would cost this thread a system call before its
+        // own first block, more than a small block takes).
+        let spinning = offer
+            .as_ref()
+            .is_some_and(crate::stream::Offer::waiter_spinning);
+        engine.post_help(&help, wanted, usize::from(spinning));
+    }
+    {
+        let _borrowed = launch.lending.enter();
+        launch.run_claimed(&*body);
+    }
+    drop(offer);
+    drop(help);
+    drop(body);
+    launch.finish()
+}
+
+/// One multi-block launch in flight.
+struct Launch {
+    name: String,
+    block_num: u32,
+    /// The next block to claim (may run past `block_num`: nothing left).
+    next: AtomicU32,
+    /// Blocks that have run.
+    done: AtomicU32,
+    /// Helpers between joining (under `state`'s lock) and leaving.
+    helpers: AtomicU32,
+    /// The launch's id (its blocks' `RunContext::launch`).
+    launch: u64,
+    lending: Arc<Lending>,
+    state: Mutex<State>,
+    /// Signalled by each helper that leaves.
+    left: Condvar,
+}
+
+struct State {
+    /// Taken out by the op's thread once every block ran and every helper left, so the body
+    /// (which may own Python objects) is dropped there, never by a helper.
+    body: Option<Arc<BlockBody>>,
+    /// The lowest failing block and its failure.
+    failure: Option<(u32, KernelFailure)>,
+}
+
+impl Launch {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Claim and run blocks until none is left.
+    fn run_claimed(&self, body: &BlockBody) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= self.block_num {
+                return;
+            }
+            let cx = RunContext::of_launch(i, self.block_num, self.launch);
+            let result = as_block(cx, || {
+                crate::stream::panics::run_caught(&self.name, || body(cx))
+            });
+            if let Err(e) = result {
+                let mut st = self.lock();
+                if st.failure.as_ref().is_none_or(|(j, _)| i < *j) {
+                    st.failure = Some((i, e));
+                }
+            }
+            self.done.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// On the op's thread, after it ran out of blocks to claim: wait for the blocks helpers
+    /// run and for every helper to leave, then drop the body and report.
+    fn finish(&self) -> Result<(), KernelFailure> {
+        let settled = || {
+            self.done.load(Ordering::SeqCst) == self.block_num
+                && self.helpers.load(Ordering::SeqCst) == 0
+        };
+        let until = Instant::now() + SPIN;
+        while !settled() && Instant::now() < until {
+            std::thread::yield_now();
+        }
+        let mut st = self.lock();
+        while !settled() {
+            st = self.left.wait(st).unwrap_or_else(PoisonError::into_inner);
+        }
+        let body = st.body.take();
+        let failure = st.failure.take();
+        drop(st);
+        drop(body);
+        match failure {
+            None => Ok(()),
+            Some((i, mut e)) => {
+                e.message = format!("block {i} of {}: {}", self.block_num, e.message);
+                e.block = Some(i);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Help for Launch {
+    fn help(&self) {
+        if self.next.load(Ordering::Relaxed) >= self.block_num {
+            return; // came late: nothing left
+        }
+        let body = {
+            let st = self.lock();
+            let Some(body) = st.body.clone() else {
+                return;
+            };
+            self.helpers.fetch_add(1, Ordering::SeqCst);
+            body
+        };
+        {
+            let _borrowed = self.lending.enter();
+            self.run_claimed(&*body);
+        }
+        // Dropped before leaving: the op's thread holds the body until every helper left,
+        // so this is never the last reference.
+        drop(body);
+        let st = self.lock();
+        self.helpers.fetch_sub(1, Ordering::SeqCst);
+        self.left.notify_all();
+        drop(st);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_cover_the_range_in_order_without_overlap() {
+        for len in [0usize, 1, 7, 64, 1000, 1 << 20] {
+            for n in [1u32, 2, 3, 8, 13] {
+                for align in [1usize, 16] {
+                    let mut at = 0;
+                    for i in 0..n {
+                        let r = RunContext::new(i, n).share_aligned(len, align);
+                        assert_eq!(r.start, at, "len {len} n {n} align {align}");
+                        assert!(r.end >= r.start);
+                        if r.end < len {
+                            assert_eq!(r.end % align, 0);
+                        }
+                        at = r.end;
+                    }
+                    assert_eq!(at, len);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn block_dim_bounds() {
+        assert_eq!(check_block_dim(1).unwrap(), 1);
+        assert_eq!(check_block_dim(65_535).unwrap(), 65_535);
+        for bad in [0, -1, 65_536, i64::MAX, i64::MIN] {
+            let e = check_block_dim(bad).unwrap_err();
+            assert!(e.to_string().contains("block_dim"), "{e}");
+        }
+    }
+
+    #[test]
+    fn current_is_set_inside_and_restored_after() {
+        assert_eq!(current(), None);
+        as_block(RunContext::new(2, 4), || {
+            assert_eq!(current(), Some(RunContext::new(2, 4)));
+            as_block(RunContext::single(), || {
+                assert_eq!(current().map(|c| c.block_num()), Some(1));
+            });
+            assert_eq!(current().map(|c| c.block_idx()), Some(2));
+        });
+        assert_eq!(current(), None);
+        let caught = std::panic::catch_unwind(|| as_block(RunContext::single(), || panic!("x")));
+        assert!(caught.is_err());
+        assert_eq!(current(), None, "restored after a panic");
+    }
+}
