@@ -40,6 +40,7 @@ __all__ = [
     "_malloc_host",
     "_register_test_kernels",
     "comm_connect",
+    "comm_get_unique_id",
     "comm_group_end",
     "comm_group_start",
     "comm_init_all",
@@ -254,10 +255,20 @@ class Kernel:
     def name(self) -> str: ...
     def __call__(self, *args: Any, stream: Stream | None = None) -> None: ...
 
+_Op: TypeAlias = str | tuple[str, float]
+
 @final
 class Communicator:
     """One rank of a communicator (see ``runtime.comm``; across processes ``runtime._mpi``)."""
 
+    def __new__(
+        cls,
+        nranks: int,
+        comm_id: bytes | Iterable[int],
+        rank: int,
+        device: _DeviceLike | None = None,
+        timeout: float = 300.0,
+    ) -> Communicator: ...
     @property
     def rank(self) -> int: ...
     @property
@@ -271,31 +282,101 @@ class Communicator:
     @property
     def timeout(self) -> float: ...
     @property
+    def transport(self) -> Any: ...
+    @property
     def aborted(self) -> bool: ...
     def all_reduce(
-        self, send: DeviceBuffer, recv: DeviceBuffer, op: str = "sum", stream: Stream | None = None
+        self,
+        send: DeviceBuffer,
+        recv: DeviceBuffer,
+        op: _Op | None = None,
+        stream: Stream | None = None,
     ) -> None: ...
-    def broadcast(self, buf: DeviceBuffer, root: int, stream: Stream | None = None) -> None: ...
+    def all_reduce_coalesced(
+        self,
+        send: Iterable[DeviceBuffer],
+        recv: Iterable[DeviceBuffer] | None = None,
+        op: _Op | None = None,
+        stream: Stream | None = None,
+    ) -> None: ...
+    def broadcast(
+        self,
+        buf: DeviceBuffer | None,
+        root: int,
+        stream: Stream | None = None,
+        recv: DeviceBuffer | None = None,
+    ) -> None: ...
     def reduce(
         self,
         send: DeviceBuffer,
         recv: DeviceBuffer | None,
         root: int,
-        op: str = "sum",
+        op: _Op | None = None,
         stream: Stream | None = None,
     ) -> None: ...
     def all_gather(
         self, send: DeviceBuffer, recv: DeviceBuffer, stream: Stream | None = None
     ) -> None: ...
+    def all_gatherv(
+        self,
+        send: DeviceBuffer,
+        recv: DeviceBuffer,
+        counts: Iterable[int],
+        stream: Stream | None = None,
+    ) -> None: ...
     def reduce_scatter(
-        self, send: DeviceBuffer, recv: DeviceBuffer, op: str = "sum", stream: Stream | None = None
+        self,
+        send: DeviceBuffer,
+        recv: DeviceBuffer,
+        op: _Op | None = None,
+        stream: Stream | None = None,
+    ) -> None: ...
+    def reduce_scatterv(
+        self,
+        send: DeviceBuffer,
+        recv: DeviceBuffer,
+        counts: Iterable[int],
+        op: _Op | None = None,
+        stream: Stream | None = None,
     ) -> None: ...
     def all_to_all(
         self, send: DeviceBuffer, recv: DeviceBuffer, stream: Stream | None = None
     ) -> None: ...
+    def all_to_allv(
+        self,
+        send: DeviceBuffer,
+        send_counts: Iterable[int],
+        recv: DeviceBuffer,
+        recv_counts: Iterable[int],
+        stream: Stream | None = None,
+    ) -> None: ...
+    def all_to_all_single(
+        self,
+        output: DeviceBuffer,
+        input: DeviceBuffer,
+        output_split_sizes: Iterable[int] | None = None,
+        input_split_sizes: Iterable[int] | None = None,
+        stream: Stream | None = None,
+    ) -> None: ...
+    def gather(
+        self,
+        send: DeviceBuffer,
+        recv: DeviceBuffer | None,
+        root: int,
+        stream: Stream | None = None,
+    ) -> None: ...
+    def scatter(
+        self,
+        send: DeviceBuffer | None,
+        recv: DeviceBuffer,
+        root: int,
+        stream: Stream | None = None,
+    ) -> None: ...
     def send(self, buf: DeviceBuffer, peer: int, stream: Stream | None = None) -> None: ...
     def recv(self, buf: DeviceBuffer, peer: int, stream: Stream | None = None) -> None: ...
     def barrier(self, stream: Stream | None = None) -> None: ...
+    def split(self, color: int | None, key: int | None = None) -> Communicator | None: ...
+    def check_async_error(self) -> None: ...
     def abort(self) -> None: ...
     def destroy(self) -> None: ...
 
@@ -484,6 +565,7 @@ def comm_connect(
     transport: Any,
     timeout: float = 300.0,
 ) -> list[Communicator]: ...
+def comm_get_unique_id() -> bytes: ...
 def comm_group_start() -> None: ...
 def comm_group_end(wait: bool = True) -> None: ...
 def trace_start() -> None: ...

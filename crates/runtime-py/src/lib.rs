@@ -68,6 +68,7 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm::PyCommunicator>()?;
     m.add_function(wrap_pyfunction!(comm::comm_init_all, m)?)?;
     m.add_function(wrap_pyfunction!(comm::comm_connect, m)?)?;
+    m.add_function(wrap_pyfunction!(comm::comm_get_unique_id, m)?)?;
     m.add_function(wrap_pyfunction!(comm::comm_group_start, m)?)?;
     m.add_function(wrap_pyfunction!(comm::comm_group_end, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::init, m)?)?;
