@@ -209,9 +209,8 @@ fn unique_id_arg(obj: &Bound<'_, PyAny>) -> PyResult<UniqueId> {
     } else if let Ok(ints) = obj.extract::<Vec<i64>>() {
         ints.iter()
             .map(|&i| {
-                u8::try_from(i.rem_euclid(256)).map_err(|_| {
-                    PyValueError::new_err(format!("comm_id: {i} is not a byte"))
-                })
+                u8::try_from(i.rem_euclid(256))
+                    .map_err(|_| PyValueError::new_err(format!("comm_id: {i} is not a byte")))
             })
             .collect::<PyResult<_>>()?
     } else {
@@ -644,7 +643,11 @@ fn tensors_arg(py: Python<'_>, obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Ve
 }
 
 /// An optional buffer argument (None on ranks that do not need it).
-fn opt_tensor(py: Python<'_>, obj: Option<&Bound<'_, PyAny>>, arg: &str) -> PyResult<Option<Tensor>> {
+fn opt_tensor(
+    py: Python<'_>,
+    obj: Option<&Bound<'_, PyAny>>,
+    arg: &str,
+) -> PyResult<Option<Tensor>> {
     match obj {
         Some(o) if !o.is_none() => Ok(Some(tensor(py, o, arg)?)),
         _ => Ok(None),
@@ -979,8 +982,18 @@ impl PyCommunicator {
             Some(o) if !o.is_none() => counts_arg(o, arg).map(Some),
             _ => Ok(None),
         };
-        let rc = splits(&r, opt_counts(output_split_sizes, "output_split_sizes")?, n, "output")?;
-        let sc = splits(&s, opt_counts(input_split_sizes, "input_split_sizes")?, n, "input")?;
+        let rc = splits(
+            &r,
+            opt_counts(output_split_sizes, "output_split_sizes")?,
+            n,
+            "output",
+        )?;
+        let sc = splits(
+            &s,
+            opt_counts(input_split_sizes, "input_split_sizes")?,
+            n,
+            "input",
+        )?;
         self.submit(py, stream, |c, st| c.all_to_allv(&s, &sc, &r, &rc, st))
     }
 
