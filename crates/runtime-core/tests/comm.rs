@@ -1035,3 +1035,43 @@ fn async_error_reports_an_abort() {
     let e = cs[0].async_error().expect("aborted");
     assert!(e.to_string().contains("aborted"), "{e}");
 }
+
+/// Two allocations over one memory (an old lease of a block freed in stream order and the new
+/// lease that reuses it) are one memory to a collective: the same bytes run in place, a partial
+/// overlap is refused. Judged on the allocation (before issue 25), they passed as disjoint,
+/// and two ranks' shares could read and write the same bytes at once. The same holds for a
+/// plugged allocator's block and the buffer it is carved from.
+#[test]
+fn overlap_is_judged_on_memory_whichever_allocations_name_it() {
+    let _serial = serial();
+    let cs = comms(2, Duration::from_secs(60));
+    let s = stream(&cs[0]);
+    let old = s.malloc_async(64).unwrap();
+    s.free_async(&old).unwrap();
+    let new = s.malloc_async(64).unwrap();
+    assert!(!old.same_allocation(&new) && old.overlaps(0, 64, &new, 0, 64));
+    let shifted = Tensor::new(old.clone(), 8, DType::I64, vec![4]).unwrap();
+    let t_new = Tensor::new(new.clone(), 0, DType::I64, vec![4]).unwrap();
+    let e = cs[0]
+        .all_reduce(&shifted, &t_new, ReduceOp::Sum, &s)
+        .unwrap_err();
+    assert!(e.to_string().contains("partly overlap"), "{e}");
+    let e = cs[0]
+        .all_to_all(
+            &Tensor::new(old.clone(), 0, DType::I64, vec![8]).unwrap(),
+            &Tensor::new(new.clone(), 0, DType::I64, vec![8]).unwrap(),
+            &s,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("overlaps send"), "{e}");
+    // The same bytes under both leases: in place.
+    let t_old = Tensor::new(old, 0, DType::I64, vec![4]).unwrap();
+    t_new.write(&[1i64, 2, 3, 4]).unwrap();
+    let other = i64s(&cs[1], &[10, 20, 30, 40]);
+    cs[0].all_reduce(&t_old, &t_new, ReduceOp::Sum, &s).unwrap();
+    cs[1]
+        .all_reduce(&other, &other, ReduceOp::Sum, &stream(&cs[1]))
+        .unwrap();
+    assert!(sync_all(&cs).iter().all(Result::is_ok));
+    assert_eq!(t_new.to_vec::<i64>().unwrap(), vec![11, 22, 33, 44]);
+}
