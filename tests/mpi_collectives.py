@@ -8,6 +8,10 @@ timeout), abort, and an aborted communicator refusing further calls.
 ``python mpi_collectives.py misuse CASE`` -- the collective misuse battery across processes
 (issue 22): processes running the same program at different speeds with graph replays between
 direct collectives, more than 1,024 collectives in one group, a process that dies.
+``python mpi_collectives.py shapes DEVICES`` -- the second round's shapes (issue 25): bitwise
+operators and premul_sum, gather, scatter, out-of-place broadcast, per-rank counts,
+all_reduce_coalesced, torch's uneven all_to_all_single, split (colors spanning processes and
+not), check_async_error.
 
 Each process prints ``ok <process> <checks>`` on success; any mismatch raises (exit code 1).
 Driven by ``test_comm_mpi.py``.
@@ -348,6 +352,207 @@ def check(devices_arg: str) -> int:
     return 0
 
 
+def shapes(devices_arg: str) -> int:
+    """Issue 25's shapes across processes, each checked against numpy in every process."""
+    world = MPI.COMM_WORLD
+    spec = [int(x) for x in devices_arg.split(",")]
+    mine = spec[0] if len(spec) == 1 else spec[world.rank]
+    rt.init(device_count=max(mine, 1), memory="256MiB")
+    comms = init_mpi(list(range(mine)), timeout=120)
+    ch = Checker(comms)
+    size = comms[0].size
+    all_ranks = range(size)
+    case = 5000
+
+    def dev(x, c):
+        return rt.to_device(x, c.device)
+
+    for n in (1, 4099, 70000):
+        # bitwise operators over MPI (integers and bool as bytes)
+        for dtype in ("int32", "int64", "uint8", "bool"):
+            for op, f in (
+                ("band", np.bitwise_and),
+                ("bor", np.bitwise_or),
+                ("bxor", np.bitwise_xor),
+            ):
+                case += 1
+                xs = [
+                    np.random.default_rng([case, r]).integers(0, 256, n).astype(dtype)
+                    if dtype != "bool"
+                    else data(case, r, n, "bool")
+                    for r in all_ranks
+                ]
+                bufs = [dev(xs[c.rank], c) for c in comms]
+                for c, b in zip(comms, bufs):
+                    c.all_reduce(b, b, op=op)
+                ch.sync()
+                for b in bufs:
+                    ch.expect(b.copy_to_host(), f.reduce(xs), f"all_reduce {op} {dtype} n={n}")
+        # premul_sum with each rank's own factor (rank + 1), all_reduce and reduce_scatter
+        for dtype in ("float32", "float64", "float16", "int64"):
+            case += 1
+            xs = [data(case, r, n * size, dtype) for r in all_ranks]
+            want = sum(xs[r].astype("float64") * (r + 1) for r in all_ranks).astype(dtype)
+            bufs = [dev(xs[c.rank], c) for c in comms]
+            for c, b in zip(comms, bufs):
+                c.all_reduce(b, b, op=("premul_sum", c.rank + 1))
+            ch.sync()
+            for b in bufs:
+                ch.expect(b.copy_to_host(), want, f"premul_sum all_reduce {dtype} n={n}")
+            ins = [dev(xs[c.rank], c) for c in comms]
+            outs = [rt.empty(n, dtype, c.device) for c in comms]
+            for c, i, o in zip(comms, ins, outs):
+                c.reduce_scatter(i, o, op=runtime.comm.premul_sum(c.rank + 1))
+            ch.sync()
+            for c, o in zip(comms, outs):
+                r = c.rank
+                ch.expect(o.copy_to_host(), want[r * n : (r + 1) * n], f"premul_sum rs {dtype}")
+        for dtype in ("float32", "int64", "complex64"):
+            # gather and scatter at every root, in place at the root on odd roots
+            for root in all_ranks:
+                case += 1
+                xs = [data(case, r, n, dtype) for r in all_ranks]
+                got = None
+                for c in comms:
+                    if c.rank == root:
+                        got = rt.empty(n * size, dtype, c.device)
+                        item = np.dtype(dtype).itemsize
+                        send = (
+                            got.view(dtype, (n,), root * n * item)
+                            if root % 2
+                            else rt.empty(n, dtype, c.device)
+                        )
+                        rt.memcpy_host_to_device(send, xs[root])
+                        c.gather(send, got, root)
+                    else:
+                        c.gather(dev(xs[c.rank], c), None, root)
+                ch.sync()
+                if got is not None:
+                    ch.expect(got.copy_to_host(), np.concatenate(xs), f"gather to {root}")
+                allx = data(case + 1, root, n * size, dtype)
+                outs = []
+                for c in comms:
+                    out = rt.empty(n, dtype, c.device)
+                    c.scatter(dev(allx, c) if c.rank == root else None, out, root)
+                    outs.append(out)
+                ch.sync()
+                for c, o in zip(comms, outs):
+                    r = c.rank
+                    ch.expect(o.copy_to_host(), allx[r * n : (r + 1) * n], f"scatter {root}")
+                # out-of-place broadcast
+                src = data(case + 2, root, n, dtype)
+                recvs = []
+                for c in comms:
+                    r = rt.empty(n, dtype, c.device)
+                    c.broadcast(dev(src, c) if c.rank == root else None, root, recv=r)
+                    recvs.append(r)
+                ch.sync()
+                for r in recvs:
+                    ch.expect(r.copy_to_host(), src, f"broadcast(recv=) from {root}")
+            # per-rank counts (a zero for rank 0)
+            counts = [(r * (n % 7 + 1)) % 5 for r in all_ranks]
+            displ = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int)
+            total = sum(counts)
+            case += 1
+            xs = [data(case, r, 5, dtype)[: counts[r]] for r in all_ranks]
+            recvs = []
+            for c in comms:
+                r = rt.empty(total, dtype, c.device)
+                c.all_gatherv(dev(xs[c.rank], c), r, counts)
+                recvs.append(r)
+            ch.sync()
+            for r in recvs:
+                ch.expect(r.copy_to_host(), np.concatenate(xs), f"all_gatherv {dtype}")
+            ops = ("sum", "prod") + (() if dtype.startswith("complex") else ("max",))
+            for op in ops:
+                case += 1
+                big = [data(case, r, total, dtype, op) for r in all_ranks]
+                full = reduce_ref(op, big)
+                outs = []
+                for c in comms:
+                    o = rt.empty(counts[c.rank], dtype, c.device)
+                    c.reduce_scatterv(dev(big[c.rank], c), o, counts, op=op)
+                    outs.append(o)
+                ch.sync()
+                for c, o in zip(comms, outs):
+                    q = c.rank
+                    want = full[displ[q] : displ[q] + counts[q]]
+                    ch.expect(o.copy_to_host(), want, f"reduce_scatterv {op} {dtype}")
+            # all_to_allv: rank a sends (a + 2b) % 4 elements to rank b
+            case += 1
+            sc = [[(a + 2 * b) % 4 for b in all_ranks] for a in all_ranks]
+            xs = [data(case, a, sum(sc[a]), dtype) for a in all_ranks]
+            recvs = []
+            for c in comms:
+                a = c.rank
+                rc = [sc[b][a] for b in all_ranks]
+                r = rt.empty(sum(rc), dtype, c.device)
+                c.all_to_allv(dev(xs[a], c), sc[a], r, rc)
+                recvs.append(r)
+            ch.sync()
+            for c, r in zip(comms, recvs):
+                b = c.rank
+                parts = [xs[a][sum(sc[a][:b]) : sum(sc[a][: b + 1])] for a in all_ranks]
+                ch.expect(r.copy_to_host(), np.concatenate(parts), f"all_to_allv {dtype}")
+            # torch's all_to_all_single with unequal splits (distributed_test.py)
+            outs = []
+            for c in comms:
+                r = c.rank
+                in_splits = [i + 1 for i in all_ranks]
+                inp = dev(np.ones((sum(in_splits), size), dtype) * r, c)
+                out = rt.empty(((r + 1) * size, size), dtype, c.device)
+                c.all_to_all_single(out, inp, [r + 1] * size, in_splits)
+                outs.append(out)
+            ch.sync()
+            for c, o in zip(comms, outs):
+                r = c.rank
+                want = np.concatenate([np.ones((r + 1, size), dtype) * i for i in all_ranks])
+                ch.expect(o.copy_to_host(), want, "all_to_all_single unequal")
+            # all_reduce_coalesced: three buffers, one empty
+            case += 1
+            lens = (n, 0, 3)
+            xs = [[data(case + k, r, lens[k], dtype) for r in all_ranks] for k in range(3)]
+            got = []
+            for c in comms:
+                bufs = [dev(xs[k][c.rank], c) for k in range(3)]
+                c.all_reduce_coalesced(bufs, op="sum")
+                got.append(bufs)
+            ch.sync()
+            for bufs in got:
+                for k, b in enumerate(bufs):
+                    ch.expect(b.copy_to_host(), reduce_ref("sum", xs[k]), f"coalesced #{k}")
+    # split: colors spanning processes (rank % 2) keyed by -rank, then one color per process
+    # one thread splits every local rank: inside a group, made at the group's end
+    with runtime.comm.group():
+        subs = [c.split(c.rank % 2, key=-c.rank) for c in comms]
+    for c, s in zip(comms, subs):
+        members = [q for q in all_ranks if q % 2 == c.rank % 2][::-1]
+        assert (s.rank, s.size) == (members.index(c.rank), len(members)), (c.rank, s.rank)
+    bufs = [dev(np.array([c.rank], "int64"), c) for c in comms]
+    for s, b in zip(subs, bufs):
+        s.all_reduce(b, b)
+    ch.sync()
+    for c, b in zip(comms, bufs):
+        want = sum(q for q in all_ranks if q % 2 == c.rank % 2)
+        ch.expect(b.copy_to_host(), np.array([want]), "all_reduce on a split")
+    with runtime.comm.group():
+        per_process = [c.split(world.rank) for c in comms]
+    assert all(s.size == mine and s.mpi_comm is None for s in per_process)
+    with runtime.comm.group():
+        none = [c.split(None) for c in comms]
+    assert none == [None] * mine
+    for c in comms:
+        c.check_async_error()
+    # an id made by another process is refused (ranks of other processes join by init_mpi)
+    uid = world.bcast(runtime.comm.get_unique_id() if world.rank == 0 else None)
+    if world.rank != 0:
+        expect_raises(ValueError, runtime.comm.Communicator, world.size, uid, world.rank)
+    for c in comms:
+        c.destroy()
+    report(world.rank, ch.count)
+    return 0
+
+
 def report(process: int, checks: int) -> None:
     # One write: mpiexec merges the processes' output, and print() writes the newline apart.
     sys.stdout.write(f"ok {process} {checks}\n")
@@ -538,4 +743,6 @@ if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "check":
         sys.exit(check(sys.argv[2]))
+    if mode == "shapes":
+        sys.exit(shapes(sys.argv[2]))
     sys.exit(misuse(sys.argv[2]) if mode == "misuse" else errors())

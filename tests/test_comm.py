@@ -9,6 +9,7 @@ per-collective expected results (src/common.cu: each rank's data, reduced on the
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import pytest
@@ -458,3 +459,460 @@ def test_out_of_range_root_names_the_valid_ranks():
         cs[0].broadcast(a, 3)
     with pytest.raises(ValueError, match=r"peer: 5 is not a rank.*0 to 2"):
         cs[0].send(a, 5)
+
+
+# --- issue 25: the second round (translated upstream tests) ----------------------------------
+
+
+def _ints(cs, values, dtype="int32"):
+    return [runtime.to_device(np.array(v, dtype), device=c.device) for c, v in zip(cs, values)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8])
+def test_bitwise_reductions_as_gloo(n):
+    """torch test_c10d_gloo.py ``simple_reduce_tests``: BAND with one bit set per round, BOR
+    and BXOR emulating a larger world (every rank contributes several values pre-combined)."""
+    cs = comms(n)
+    cases = []
+    for i in range(4):
+        cases.append(("band", [[r | (1 << i)] for r in range(n)], [1 << i]))
+    for i in range(1, 5):
+        cases.append(
+            (
+                "bor",
+                [[functools.reduce(int.__or__, [r * i + j for j in range(i)])] for r in range(n)],
+                [functools.reduce(int.__or__, range(n * i))],
+            )
+        )
+        cases.append(
+            (
+                "bxor",
+                [[functools.reduce(int.__xor__, [r * i + j for j in range(i)])] for r in range(n)],
+                [functools.reduce(int.__xor__, range(n * i))],
+            )
+        )
+    for op, inputs, want in cases:
+        bufs = _ints(cs, inputs)
+        for c, b in zip(cs, bufs):
+            c.all_reduce(b, b, op=op)
+        sync(cs)
+        for b in bufs:
+            np.testing.assert_array_equal(b.copy_to_host(), np.array(want, "int32"), err_msg=op)
+
+
+@pytest.mark.parametrize("dtype", ["bool", "uint8", "int64", "uint64"])
+def test_bitwise_reductions_every_integer_dtype_and_bool(dtype):
+    cs = comms(3)
+    rng = np.random.default_rng(3)
+    if dtype == "bool":
+        xs = [rng.integers(0, 2, 257).astype(bool) for _ in cs]
+    else:
+        xs = [rng.integers(0, 200, 257).astype(dtype) for _ in cs]
+    for op, f in (("band", np.bitwise_and), ("bor", np.bitwise_or), ("bxor", np.bitwise_xor)):
+        sends = [runtime.to_device(x, device=c.device) for c, x in zip(cs, xs)]
+        recvs = [runtime.empty(257, dtype, c.device) for c in cs]
+        for c, s, r in zip(cs, sends, recvs):
+            c.all_reduce(s, r, op=op)
+        sync(cs)
+        for r in recvs:
+            np.testing.assert_array_equal(r.copy_to_host(), f.reduce(xs), err_msg=op)
+    with pytest.raises(ValueError, match="band is not defined for dtype float32"):
+        b = runtime.empty(4, "float32", cs[0].device)
+        cs[0].all_reduce(b, b, op="band")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32"])
+def test_premul_sum_as_torch_nccl(dtype):
+    """torch test_c10d_nccl.py ``test_allreduce_ops`` (Premul Sum): ``[rank + 1]`` reduced
+    with ``_make_nccl_premul_sum(3.0)`` is ``3 n (n + 1) / 2``; here also per-rank factors
+    (NCCL lets each rank create its own) and reduce_scatter (the ``premul_sum`` reduce-scatter
+    test of the same file)."""
+    n = 3
+    cs = comms(n)
+    bufs = [runtime.to_device(np.array([c.rank + 1], dtype), device=c.device) for c in cs]
+    for c, b in zip(cs, bufs):
+        c.all_reduce(b, b, op=comm.premul_sum(3.0))
+    sync(cs)
+    for b in bufs:
+        np.testing.assert_array_equal(b.copy_to_host(), np.array([3 * n * (n + 1) / 2], dtype))
+    # each rank its own factor (rank + 2): sum (r + 2)(r + 1)
+    bufs = [runtime.to_device(np.array([c.rank + 1] * 5, dtype), device=c.device) for c in cs]
+    for c, b in zip(cs, bufs):
+        c.all_reduce(b, b, op=("premul_sum", c.rank + 2))
+    sync(cs)
+    want = sum((r + 2) * (r + 1) for r in range(n))
+    for b in bufs:
+        np.testing.assert_array_equal(b.copy_to_host(), np.full(5, want, dtype))
+    # reduce_scatter: block r of sum over ranks of 0.5 * x (float) / 2 * x (int)
+    f = 2 if dtype == "int32" else 0.5
+    xs = [np.arange(n * 4, dtype=dtype) + r for r in range(n)]
+    ins = [runtime.to_device(x, device=c.device) for c, x in zip(cs, xs)]
+    outs = [runtime.empty(4, dtype, c.device) for c in cs]
+    for c, i, o in zip(cs, ins, outs):
+        c.reduce_scatter(i, o, op=comm.premul_sum(f))
+    sync(cs)
+    full = sum(x.astype("float64") * f for x in xs)
+    for r, o in enumerate(outs):
+        np.testing.assert_array_equal(o.copy_to_host(), full[r * 4 : (r + 1) * 4].astype(dtype))
+
+
+def test_premul_sum_refusals():
+    cs = comms(2)
+    i = runtime.empty(4, "int32", 0)
+    with pytest.raises(ValueError, match="factor"):
+        cs[0].all_reduce(i, i, op=comm.premul_sum(0.5))
+    b = runtime.empty(4, "bool", 0)
+    with pytest.raises(ValueError, match="premul_sum is not defined for dtype bool"):
+        cs[0].all_reduce(b, b, op=comm.premul_sum(2.0))
+    with pytest.raises(ValueError, match="needs a factor"):
+        cs[0].all_reduce(i, i, op="premul_sum")
+    with pytest.raises(TypeError):
+        comm.premul_sum("2")
+    with pytest.raises(ValueError, match="finite"):
+        cs[0].all_reduce(i, i, op=("premul_sum", float("nan")))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8])
+def test_scatter_and_gather_basics_as_gloo(n):
+    """torch test_c10d_gloo.py ``_test_scatter_basics`` / ``_test_gather_basics``: every rank
+    is the root once; scatter sends ``[i]`` to rank ``i``, gather collects ``[rank]`` from
+    each. ``_test_*_stress`` run many rounds: here 50 per root, queued before one sync."""
+    cs = comms(n)
+    for root in range(n):
+        # scatter: the root holds one element per rank
+        send = runtime.to_device(np.arange(n, dtype="int64"), device=cs[root].device)
+        outs = [runtime.to_device(np.array([-1], "int64"), device=c.device) for c in cs]
+        for c, o in zip(cs, outs):
+            c.scatter(send if c.rank == root else None, o, root)
+        sync(cs)
+        for i, o in enumerate(outs):
+            np.testing.assert_array_equal(o.copy_to_host(), [i])
+        # gather: the root collects every rank's element
+        ins = [runtime.to_device(np.array([c.rank], "int64"), device=c.device) for c in cs]
+        recv = runtime.to_device(np.full(n, -1, "int64"), device=cs[root].device)
+        for c, i in zip(cs, ins):
+            c.gather(i, recv if c.rank == root else None, root)
+        sync(cs)
+        np.testing.assert_array_equal(recv.copy_to_host(), np.arange(n))
+    rounds = 50
+    outs = [[runtime.empty(1, "int64", c.device) for _ in range(rounds * n)] for c in cs]
+    gathered = [runtime.empty(n, "int64", cs[i % n].device) for i in range(rounds * n)]
+    sources = [
+        runtime.to_device(np.arange(n, dtype="int64") + it, device=cs[root].device)
+        for it in range(rounds)
+        for root in range(n)
+    ]
+    ins = [runtime.to_device(np.array([c.rank], "int64"), device=c.device) for c in cs]
+    for c in cs:
+        for k in range(rounds * n):
+            root = k % n
+            c.scatter(sources[k] if c.rank == root else None, outs[c.rank][k], root)
+            c.gather(ins[c.rank], gathered[k] if c.rank == root else None, root)
+    sync(cs)
+    for k in range(rounds * n):
+        it = k // n
+        for c in cs:
+            np.testing.assert_array_equal(outs[c.rank][k].copy_to_host(), [it + c.rank])
+        np.testing.assert_array_equal(gathered[k].copy_to_host(), np.arange(n))
+
+
+def test_gather_and_scatter_in_place_at_the_root_and_their_checks():
+    """MPI_IN_PLACE at the root: its send is its own block of recv (gather), its recv its own
+    block of send (scatter). torch ``test_gather_checks``: bad roots and sizes are refused."""
+    n = 3
+    cs = comms(n)
+    root = 1
+    recv = runtime.to_device(np.full(n * 2, -1, "float32"), device=cs[root].device)
+    for c in cs:
+        if c.rank == root:
+            own = recv[root * 2 : (root + 1) * 2]
+            runtime.memcpy_host_to_device(own, np.full(2, root, "float32"))
+            c.gather(own, recv, root)
+        else:
+            c.gather(runtime.to_device(np.full(2, c.rank, "float32"), device=c.device), None, root)
+    sync(cs)
+    np.testing.assert_array_equal(recv.copy_to_host(), np.repeat(np.arange(n), 2))
+    a = runtime.empty(2, "float32", 0)
+    with pytest.raises(ValueError, match="root"):
+        cs[0].gather(a, None, n)
+    with pytest.raises(ValueError, match="recv"):
+        cs[0].gather(a, None, 0)
+    with pytest.raises(ValueError, match="elements"):
+        cs[0].gather(a, runtime.empty(5, "float32", 0), 0)
+    with pytest.raises(ValueError, match="dtype"):
+        cs[0].gather(a, runtime.empty(6, "float64", 0), 0)
+    with pytest.raises(ValueError, match="send"):
+        cs[0].scatter(None, a, 0)
+
+
+def test_all_reduce_coalesced_as_gloo():
+    """torch test_c10d_gloo.py ``simple_coalesced_reduce_tests``: a list of tensors reduced
+    in one call (in place, as ``allreduce_coalesced``), and out of place."""
+    for n in (1, 2, 3, 8):
+        cs = comms(n)
+        fact = math.factorial
+        cases = [
+            (
+                "sum",
+                lambda r: [r + 1.0, (r + 1.0) ** 2],
+                [n * (n + 1) / 2, n * (n + 1) * (2 * n + 1) / 6],
+            ),
+            ("prod", lambda r: [r + 1.0, r + 2.0], [fact(n), fact(n + 1)]),
+            ("min", lambda r: [r + 0.0, r + 1.0], [0.0, 1.0]),
+            ("max", lambda r: [r + 1.0, r + 2.0], [float(n), n + 1.0]),
+        ]
+        for op, inputs, want in cases:
+            bufs = [
+                [
+                    runtime.to_device(np.array([v], "float32"), device=c.device)
+                    for v in inputs(c.rank)
+                ]
+                for c in cs
+            ]
+            for c, bs in zip(cs, bufs):
+                c.all_reduce_coalesced(bs, op=op)
+            sync(cs)
+            for bs in bufs:
+                got = [b.copy_to_host()[0] for b in bs]
+                np.testing.assert_array_equal(got, np.array(want, "float32"), err_msg=op)
+    cs = comms(2)
+    a = [
+        runtime.to_device(np.arange(k + 1, dtype="float64"), device=c.device)
+        for c in cs
+        for k in range(3)
+    ]
+    sends = [a[:3], a[3:]]
+    recvs = [[runtime.empty(k + 1, "float64", c.device) for k in range(3)] for c in cs]
+    for c, s, r in zip(cs, sends, recvs):
+        c.all_reduce_coalesced(s, r, op="sum")
+    sync(cs)
+    for rs in recvs:
+        for k, r in enumerate(rs):
+            np.testing.assert_array_equal(r.copy_to_host(), 2 * np.arange(k + 1))
+    with pytest.raises(ValueError, match="share memory"):
+        cs[0].all_reduce_coalesced([sends[0][0], sends[0][0]])
+    with pytest.raises(ValueError, match="dtype"):
+        cs[0].all_reduce_coalesced([sends[0][0], runtime.empty(2, "float32", 0)])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8])
+def test_all_to_all_single_unequal_split_as_torch(n):
+    """torch distributed_test.py ``_test_all_to_all_single_unequal_split_helper``: rank r
+    sends ``i + 1`` rows to rank ``i`` (rows of ``size`` elements) and receives ``r + 1`` rows
+    from every rank; then the equal split (``_equal_split_helper``)."""
+    cs = comms(n)
+    ins, outs = [], []
+    for c in cs:
+        r = c.rank
+        in_splits = [i + 1 for i in range(n)]
+        out_splits = [r + 1] * n
+        inp = runtime.to_device(np.ones((sum(in_splits), n), "float32") * r, device=c.device)
+        out = runtime.to_device(np.ones(((r + 1) * n, n), "float32"), device=c.device)
+        c.all_to_all_single(out, inp, out_splits, in_splits)
+        ins.append(inp)
+        outs.append(out)
+    sync(cs)
+    for c, out in zip(cs, outs):
+        r = c.rank
+        want = np.concatenate([np.ones((r + 1, n), "float32") * i for i in range(n)])
+        np.testing.assert_array_equal(out.copy_to_host(), want)
+    outs = [runtime.to_device(np.full((n, n), -1, "float32"), device=c.device) for c in cs]
+    for c, o in zip(cs, outs):
+        c.all_to_all_single(
+            o, runtime.to_device(np.ones((n, n), "float32") * c.rank, device=c.device)
+        )
+    sync(cs)
+    for o in outs:
+        want = np.concatenate([np.ones((1, n), "float32") * i for i in range(n)])
+        np.testing.assert_array_equal(o.copy_to_host(), want)
+
+
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_all_gatherv_reduce_scatterv_all_to_allv(n):
+    """MPI's ``Allgatherv`` / ``Reduce_scatter`` / ``Alltoallv`` semantics (torch's uneven
+    ``all_gather`` and ``reduce_scatter``): counts per rank, a zero included; in place and
+    not; counts that disagree fail on every rank."""
+    cs = comms(n)
+    counts = [(3 * q) % 4 for q in range(n)]
+    displ = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int)
+    total = sum(counts)
+    xs = [np.arange(counts[q], dtype="int64") + 100 * q for q in range(n)]
+    for in_place in (False, True):
+        recvs = [runtime.to_device(np.full(total, -1, "int64"), device=c.device) for c in cs]
+        for c, r in zip(cs, recvs):
+            q = c.rank
+            if in_place:
+                send = r[displ[q] : displ[q] + counts[q]]
+                runtime.memcpy_host_to_device(send, xs[q])
+            else:
+                send = runtime.to_device(xs[q], device=c.device)
+            c.all_gatherv(send, r, counts)
+        sync(cs)
+        for r in recvs:
+            np.testing.assert_array_equal(r.copy_to_host(), np.concatenate(xs))
+        for op in ("sum", "max", "bxor"):
+            big = [np.arange(total, dtype="int64") * (q + 1) for q in range(n)]
+            ins = [runtime.to_device(b, device=c.device) for c, b in zip(cs, big)]
+            outs = [
+                ins[c.rank][displ[c.rank] : displ[c.rank] + counts[c.rank]]
+                if in_place
+                else runtime.empty(counts[c.rank], "int64", c.device)
+                for c in cs
+            ]
+            for c, i, o in zip(cs, ins, outs):
+                c.reduce_scatterv(i, o, counts, op=op)
+            sync(cs)
+            f = {"sum": np.add, "max": np.maximum, "bxor": np.bitwise_xor}[op]
+            full = f.reduce(big)
+            for c, o in zip(cs, outs):
+                q = c.rank
+                np.testing.assert_array_equal(
+                    o.copy_to_host(), full[displ[q] : displ[q] + counts[q]]
+                )
+    # all_to_allv: rank a sends (a + b) % 3 elements to rank b
+    sends, recvs = [], []
+    for c in cs:
+        a = c.rank
+        sc = [(a + b) % 3 for b in range(n)]
+        rc = [(b + a) % 3 for b in range(n)]
+        s = runtime.to_device(np.arange(sum(sc), dtype="int64") + 1000 * a, device=c.device)
+        r = runtime.empty(sum(rc), "int64", c.device)
+        c.all_to_allv(s, sc, r, rc)
+        sends.append(s)
+        recvs.append(r)
+    sync(cs)
+    for c, r in zip(cs, recvs):
+        b = c.rank
+        parts = []
+        for a in range(n):
+            start = sum((a + j) % 3 for j in range(b))
+            parts.append(np.arange(start, start + (a + b) % 3) + 1000 * a)
+        np.testing.assert_array_equal(r.copy_to_host(), np.concatenate(parts))
+    # ranks passing different counts fail on every rank
+    for c in cs:
+        cnt = [1] * n if c.rank else [2] + [1] * (n - 1)
+        send = runtime.empty(cnt[c.rank], "int64", c.device)
+        c.all_gatherv(send, runtime.empty(sum(cnt), "int64", c.device), cnt)
+    for c in cs:
+        with pytest.raises(ValueError, match="different collectives"):
+            runtime.current_stream(c.device).synchronize(timeout=WAIT)
+
+
+def test_out_of_place_broadcast():
+    """``ncclBroadcast(sendbuff, recvbuff, count, root)`` (CuPy's
+    ``NcclCommunicator.broadcast(sendbuf, recvbuf, ...)``): the root's send reaches every
+    recv, its own included; the send is unchanged; other ranks pass no send."""
+    for n in (1, 2, 3, 8):
+        cs = comms(n)
+        for root in {0, n - 1}:
+            src = runtime.to_device(
+                np.arange(1001, dtype="float64") * (root + 1), device=cs[root].device
+            )
+            recvs = [runtime.empty(1001, "float64", c.device) for c in cs]
+            for c, r in zip(cs, recvs):
+                c.broadcast(src if c.rank == root else None, root, recv=r)
+            sync(cs)
+            for r in recvs:
+                np.testing.assert_array_equal(r.copy_to_host(), np.arange(1001) * (root + 1))
+            np.testing.assert_array_equal(src.copy_to_host(), np.arange(1001) * (root + 1))
+    cs = comms(2)
+    with pytest.raises(ValueError, match="root"):
+        cs[0].broadcast(None, 0, recv=runtime.empty(4, "float32", 0))
+    with pytest.raises(TypeError, match="recv"):
+        cs[0].broadcast(None, 0)
+
+
+def test_split_as_torch_and_nccl():
+    """torch test_c10d_nccl.py ``test_comm_split_subgroup`` (``new_group([0])`` splits rank
+    0 off, the others pass no color) and NCCL's ``ncclCommSplit`` color/key semantics; one
+    thread makes every rank's inside a group."""
+    cs = comms(8)
+    with comm.group():
+        subs = [c.split(0 if c.rank == 0 else None) for c in cs]
+    assert subs[1:] == [None] * 7
+    (sub,) = [s for s in subs if s is not None]
+    assert (sub.rank, sub.size, sub.device) == (0, 1, runtime.Device(0))
+    t = runtime.to_device(np.array([5.0], "float32"), device=0)
+    sub.broadcast(t, 0)
+    sync([sub])
+    np.testing.assert_array_equal(t.copy_to_host(), [5.0])
+    # two colors, key reversing the order
+    with comm.group():
+        subs = [c.split(c.rank % 2, key=-c.rank) for c in cs]
+    for c, s in zip(cs, subs):
+        members = [q for q in range(8) if q % 2 == c.rank % 2][::-1]
+        assert (s.rank, s.size, s.device.index) == (members.index(c.rank), 4, c.rank)
+    bufs = [runtime.to_device(np.array([c.rank], "int64"), device=c.device) for c in cs]
+    for s, b in zip(subs, bufs):
+        s.all_reduce(b, b)
+    sync(subs)
+    for c, b in zip(cs, bufs):
+        assert b.copy_to_host()[0] == sum(q for q in range(8) if q % 2 == c.rank % 2)
+    # a split of a split; ranks on threads of their own (no group)
+    import threading
+
+    results = [None] * 4
+    evens = [s for c, s in zip(cs, subs) if c.rank % 2 == 0]
+
+    def split_on_thread(i):
+        results[i] = evens[i].split(evens[i].rank // 2)
+
+    threads = [threading.Thread(target=split_on_thread, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert sorted((r.size, r.rank) for r in results) == [(2, 0), (2, 0), (2, 1), (2, 1)]
+    with pytest.raises(ValueError, match="color"):
+        cs[0].split(-1)
+    with pytest.raises(TypeError, match="key"):
+        cs[0].split(0, key="a")
+
+
+def test_communicator_from_a_unique_id_as_cupy():
+    """CuPy tests/cupy_tests/cuda_tests/test_nccl.py: ``test_single_proc_ring`` (one rank
+    from ``get_unique_id()``), ``test_abort``, ``test_check_async_error``; then ranks on
+    threads of their own, and one thread joining every rank inside a group."""
+    import threading
+
+    uid = comm.get_unique_id()
+    assert isinstance(uid, bytes) and len(uid) == 128 and uid != comm.get_unique_id()
+    c = comm.Communicator(1, uid, 0)
+    assert (c.rank, c.size) == (0, 1)
+    c.check_async_error()
+    c.abort()
+    with pytest.raises(runtime.InvalidOperationError, match="aborted"):
+        c.check_async_error()
+    c.destroy()
+    uid = comm.get_unique_id()
+    made = [None] * 4
+
+    def join(rank):
+        made[rank] = comm.Communicator(4, uid, rank, device=3 - rank)
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert [(m.rank, m.size, m.device.index) for m in made] == [(r, 4, 3 - r) for r in range(4)]
+    bufs = [runtime.to_device(np.ones(3, "float32"), device=m.device) for m in made]
+    for m, b in zip(made, bufs):
+        m.all_reduce(b, b)
+    sync(made)
+    assert all((b.copy_to_host() == 4).all() for b in bufs)
+    uid = comm.get_unique_id()
+    with comm.group():
+        made = [comm.Communicator(3, uid, r, device=r) for r in range(3)]
+    assert [m.rank for m in made] == [0, 1, 2]
+    # CuPy's form of the id (a tuple of ints) is accepted too
+    uid = comm.get_unique_id()
+    ints = tuple(b - 256 if b > 127 else b for b in uid)
+    assert comm.Communicator(1, ints, 0).size == 1
+    with pytest.raises(ValueError, match="comm_id"):
+        comm.Communicator(1, b"x" * 128, 0)
+    with pytest.raises(ValueError, match="rank"):
+        comm.Communicator(2, comm.get_unique_id(), 2)
+    uid = comm.get_unique_id()
+    with pytest.raises(runtime.WaitTimeoutError, match=r"ranks \[1\] did not join"):
+        comm.Communicator(2, uid, 0, timeout=0.2)

@@ -86,6 +86,20 @@ def test_collectives_match_numpy(n, devices):
         assert checks > 400, (process, checks)
 
 
+@pytest.mark.parametrize(
+    ("n", "devices"),
+    [(2, "1"), (2, "2"), (3, "1"), (3, "1,2,1")],
+    ids=["2proc-1dev", "2proc-2dev", "3proc-1dev", "3proc-1,2,1dev"],
+)
+def test_second_round_shapes_match_numpy(n, devices):
+    """Issue 25 across processes: bitwise and premul_sum reductions, gather, scatter,
+    out-of-place broadcast, per-rank counts, coalesced all_reduce, torch's uneven
+    all_to_all_single, split (a color spanning processes gets an MPI communicator of its own)."""
+    oks = run_mpi(n, "shapes", devices)
+    for process, checks in oks:
+        assert checks > 100, (process, checks)
+
+
 @pytest.mark.parametrize("n", [1, 2])
 def test_errors_timeouts_abort(n):
     oks = run_mpi(n, "errors")

@@ -34,6 +34,7 @@ from ._runtime import (
     InvalidOperationError,
     Kernel,
     KernelError,
+    MemoryAsyncPool,
     MemoryInfo,
     MemoryPool,
     NotInitializedError,
@@ -50,6 +51,7 @@ from ._runtime import (
     device_malloc,
     empty,
     empty_cache,
+    free_async,
     free_host,
     get_allocator,
     get_available_devices,
@@ -69,6 +71,7 @@ from ._runtime import (
     ipc_open,
     is_current_stream_capturing,
     is_initialized,
+    malloc_async,
     malloc_managed,
     mem_advise,
     mem_range_attributes,
@@ -288,4 +291,11 @@ __all__ += [
     "get_allocator",
     "get_default_memory_pool",
     "set_allocator",
+]
+
+# Stream-ordered allocation.
+__all__ += [
+    "MemoryAsyncPool",
+    "free_async",
+    "malloc_async",
 ]

@@ -4,9 +4,12 @@
 it returns one :class:`MPICommunicator` per device. The ranks of the job are (process, device)
 pairs numbered process by process: process 0's devices are ranks ``0 .. n0-1``, process 1's
 follow, and so on. Each communicator has the methods of the in-process communicators
-(``all_reduce``, ``broadcast``, ``reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``,
-``send``, ``recv``, ``barrier``, ``abort``, ``destroy``) with NCCL's count semantics, every
-dtype, and the same errors.
+(``all_reduce``, ``all_reduce_coalesced``, ``broadcast`` (also out of place), ``reduce``,
+``all_gather(v)``, ``reduce_scatter(v)``, ``all_to_all(v)``, ``all_to_all_single``,
+``gather``, ``scatter``, ``send``, ``recv``, ``barrier``, ``split``, ``check_async_error``,
+``abort``, ``destroy``) with NCCL's count semantics, every dtype and operator, and the same
+errors. ``split`` gives a color spanning processes an MPI communicator of its own
+(``MPI_Comm_create_group`` over the processes of that color).
 
 How it works: these are the core's communicators (``runtime_core::comm::connect``), which own
 the whole protocol as they do for the in-process ones: numbering (at issue, and at graph
@@ -70,8 +73,9 @@ _REDUCES = frozenset(
         "complex64",
         "complex128",
     )
-    for op in ("sum", "prod", "max", "min")
+    for op in ("sum", "prod", "max", "min", "band", "bor", "bxor")
     if not (dt.startswith("complex") and op in ("max", "min"))
+    and not (dt[0] in "fc" and op.startswith("b"))
 )
 
 _MPI_MOD: Any = None  # mpi4py.MPI once init_mpi has run
@@ -108,8 +112,11 @@ def _mpi_lock():
 
 
 def _view(buf) -> np.ndarray:
-    """A writable flat numpy array over the device memory of a region (no copy)."""
-    return np.asarray(buf).reshape(-1)
+    """A writable flat numpy array over the device memory of a region (no copy). An empty
+    region gets an array of its own: a zero-byte allocation's address is not its own (MPI would
+    refuse it as aliasing another buffer at the same address)."""
+    a = np.asarray(buf).reshape(-1)
+    return a if a.size else np.empty(0, a.dtype)
 
 
 def _displs(counts: list[int]) -> list[int]:
@@ -260,7 +267,15 @@ class _Transport:
     @staticmethod
     def _op(op: str):
         MPI = _mpi()
-        return {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN}[op]
+        return {
+            "sum": MPI.SUM,
+            "prod": MPI.PROD,
+            "max": MPI.MAX,
+            "min": MPI.MIN,
+            "band": MPI.BAND,
+            "bor": MPI.BOR,
+            "bxor": MPI.BXOR,
+        }[op]
 
     # --- the exchanges -------------------------------------------------------------------
     def _barrier(self):
@@ -315,6 +330,39 @@ class _Transport:
             [r, (recv_counts, _displs(recv_counts)), MPI.BYTE],
         )
 
+    def _gather(self, buf, counts: list[int], root: int):
+        MPI = _mpi()
+        a = _view(buf)
+        if self.comm.Get_rank() == root:
+            spec = [a, (counts, _displs(counts)), MPI.BYTE]
+            return self._coll(sum(counts), "Gatherv", MPI.IN_PLACE, spec, root=root)
+        return self._coll(sum(counts), "Gatherv", [a, MPI.BYTE], None, root=root)
+
+    def _scatter(self, buf, counts: list[int], root: int):
+        MPI = _mpi()
+        a = _view(buf)
+        if self.comm.Get_rank() == root:
+            spec = [a, (counts, _displs(counts)), MPI.BYTE]
+            return self._coll(sum(counts), "Scatterv", spec, MPI.IN_PLACE, root=root)
+        return self._coll(sum(counts), "Scatterv", None, [a, MPI.BYTE], root=root)
+
+    def split(self, processes: list[int], color: int) -> _Transport:
+        """A transport over ``processes`` (ranks of this transport's MPI communicator, in the
+        order of the new one), for a communicator split from this one: ``MPI_Comm_create_group``,
+        called by exactly those processes (the core calls it right after an exchange all of
+        them took part in, in the same order of colors everywhere)."""
+        with _mpi_lock():
+            group = self.comm.Get_group()
+            sub_group = group.Incl(processes)
+            sub = self.comm.Create_group(sub_group, tag=color % 32767)
+            sub_group.Free()
+            group.Free()
+            arrival = sub.Dup() if _SERIAL_LOCK is None else None
+        t = _Transport(sub)
+        t.comm = sub
+        t.arrival = arrival
+        return t
+
     def _send(self, buf, to: int, tag: int):
         a = _view(buf)
         with _mpi_lock():
@@ -345,11 +393,12 @@ class MPICommunicator:
     """One rank of an MPI communicator: a device of this process (see :func:`init_mpi`).
 
     ``rank``, ``size`` and ``device`` as for NCCL; ``mpi_comm`` is the communicator's private
-    MPI communicator (a duplicate of the one given to :func:`init_mpi`) and ``process_rank``
-    this process's rank in it. Every method is the core communicator's (``runtime.comm``).
+    MPI communicator (a duplicate of the one given to :func:`init_mpi`; for one made by
+    ``split`` whose ranks are all in this process, None) and ``process_rank`` this process's
+    rank in it. Every method is the core communicator's (``runtime.comm``).
     """
 
-    def __init__(self, inner: Communicator, transport: _Transport, timeout: float | None):
+    def __init__(self, inner: Communicator, transport: _Transport | None, timeout: float | None):
         self._c = inner
         self._t = transport
         self._timeout = timeout
@@ -368,7 +417,8 @@ class MPICommunicator:
 
     @property
     def mpi_comm(self):
-        return self._t.comm
+        t = self._t if self._t is not None else self._c.transport
+        return None if t is None else t.comm
 
     @property
     def process_rank(self) -> int:
@@ -390,15 +440,20 @@ class MPICommunicator:
             f"device={self.device.index}, process={self._c.process}/{self._c.processes})"
         )
 
-    def all_reduce(self, send, recv, op: str = "sum", stream=None) -> None:
+    def all_reduce(self, send, recv, op="sum", stream=None) -> None:
         """``recv = op(send of every rank)``, elementwise; ``send is recv`` works in place."""
         self._c.all_reduce(send, recv, op, stream)
 
-    def broadcast(self, buf, root: int, stream=None) -> None:
-        """Every rank's ``buf`` = rank ``root``'s ``buf``."""
-        self._c.broadcast(buf, root, stream)
+    def all_reduce_coalesced(self, send, recv=None, op="sum", stream=None) -> None:
+        """``all_reduce`` of a list of buffers in one collective (``recv=None``: in place)."""
+        self._c.all_reduce_coalesced(send, recv, op, stream)
 
-    def reduce(self, send, recv, root: int, op: str = "sum", stream=None) -> None:
+    def broadcast(self, buf, root: int, stream=None, recv=None) -> None:
+        """Every rank's ``buf`` = rank ``root``'s ``buf``; with ``recv``, every rank's
+        ``recv`` = rank ``root``'s ``buf`` (out of place; ``buf`` may be None elsewhere)."""
+        self._c.broadcast(buf, root, stream, recv)
+
+    def reduce(self, send, recv, root: int, op="sum", stream=None) -> None:
         """Rank ``root``'s ``recv = op(send of every rank)``; ``recv`` is unused elsewhere
         (it may be None there)."""
         self._c.reduce(send, recv, root, op, stream)
@@ -407,14 +462,41 @@ class MPICommunicator:
         """``recv[r*count:(r+1)*count] = send of rank r`` for every rank, count = send.size."""
         self._c.all_gather(send, recv, stream)
 
-    def reduce_scatter(self, send, recv, op: str = "sum", stream=None) -> None:
+    def all_gatherv(self, send, recv, counts, stream=None) -> None:
+        """``recv`` = every rank's ``send`` back to back, ``counts[r]`` elements from rank r."""
+        self._c.all_gatherv(send, recv, counts, stream)
+
+    def reduce_scatter(self, send, recv, op="sum", stream=None) -> None:
         """``recv = op(send[rank*count:(rank+1)*count] of every rank)``, count = recv.size."""
         self._c.reduce_scatter(send, recv, op, stream)
+
+    def reduce_scatterv(self, send, recv, counts, op="sum", stream=None) -> None:
+        """``recv`` = block ``rank`` (``counts[rank]`` elements) of ``op(send of every rank)``."""
+        self._c.reduce_scatterv(send, recv, counts, op, stream)
 
     def all_to_all(self, send, recv, stream=None) -> None:
         """Chunk ``j`` of ``send`` goes to rank ``j``; chunk ``i`` of ``recv`` comes from rank
         ``i`` (chunks of ``send.size // size`` elements)."""
         self._c.all_to_all(send, recv, stream)
+
+    def all_to_allv(self, send, send_counts, recv, recv_counts, stream=None) -> None:
+        """``send_counts[j]`` elements of ``send`` to rank ``j``; ``recv_counts[i]`` from rank
+        ``i``, back to back (MPI's ``Alltoallv``)."""
+        self._c.all_to_allv(send, send_counts, recv, recv_counts, stream)
+
+    def all_to_all_single(
+        self, output, input, output_split_sizes=None, input_split_sizes=None, stream=None
+    ) -> None:
+        """torch's ``all_to_all_single``: split sizes count rows of dim 0, None splits evenly."""
+        self._c.all_to_all_single(output, input, output_split_sizes, input_split_sizes, stream)
+
+    def gather(self, send, recv, root: int, stream=None) -> None:
+        """Every rank's ``send`` to rank ``root``'s ``recv``, block ``r`` from rank ``r``."""
+        self._c.gather(send, recv, root, stream)
+
+    def scatter(self, send, recv, root: int, stream=None) -> None:
+        """Block ``r`` of rank ``root``'s ``send`` to rank ``r``'s ``recv``."""
+        self._c.scatter(send, recv, root, stream)
 
     def barrier(self, stream=None) -> None:
         """Stream-ordered barrier: work queued after it on ``stream`` waits until every rank
@@ -429,6 +511,17 @@ class MPICommunicator:
     def recv(self, buf, peer: int, stream=None) -> None:
         """Receive into ``buf`` what rank ``peer`` sends."""
         self._c.recv(buf, peer, stream)
+
+    def split(self, color: int | None, key: int | None = None) -> MPICommunicator | None:
+        """``ncclCommSplit``: the ranks of one ``color`` (None: this rank joins none) form a
+        new communicator ranked by ``key`` (default: the rank), then rank, grouped by process.
+        Every rank calls it; it waits for them, except inside ``runtime.comm.group()``."""
+        c = self._c.split(color, key)
+        return None if c is None else MPICommunicator(c, None, self._timeout)
+
+    def check_async_error(self) -> None:
+        """Raise what made the communicator unusable (an abort, a failed operation), if any."""
+        self._c.check_async_error()
 
     def abort(self) -> None:
         """Abort the communicator now (``ncclCommAbort``): every local rank waiting in it, and

@@ -22,6 +22,7 @@ __all__ = [
     "InvalidOperationError",
     "Kernel",
     "KernelError",
+    "MemoryAsyncPool",
     "MemoryInfo",
     "MemoryPool",
     "NotInitializedError",
@@ -44,6 +45,7 @@ __all__ = [
     "_register_test_kernels",
     "_shutdown_at_exit",
     "comm_connect",
+    "comm_get_unique_id",
     "comm_group_end",
     "comm_group_start",
     "comm_init_all",
@@ -54,6 +56,7 @@ __all__ = [
     "device_malloc",
     "empty",
     "empty_cache",
+    "free_async",
     "free_host",
     "get_available_devices",
     "get_device",
@@ -72,6 +75,7 @@ __all__ = [
     "kernel_names",
     "get_block_idx",
     "get_block_num",
+    "malloc_async",
     "malloc_managed",
     "mem_advise",
     "mem_range_attributes",
@@ -325,10 +329,20 @@ class Kernel:
         self, *args: Any, stream: Stream | None = None, block_dim: int | None = None
     ) -> None: ...
 
+_Op: TypeAlias = str | tuple[str, float]
+
 @final
 class Communicator:
     """One rank of a communicator (see ``runtime.comm``; across processes ``runtime._mpi``)."""
 
+    def __new__(
+        cls,
+        nranks: int,
+        comm_id: bytes | Iterable[int],
+        rank: int,
+        device: _DeviceLike | None = None,
+        timeout: float = 300.0,
+    ) -> Communicator: ...
     @property
     def rank(self) -> int: ...
     @property
@@ -342,31 +356,101 @@ class Communicator:
     @property
     def timeout(self) -> float: ...
     @property
+    def transport(self) -> Any: ...
+    @property
     def aborted(self) -> bool: ...
     def all_reduce(
-        self, send: DeviceBuffer, recv: DeviceBuffer, op: str = "sum", stream: Stream | None = None
+        self,
+        send: DeviceBuffer,
+        recv: DeviceBuffer,
+        op: _Op | None = None,
+        stream: Stream | None = None,
     ) -> None: ...
-    def broadcast(self, buf: DeviceBuffer, root: int, stream: Stream | None = None) -> None: ...
+    def all_reduce_coalesced(
+        self,
+        send: Iterable[DeviceBuffer],
+        recv: Iterable[DeviceBuffer] | None = None,
+        op: _Op | None = None,
+        stream: Stream | None = None,
+    ) -> None: ...
+    def broadcast(
+        self,
+        buf: DeviceBuffer | None,
+        root: int,
+        stream: Stream | None = None,
+        recv: DeviceBuffer | None = None,
+    ) -> None: ...
     def reduce(
         self,
         send: DeviceBuffer,
         recv: DeviceBuffer | None,
         root: int,
-        op: str = "sum",
+        op: _Op | None = None,
         stream: Stream | None = None,
     ) -> None: ...
     def all_gather(
         self, send: DeviceBuffer, recv: DeviceBuffer, stream: Stream | None = None
     ) -> None: ...
+    def all_gatherv(
+        self,
+        send: DeviceBuffer,
+        recv: DeviceBuffer,
+        counts: Iterable[int],
+        stream: Stream | None = None,
+    ) -> None: ...
     def reduce_scatter(
-        self, send: DeviceBuffer, recv: DeviceBuffer, op: str = "sum", stream: Stream | None = None
+        self,
+        send: DeviceBuffer,
+        recv: DeviceBuffer,
+        op: _Op | None = None,
+        stream: Stream | None = None,
+    ) -> None: ...
+    def reduce_scatterv(
+        self,
+        send: DeviceBuffer,
+        recv: DeviceBuffer,
+        counts: Iterable[int],
+        op: _Op | None = None,
+        stream: Stream | None = None,
     ) -> None: ...
     def all_to_all(
         self, send: DeviceBuffer, recv: DeviceBuffer, stream: Stream | None = None
     ) -> None: ...
+    def all_to_allv(
+        self,
+        send: DeviceBuffer,
+        send_counts: Iterable[int],
+        recv: DeviceBuffer,
+        recv_counts: Iterable[int],
+        stream: Stream | None = None,
+    ) -> None: ...
+    def all_to_all_single(
+        self,
+        output: DeviceBuffer,
+        input: DeviceBuffer,
+        output_split_sizes: Iterable[int] | None = None,
+        input_split_sizes: Iterable[int] | None = None,
+        stream: Stream | None = None,
+    ) -> None: ...
+    def gather(
+        self,
+        send: DeviceBuffer,
+        recv: DeviceBuffer | None,
+        root: int,
+        stream: Stream | None = None,
+    ) -> None: ...
+    def scatter(
+        self,
+        send: DeviceBuffer | None,
+        recv: DeviceBuffer,
+        root: int,
+        stream: Stream | None = None,
+    ) -> None: ...
     def send(self, buf: DeviceBuffer, peer: int, stream: Stream | None = None) -> None: ...
     def recv(self, buf: DeviceBuffer, peer: int, stream: Stream | None = None) -> None: ...
     def barrier(self, stream: Stream | None = None) -> None: ...
+    def split(self, color: int | None, key: int | None = None) -> Communicator | None: ...
+    def check_async_error(self) -> None: ...
     def abort(self) -> None: ...
     def destroy(self) -> None: ...
 
@@ -565,6 +649,7 @@ def comm_connect(
     transport: Any,
     timeout: float = 300.0,
 ) -> list[Communicator]: ...
+def comm_get_unique_id() -> bytes: ...
 def comm_group_start() -> None: ...
 def comm_group_end(wait: bool = True) -> None: ...
 def trace_start() -> None: ...
@@ -601,6 +686,32 @@ class MemoryPool:
     def __hash__(self) -> int: ...
 
 def get_default_memory_pool(device: _DeviceLike | None = None) -> MemoryPool: ...
+
+# Stream-ordered allocation.
+def malloc_async(size: int, stream: Stream | None = None) -> DeviceBuffer: ...
+def free_async(buf: DeviceBuffer, stream: Stream | None = None) -> None: ...
+
+@final
+class MemoryAsyncPool:
+    def __new__(cls, device: _DeviceLike | None = None) -> MemoryAsyncPool: ...
+    @property
+    def device(self) -> Device: ...
+    def malloc(self, size: int, stream: Stream | None = None) -> DeviceBuffer: ...
+    def free(self, buf: DeviceBuffer, stream: Stream | None = None) -> None: ...
+    def used_bytes(self) -> int: ...
+    def total_bytes(self) -> int: ...
+    def free_bytes(self) -> int: ...
+    def n_free_blocks(self) -> int: ...
+    def free_all_blocks(self, stream: Stream | None = None) -> None: ...
+    def trim_to(self, min_bytes_to_keep: int) -> int: ...
+    @property
+    def release_threshold(self) -> int: ...
+    @release_threshold.setter
+    def release_threshold(self, bytes: int) -> None: ...
+    def stats(self) -> dict[str, int]: ...
+    def reset_peak_stats(self) -> None: ...
+    def __hash__(self) -> int: ...
+
 def set_allocator(alloc: _AllocFn | None = None, free: _FreeFn | None = None) -> None: ...
 def get_allocator() -> tuple[_AllocFn, _FreeFn | None] | None: ...
 

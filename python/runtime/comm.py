@@ -13,7 +13,18 @@ with :class:`runtime.InvalidOperationError`. Errors are raised by the stream's
 
 Counts follow NCCL: ``all_gather`` receives ``size`` times the send count, ``reduce_scatter``
 sends ``size`` times the receive count; ``send`` and ``recv`` may be the same buffer (in place),
-or for those two, ``send`` may be block ``rank`` of the larger buffer.
+or for those two, ``send`` may be block ``rank`` of the larger buffer. ``gather``/``scatter``
+move one block per rank to or from a root; ``all_gatherv``, ``reduce_scatterv`` and
+``all_to_allv`` (and torch's ``all_to_all_single`` with split sizes) take a count per rank;
+``all_reduce_coalesced`` reduces a list of buffers in one collective; ``broadcast(buf, root,
+recv=out)`` is out of place. Operators: ``sum``, ``prod``, ``max``, ``min``, ``avg``,
+``band``, ``bor``, ``bxor`` (integers and bool) and :func:`premul_sum`.
+
+``c.split(color, key)`` makes new communicators from an existing one (``ncclCommSplit``);
+``Communicator(nranks, get_unique_id(), rank)`` builds one rank by rank, for ranks on
+different threads (``ncclCommInitRank``). Both wait for the other ranks, except inside
+:func:`group`, whose end waits (so one thread may make every rank's). ``check_async_error()``
+raises what made a communicator unusable (an abort, a failure across processes).
 
 Across processes and machines, ``init_mpi(devices=None, mpi_comm=None)`` (from ``_mpi``, over
 mpi4py) makes communicators with the same methods whose ranks are (MPI process x device); they
@@ -26,9 +37,24 @@ import contextlib
 from collections.abc import Iterable, Iterator
 
 from ._mpi import MPICommunicator, init_mpi
-from ._runtime import Communicator, Device, comm_group_end, comm_group_start, comm_init_all
+from ._runtime import (
+    Communicator,
+    Device,
+    comm_get_unique_id,
+    comm_group_end,
+    comm_group_start,
+    comm_init_all,
+)
 
-__all__ = ["Communicator", "MPICommunicator", "group", "init_all", "init_mpi"]
+__all__ = [
+    "Communicator",
+    "MPICommunicator",
+    "get_unique_id",
+    "group",
+    "init_all",
+    "init_mpi",
+    "premul_sum",
+]
 
 
 def init_all(devices: Iterable[Device | int], timeout: float = 300.0) -> list[Communicator]:
@@ -40,6 +66,24 @@ def init_all(devices: Iterable[Device | int], timeout: float = 300.0) -> list[Co
     return comm_init_all(list(devices), timeout)
 
 
+def get_unique_id() -> bytes:
+    """A new id (128 bytes) for ``Communicator(nranks, comm_id, rank)``: ``ncclGetUniqueId``.
+
+    Every rank of the new communicator joins with the same id, from any thread of this
+    process. (Ranks in other processes join with :func:`init_mpi`.)
+    """
+    return comm_get_unique_id()
+
+
+def premul_sum(factor: float) -> tuple[str, float]:
+    """The ``premul_sum`` operator with this rank's ``factor`` (NCCL's
+    ``ncclRedOpCreatePreMulSum``, torch's ``_make_nccl_premul_sum``): each rank's input is
+    multiplied by its own factor, then summed. Pass it as ``op=``."""
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        raise TypeError(f"factor must be a real number, got {type(factor).__name__}")
+    return ("premul_sum", float(factor))
+
+
 @contextlib.contextmanager
 def group() -> Iterator[None]:
     """Batch calls, as ``ncclGroupStart``/``ncclGroupEnd``.
@@ -48,7 +92,9 @@ def group() -> Iterator[None]:
     a group not even a stream's full backlog (1,024 queued commands) makes the call wait, so
     one thread may queue any number of collectives for one rank before the other ranks'. The
     end of the outermost group waits (interruptibly) for room on the streams the group filled,
-    once every rank's calls are queued. Groups nest and belong to the calling thread.
+    once every rank's calls are queued. Communicators made inside a group (``split``,
+    ``Communicator(nranks, comm_id, rank)``) are made at its end, or at their first use.
+    Groups nest and belong to the calling thread.
     """
     comm_group_start()
     try:

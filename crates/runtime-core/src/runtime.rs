@@ -151,8 +151,9 @@ pub(crate) fn init_within(
             profile: p.name.to_string(),
             uuid: crate::device::device_uuid(p.name, index),
         };
-        let exec = Executor::new(index, generation, compute_engines, opts.clone());
-        devices.push(Device::new(index, props, Arc::new(memory), exec));
+        let memory = Arc::new(memory);
+        let exec = Executor::new(index, generation, compute_engines, opts.clone(), &memory);
+        devices.push(Device::new(index, props, memory, exec));
     }
     let rt = Arc::new(Runtime {
         config,

@@ -63,6 +63,18 @@ struct FabricState {
 struct Fabric {
     nproc: usize,
     state: Mutex<FabricState>,
+    /// Fabrics of split communicators, by (color, processes, how many such splits before).
+    subs: Mutex<HashMap<(u64, Vec<usize>, u64), Arc<Fabric>>>,
+}
+
+impl Fabric {
+    fn new(nproc: usize) -> Arc<Fabric> {
+        Arc::new(Fabric {
+            nproc,
+            state: Mutex::new(FabricState::default()),
+            subs: Mutex::new(HashMap::new()),
+        })
+    }
 }
 
 struct Loopback {
@@ -73,12 +85,42 @@ struct Loopback {
     native: bool,
     /// Fail every exchange once this many collective exchanges were started.
     fail_after: Option<u64>,
+    /// Splits made so far, by (color, processes).
+    splits: Mutex<HashMap<(u64, Vec<usize>), u64>>,
 }
 
 fn read_all(r: &Region) -> Vec<u8> {
     let mut v = vec![0u8; r.nbytes()];
     r.read(0, &mut v).expect("region live");
     v
+}
+
+/// A bitwise operator over the bytes of two values (integers only: the core refuses them
+/// for floats), as a value of the same type.
+fn bits<T: FromBytes8>(op: ReduceOp, a: [u8; 8], b: [u8; 8]) -> T {
+    let (x, y) = (u64::from_le_bytes(a), u64::from_le_bytes(b));
+    let r = match op {
+        ReduceOp::BAnd => x & y,
+        ReduceOp::BOr => x | y,
+        _ => x ^ y,
+    };
+    T::from_bytes8(r.to_le_bytes())
+}
+
+trait FromBytes8 {
+    fn from_bytes8(b: [u8; 8]) -> Self;
+}
+
+impl FromBytes8 for i64 {
+    fn from_bytes8(b: [u8; 8]) -> Self {
+        i64::from_le_bytes(b)
+    }
+}
+
+impl FromBytes8 for f64 {
+    fn from_bytes8(_: [u8; 8]) -> Self {
+        unreachable!("bitwise operators are refused for floats")
+    }
 }
 
 fn reduce_bytes(dtype: DType, op: ReduceOp, a: &mut [u8], b: &[u8]) {
@@ -93,6 +135,9 @@ fn reduce_bytes(dtype: DType, op: ReduceOp, a: &mut [u8], b: &[u8]) {
                 let r = match op {
                     ReduceOp::Sum => u + v,
                     ReduceOp::Prod => u * v,
+                    ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => {
+                        bits(op, u.to_le_bytes(), v.to_le_bytes())
+                    }
                     ReduceOp::Max => {
                         if v > u {
                             v
@@ -107,7 +152,9 @@ fn reduce_bytes(dtype: DType, op: ReduceOp, a: &mut [u8], b: &[u8]) {
                             u
                         }
                     }
-                    ReduceOp::Avg => unreachable!("the core never asks for avg"),
+                    ReduceOp::Avg | ReduceOp::PreMulSum(_) => {
+                        unreachable!("the core never asks for avg or premul_sum")
+                    }
                 };
                 x.copy_from_slice(&r.to_le_bytes());
             }
@@ -214,6 +261,24 @@ impl Pending for LoopPending {
                             at += block.len();
                         }
                     }
+                    Exchange::Gather { buf, counts, root } => {
+                        if *root == me {
+                            let mut at = 0;
+                            for (q, p) in parts.iter().enumerate() {
+                                if q != me {
+                                    buf.write(at, &p.bytes).unwrap();
+                                }
+                                at += counts[q];
+                            }
+                        }
+                    }
+                    Exchange::Scatter { buf, counts, root } => {
+                        if *root != me {
+                            let from: usize = counts[..me].iter().sum();
+                            buf.write(0, &parts[*root].bytes[from..from + counts[me]])
+                                .unwrap();
+                        }
+                    }
                     Exchange::Send { .. } | Exchange::Recv { .. } => unreachable!(),
                 }
                 let done = st.finished.entry(k).or_insert(0);
@@ -229,8 +294,41 @@ impl Pending for LoopPending {
 }
 
 impl Transport for Loopback {
+    fn split(&self, processes: &[usize], color: u64) -> Result<Arc<dyn Transport>, TransportError> {
+        let me = processes
+            .iter()
+            .position(|&q| q == self.process)
+            .expect("a member of the split");
+        let k = {
+            let mut n = self.splits.lock().unwrap();
+            let k = n.entry((color, processes.to_vec())).or_insert(0);
+            *k += 1;
+            *k
+        };
+        let fabric = self
+            .fabric
+            .subs
+            .lock()
+            .unwrap()
+            .entry((color, processes.to_vec(), k))
+            .or_insert_with(|| Fabric::new(processes.len()))
+            .clone();
+        Ok(Arc::new(Loopback {
+            fabric,
+            process: me,
+            next: Mutex::new(0),
+            native: self.native,
+            fail_after: None,
+            splits: Mutex::new(HashMap::new()),
+        }))
+    }
+
     fn reduces(&self, dtype: DType, op: ReduceOp) -> bool {
         assert_ne!(op, ReduceOp::Avg, "the core divides averages itself");
+        assert!(
+            !matches!(op, ReduceOp::PreMulSum(_)),
+            "the core applies premul_sum factors itself"
+        );
         assert!(!dtype.is_bool(), "booleans are asked as bytes");
         self.native && matches!(dtype, DType::I64 | DType::F64)
     }
@@ -289,6 +387,19 @@ impl Transport for Loopback {
                         bytes: read_all(send),
                         counts: send_counts.clone(),
                     },
+                    Exchange::Gather { buf, counts, root } => {
+                        // The root's own block is in place already.
+                        let bytes = if *root == me { vec![] } else { read_all(buf) };
+                        assert!(*root == me || bytes.len() == counts[me]);
+                        Contribution {
+                            bytes,
+                            counts: vec![],
+                        }
+                    }
+                    Exchange::Scatter { buf, root, .. } => Contribution {
+                        bytes: if *root == me { read_all(buf) } else { vec![] },
+                        counts: vec![],
+                    },
                     Exchange::Send { .. } | Exchange::Recv { .. } => unreachable!(),
                 };
                 let mut st = fabric.state.lock().unwrap();
@@ -316,10 +427,7 @@ fn world(
     fail_after: Option<u64>,
 ) -> Vec<Vec<Communicator>> {
     let r = rt();
-    let fabric = Arc::new(Fabric {
-        nproc: layout.len(),
-        state: Mutex::new(FabricState::default()),
-    });
+    let fabric = Fabric::new(layout.len());
     std::thread::scope(|s| {
         let handles: Vec<_> = layout
             .iter()
@@ -332,6 +440,7 @@ fn world(
                     next: Mutex::new(0),
                     native,
                     fail_after,
+                    splits: Mutex::new(HashMap::new()),
                 });
                 s.spawn(move || {
                     comm::connect(&devices, p, layout.len(), transport, timeout)
@@ -400,22 +509,42 @@ fn value(dtype: DType, rank: usize, i: usize, seed: usize) -> V {
 }
 
 fn reduce_ref(dtype: DType, op: ReduceOp, xs: &[V], n: usize) -> V {
+    let bitwise = |x: i64, y: i64| match op {
+        ReduceOp::BAnd => x & y,
+        ReduceOp::BOr => x | y,
+        _ => x ^ y,
+    };
     let mut a = xs[0];
-    for &b in &xs[1..] {
+    if let ReduceOp::PreMulSum(f) = op {
+        // Rank r's factor is the one `premul` gives it.
+        let f0 = premul(0).factor().unwrap_or(f.value());
+        a = (a.0 * f0, a.1 * f0);
+    }
+    for (r, &b) in xs.iter().enumerate().skip(1) {
         a = if dtype.is_bool() {
             let (x, y) = (a.0 != 0.0, b.0 != 0.0);
             let r = match op {
-                ReduceOp::Sum | ReduceOp::Max => x || y,
-                ReduceOp::Prod | ReduceOp::Min => x && y,
-                ReduceOp::Avg => unreachable!(),
+                ReduceOp::Sum | ReduceOp::Max | ReduceOp::BOr => x || y,
+                ReduceOp::Prod | ReduceOp::Min | ReduceOp::BAnd => x && y,
+                ReduceOp::BXor => x != y,
+                ReduceOp::Avg | ReduceOp::PreMulSum(_) => unreachable!(),
             };
             (r as u8 as f64, 0.0)
         } else {
             match op {
                 ReduceOp::Sum | ReduceOp::Avg => (a.0 + b.0, a.1 + b.1),
+                ReduceOp::PreMulSum(_) => {
+                    let f = premul(r).factor().expect("premul_sum");
+                    (a.0 + f * b.0, a.1 + f * b.1)
+                }
                 ReduceOp::Prod => (a.0 * b.0 - a.1 * b.1, a.0 * b.1 + a.1 * b.0),
                 ReduceOp::Max => (a.0.max(b.0), 0.0),
                 ReduceOp::Min => (a.0.min(b.0), 0.0),
+                ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => {
+                    let v = bitwise(a.0 as i64, b.0 as i64);
+                    let v = if dtype == DType::U8 { v & 0xff } else { v };
+                    (v as f64, 0.0)
+                }
             }
         };
     }
@@ -427,6 +556,11 @@ fn reduce_ref(dtype: DType, op: ReduceOp, xs: &[V], n: usize) -> V {
         };
     }
     a
+}
+
+/// Rank `r`'s `premul_sum` operator: factor `r + 1` (exact in every dtype).
+fn premul(r: usize) -> ReduceOp {
+    ReduceOp::premul_sum(r as f64 + 1.0).unwrap()
 }
 
 fn close(dtype: DType, got: &[V], want: &[V], what: &str) {
@@ -482,18 +616,34 @@ fn inputs(dtype: DType, size: usize, len: usize, seed: usize) -> Vec<Vec<V>> {
         .collect()
 }
 
-const OPS: [ReduceOp; 5] = [
-    ReduceOp::Sum,
-    ReduceOp::Prod,
-    ReduceOp::Max,
-    ReduceOp::Min,
-    ReduceOp::Avg,
-];
+/// Every operator (`premul_sum` stands for each rank's own: see [`rank_op`]).
+fn ops() -> [ReduceOp; 9] {
+    [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Avg,
+        ReduceOp::BAnd,
+        ReduceOp::BOr,
+        ReduceOp::BXor,
+        premul(0),
+    ]
+}
 
 fn ops_for(dtype: DType) -> Vec<ReduceOp> {
-    OPS.into_iter()
+    ops()
+        .into_iter()
         .filter(|op| op.check_dtype(dtype).is_ok())
         .collect()
+}
+
+/// The operator rank `r` passes: its own factor for `premul_sum`.
+fn rank_op(op: ReduceOp, r: usize) -> ReduceOp {
+    match op {
+        ReduceOp::PreMulSum(_) => premul(r),
+        other => other,
+    }
 }
 
 /// Every collective, every operator the dtype has, every root, in place and not, on one
@@ -513,7 +663,8 @@ fn run_everything(cs: &[Communicator], dtype: DType) {
                 cs.iter().map(|c| tensor(c, dtype, len)).collect()
             };
             for ((c, s), r) in cs.iter().zip(&sends).zip(&recvs) {
-                c.all_reduce(s, r, op, &stream(c)).unwrap();
+                c.all_reduce(s, r, rank_op(op, c.rank()), &stream(c))
+                    .unwrap();
             }
             assert!(sync(cs).iter().all(Result::is_ok));
             let want: Vec<V> = (0..len)
@@ -542,7 +693,8 @@ fn run_everything(cs: &[Communicator], dtype: DType) {
             let sends: Vec<Tensor> = cs.iter().map(|c| filled(c, dtype, &xs[c.rank()])).collect();
             for (c, s) in cs.iter().zip(&sends) {
                 let recv = (c.rank() == root).then_some(s);
-                c.reduce(s, recv, root, op, &stream(c)).unwrap();
+                c.reduce(s, recv, root, rank_op(op, c.rank()), &stream(c))
+                    .unwrap();
             }
             assert!(sync(cs).iter().all(Result::is_ok));
             let want: Vec<V> = (0..len)
@@ -587,7 +739,8 @@ fn run_everything(cs: &[Communicator], dtype: DType) {
                 })
                 .collect();
             for ((c, s), r) in cs.iter().zip(&sends).zip(&recvs) {
-                c.reduce_scatter(s, r, op, &stream(c)).unwrap();
+                c.reduce_scatter(s, r, rank_op(op, c.rank()), &stream(c))
+                    .unwrap();
             }
             assert!(sync(cs).iter().all(Result::is_ok));
             for (c, r) in cs.iter().zip(&recvs) {
@@ -703,6 +856,254 @@ fn run_everything(cs: &[Communicator], dtype: DType) {
     assert!(sync(cs).iter().all(Result::is_ok));
 }
 
+/// A view of `len` elements at element `at` of `t`.
+fn block(t: &Tensor, at: usize, len: usize) -> Tensor {
+    let esz = t.dtype().size();
+    let v = t
+        .buffer()
+        .view(t.offset() + (at * esz) as u64, (len * esz) as u64)
+        .unwrap();
+    Tensor::new(v, 0, t.dtype(), vec![len]).unwrap()
+}
+
+/// The shapes of the second round (issue 25): out-of-place broadcast, gather, scatter,
+/// per-rank counts (all_gatherv, reduce_scatterv, all_to_allv, counts of 0 included),
+/// all_reduce_coalesced; every root, in place where the call allows it.
+fn run_new_shapes(cs: &[Communicator], dtype: DType) {
+    let size = cs[0].size();
+    // Not a multiple of 5, the period of `value` in the element index: blocks differ.
+    let len = 6;
+    let mut seed = 1000;
+    // out-of-place broadcast from every root: the root's send to every recv, its own too
+    for root in 0..size {
+        seed += 1;
+        let xs = inputs(dtype, size, len, seed);
+        let sends: Vec<Tensor> = cs.iter().map(|c| filled(c, dtype, &xs[c.rank()])).collect();
+        let recvs: Vec<Tensor> = cs.iter().map(|c| tensor(c, dtype, len)).collect();
+        for ((c, s), r) in cs.iter().zip(&sends).zip(&recvs) {
+            let send = (c.rank() == root).then_some(s);
+            c.broadcast_from(send, r, root, &stream(c)).unwrap();
+        }
+        assert!(sync(cs).iter().all(Result::is_ok));
+        for ((c, s), r) in cs.iter().zip(&sends).zip(&recvs) {
+            close(
+                dtype,
+                &read(r),
+                &xs[root],
+                &format!("broadcast_from {root}"),
+            );
+            close(dtype, &read(s), &xs[c.rank()], "a send is kept");
+        }
+    }
+    // gather to every root, in place at the root (its send is its block of recv)
+    for root in 0..size {
+        for in_place in [false, true] {
+            seed += 1;
+            let xs = inputs(dtype, size, len, seed);
+            let mut roots_recv = None;
+            for c in cs {
+                let (send, recv) = if c.rank() == root {
+                    let recv = tensor(c, dtype, len * size);
+                    let send = if in_place {
+                        block(&recv, root * len, len)
+                    } else {
+                        tensor(c, dtype, len)
+                    };
+                    send.buffer()
+                        .write(send.offset(), &encode(dtype, &xs[root]))
+                        .unwrap();
+                    roots_recv = Some(recv.clone());
+                    (send, Some(recv))
+                } else {
+                    (filled(c, dtype, &xs[c.rank()]), None)
+                };
+                c.gather(&send, recv.as_ref(), root, &stream(c)).unwrap();
+            }
+            assert!(sync(cs).iter().all(Result::is_ok));
+            if let Some(r) = roots_recv {
+                close(dtype, &read(&r), &xs.concat(), &format!("gather to {root}"));
+            }
+        }
+    }
+    // scatter from every root, in place at the root (its recv is its block of send)
+    for root in 0..size {
+        for in_place in [false, true] {
+            seed += 1;
+            let all = inputs(dtype, 1, len * size, seed).remove(0);
+            let mut recvs = Vec::new();
+            for c in cs {
+                let (send, recv) = if c.rank() == root {
+                    let send = filled(c, dtype, &all);
+                    let recv = if in_place {
+                        block(&send, root * len, len)
+                    } else {
+                        tensor(c, dtype, len)
+                    };
+                    (Some(send), recv)
+                } else {
+                    (None, tensor(c, dtype, len))
+                };
+                c.scatter(send.as_ref(), &recv, root, &stream(c)).unwrap();
+                recvs.push(recv);
+            }
+            assert!(sync(cs).iter().all(Result::is_ok));
+            for (c, r) in cs.iter().zip(&recvs) {
+                let q = c.rank();
+                close(
+                    dtype,
+                    &read(r),
+                    &all[q * len..(q + 1) * len],
+                    &format!("scatter from {root}"),
+                );
+            }
+        }
+    }
+    // all_gatherv with uneven counts (rank 0 contributes none), in place and not
+    let counts: Vec<usize> = (0..size).map(|q| q % 3).collect();
+    let displ: Vec<usize> = counts
+        .iter()
+        .scan(0, |a, &c| {
+            let d = *a;
+            *a += c;
+            Some(d)
+        })
+        .collect();
+    let total: usize = counts.iter().sum();
+    for in_place in [false, true] {
+        seed += 1;
+        let xs = inputs(dtype, size, 3, seed);
+        let want: Vec<V> = (0..size)
+            .flat_map(|q| xs[q][..counts[q]].to_vec())
+            .collect();
+        let recvs: Vec<Tensor> = cs.iter().map(|c| tensor(c, dtype, total)).collect();
+        for (c, r) in cs.iter().zip(&recvs) {
+            let q = c.rank();
+            let send = if in_place {
+                block(r, displ[q], counts[q])
+            } else {
+                tensor(c, dtype, counts[q])
+            };
+            send.buffer()
+                .write(send.offset(), &encode(dtype, &xs[q][..counts[q]]))
+                .unwrap();
+            c.all_gatherv(&send, r, &counts, &stream(c)).unwrap();
+        }
+        assert!(sync(cs).iter().all(Result::is_ok));
+        for r in &recvs {
+            close(
+                dtype,
+                &read(r),
+                &want,
+                &format!("all_gatherv in place {in_place}"),
+            );
+        }
+    }
+    // reduce_scatterv with every operator, in place and not
+    for op in ops_for(dtype) {
+        for in_place in [false, true] {
+            seed += 1;
+            let xs = inputs(dtype, size, total, seed);
+            let sends: Vec<Tensor> = cs.iter().map(|c| filled(c, dtype, &xs[c.rank()])).collect();
+            let recvs: Vec<Tensor> = cs
+                .iter()
+                .zip(&sends)
+                .map(|(c, s)| {
+                    let q = c.rank();
+                    if in_place {
+                        block(s, displ[q], counts[q])
+                    } else {
+                        tensor(c, dtype, counts[q])
+                    }
+                })
+                .collect();
+            for ((c, s), r) in cs.iter().zip(&sends).zip(&recvs) {
+                c.reduce_scatterv(s, r, &counts, rank_op(op, c.rank()), &stream(c))
+                    .unwrap();
+            }
+            assert!(sync(cs).iter().all(Result::is_ok));
+            for (c, r) in cs.iter().zip(&recvs) {
+                let q = c.rank();
+                let want: Vec<V> = (displ[q]..displ[q] + counts[q])
+                    .map(|i| {
+                        let col: Vec<V> = xs.iter().map(|x| x[i]).collect();
+                        reduce_ref(dtype, op, &col, size)
+                    })
+                    .collect();
+                close(dtype, &read(r), &want, &format!("reduce_scatterv {op:?}"));
+            }
+        }
+    }
+    // all_to_allv: rank a sends (a + 2b) % 4 elements to rank b
+    let sc = |a: usize, b: usize| (a + 2 * b) % 4;
+    seed += 1;
+    let xs = inputs(dtype, size, 4 * size, seed);
+    let mut recvs = Vec::new();
+    for c in cs {
+        let a = c.rank();
+        let send_counts: Vec<usize> = (0..size).map(|b| sc(a, b)).collect();
+        let recv_counts: Vec<usize> = (0..size).map(|b| sc(b, a)).collect();
+        let st: usize = send_counts.iter().sum();
+        let send = filled(c, dtype, &xs[a][..st]);
+        let recv = tensor(c, dtype, recv_counts.iter().sum());
+        c.all_to_allv(&send, &send_counts, &recv, &recv_counts, &stream(c))
+            .unwrap();
+        recvs.push(recv);
+    }
+    assert!(sync(cs).iter().all(Result::is_ok));
+    for (c, r) in cs.iter().zip(&recvs) {
+        let b = c.rank();
+        let want: Vec<V> = (0..size)
+            .flat_map(|a| {
+                let from: usize = (0..b).map(|j| sc(a, j)).sum();
+                xs[a][from..from + sc(a, b)].to_vec()
+            })
+            .collect();
+        close(dtype, &read(r), &want, "all_to_allv");
+    }
+    // all_reduce_coalesced: three buffers (one empty), the second in place
+    let lens = [len, 0, 3];
+    for op in ops_for(dtype) {
+        seed += 1;
+        let xs: Vec<Vec<Vec<V>>> = lens
+            .iter()
+            .map(|&l| inputs(dtype, size, l, seed + l))
+            .collect();
+        let mut outs = Vec::new();
+        for c in cs {
+            let sends: Vec<Tensor> = (0..3).map(|i| filled(c, dtype, &xs[i][c.rank()])).collect();
+            let recvs: Vec<Tensor> = (0..3)
+                .map(|i| {
+                    if i == 1 {
+                        sends[1].clone()
+                    } else {
+                        tensor(c, dtype, lens[i])
+                    }
+                })
+                .collect();
+            c.all_reduce_coalesced(&sends, &recvs, rank_op(op, c.rank()), &stream(c))
+                .unwrap();
+            outs.push(recvs);
+        }
+        assert!(sync(cs).iter().all(Result::is_ok));
+        for recvs in &outs {
+            for (i, r) in recvs.iter().enumerate() {
+                let want: Vec<V> = (0..lens[i])
+                    .map(|e| {
+                        let col: Vec<V> = xs[i].iter().map(|x| x[e]).collect();
+                        reduce_ref(dtype, op, &col, size)
+                    })
+                    .collect();
+                close(
+                    dtype,
+                    &read(r),
+                    &want,
+                    &format!("all_reduce_coalesced {op:?} #{i}"),
+                );
+            }
+        }
+    }
+}
+
 /// Three processes driving 2, 1 and 2 devices (5 ranks): every collective and dtype.
 fn every_collective(native: bool, dtypes: &[DType]) {
     let _serial = serial();
@@ -720,6 +1121,7 @@ fn every_collective(native: bool, dtypes: &[DType]) {
             s.spawn(move || {
                 for &dtype in dtypes {
                     run_everything(cs, dtype);
+                    run_new_shapes(cs, dtype);
                 }
             });
         }
@@ -881,16 +1283,14 @@ fn a_transport_failure_fails_the_collective_and_aborts() {
 fn connect_checks_its_arguments_and_times_out() {
     let _serial = serial();
     let r = rt();
-    let fabric = Arc::new(Fabric {
-        nproc: 2,
-        state: Mutex::new(FabricState::default()),
-    });
+    let fabric = Fabric::new(2);
     let transport = Arc::new(Loopback {
         fabric,
         process: 0,
         next: Mutex::new(0),
         native: true,
         fail_after: None,
+        splits: Mutex::new(HashMap::new()),
     });
     let e = comm::connect(
         &r.devices()[..1],
@@ -915,4 +1315,99 @@ fn connect_checks_its_arguments_and_times_out() {
         matches!(e, Error::Stream(StreamError::Timeout { .. })),
         "{e}"
     );
+}
+
+/// `split` across processes: every rank's color and key are shared, a color spanning
+/// processes gets a transport of its own (`Transport::split`), one within a process none;
+/// the processes of a new communicator are ordered by their first rank in key order. Then
+/// every collective runs on the new communicators.
+#[test]
+fn split_across_processes() {
+    let _serial = serial();
+    let layout: &[&[usize]] = &[&[0, 1], &[2], &[3, 4]];
+    let procs = world(layout, false, Duration::from_secs(60), None);
+    let subs: Vec<Vec<Option<Communicator>>> = std::thread::scope(|s| {
+        let hs: Vec<_> = procs
+            .iter()
+            .map(|cs| {
+                s.spawn(move || {
+                    // Ranks 0, 2, 4 (color 0) and 1, 3 (color 1), keyed by -rank.
+                    let forming: Vec<_> = cs
+                        .iter()
+                        .map(|c| {
+                            c.split(Some((c.rank() % 2) as u32), -(c.rank() as i64))
+                                .unwrap()
+                        })
+                        .collect();
+                    forming
+                        .into_iter()
+                        .map(|f| f.wait().unwrap())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // color 0: rank 4 (process 2) -> 0, rank 2 (process 1) -> 1, rank 0 (process 0) -> 2;
+    // color 1: rank 3 (process 2) -> 0, rank 1 (process 0) -> 1.
+    let new_rank = [2, 1, 1, 0, 0];
+    let new_size = [3, 2, 3, 2, 3];
+    for (p, cs) in procs.iter().enumerate() {
+        for (c, sub) in cs.iter().zip(&subs[p]) {
+            let sub = sub.as_ref().expect("every rank has a color");
+            let r = c.rank();
+            assert_eq!(
+                (sub.rank(), sub.size()),
+                (new_rank[r], new_size[r]),
+                "rank {r}"
+            );
+            assert_eq!(sub.device().index(), c.device().index());
+        }
+    }
+    std::thread::scope(|s| {
+        for subs in &subs {
+            s.spawn(move || {
+                let cs: Vec<Communicator> = subs.iter().flatten().cloned().collect();
+                // Each process's new communicators, by color: run everything on each color's.
+                for color in 0..2 {
+                    let mine: Vec<Communicator> = cs
+                        .iter()
+                        .filter(|c| c.device().index() % 2 == color)
+                        .cloned()
+                        .collect();
+                    if !mine.is_empty() {
+                        run_everything(&mine, DType::I64);
+                        run_new_shapes(&mine, DType::I64);
+                    }
+                }
+            });
+        }
+    });
+    // A rank with no color joins none; process 1 (rank 2) has no new communicator.
+    let subs: Vec<Vec<Option<Communicator>>> = std::thread::scope(|s| {
+        let hs: Vec<_> = procs
+            .iter()
+            .map(|cs| {
+                s.spawn(move || {
+                    let forming: Vec<_> = cs
+                        .iter()
+                        .map(|c| c.split((c.rank() != 2).then_some(7), 0).unwrap())
+                        .collect();
+                    forming
+                        .into_iter()
+                        .map(|f| f.wait().unwrap())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(subs[1][0].is_none());
+    let ranks: Vec<usize> = subs
+        .iter()
+        .flatten()
+        .flatten()
+        .map(Communicator::rank)
+        .collect();
+    assert_eq!(ranks, vec![0, 1, 2, 3]);
 }

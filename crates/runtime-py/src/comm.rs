@@ -1,34 +1,171 @@
-//! The `Communicator` class, `comm_init_all` and `comm_connect` (exposed as `runtime.comm`
-//! and, over mpi4py, `runtime._mpi`): argument conversion over `runtime_core::comm`, the
-//! [`PyTransport`] that lets a Python object (the MPI transport of `_mpi.py`) move a
-//! communicator's bytes between processes, and groups. Collectives only queue work, so no
-//! call here waits, except for room in a full stream (back-pressure, GIL released), and not
-//! even for that inside a group (`comm_group_start`/`comm_group_end`): a group's calls never
-//! block, and its end waits for room on the streams it used.
+//! The `Communicator` class, `comm_init_all`, `comm_connect` and `comm_get_unique_id`
+//! (exposed as `runtime.comm` and, over mpi4py, `runtime._mpi`): argument conversion over
+//! `runtime_core::comm`, the [`PyTransport`] that lets a Python object (the MPI transport of
+//! `_mpi.py`) move a communicator's bytes between processes, and groups. Collectives only
+//! queue work, so no call here waits, except for room in a full stream (back-pressure, GIL
+//! released), and not even for that inside a group (`comm_group_start`/`comm_group_end`): a
+//! group's calls never block, and its end waits for room on the streams it used. The calls
+//! that make communicators (`split`, `Communicator(nranks, comm_id, rank)`) wait for the other
+//! ranks (GIL released, Ctrl-C live), except inside a group, where they return a communicator
+//! that is made by the group's end (or its first use): NCCL's group semantics, so that one
+//! thread may make every rank's.
 
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use parking_lot::Mutex;
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyBytes, PyTuple};
 use runtime_core::comm::{
-    self, Communicator, Exchange, Pending, ReduceOp, Region, Transport, TransportError,
+    self, Communicator, Exchange, Forming, Pending, ReduceOp, Region, Transport, TransportError,
+    UniqueId,
 };
 use runtime_core::kernel::{DType, Tensor};
 use runtime_core::stream::Stream;
 
 use crate::context;
-use crate::convert::{buffer_arg, device_arg, device_at, type_name};
+use crate::convert::{buffer_arg, device_arg, device_at, resolve, type_name};
 use crate::errors::{self, RtErr};
 use crate::handles::{PyDevice, PyDeviceBuffer, PyStream};
 use crate::wait;
 
-/// One rank of a communicator over devices of this process (`runtime.comm.init_all`).
+/// One rank of a communicator (`runtime.comm.init_all`, `init_mpi`, `split`, or
+/// `Communicator(nranks, comm_id, rank)`). Made inside a group, it is *forming* until the
+/// group's end (or its first use) waits for the other ranks.
 #[pyclass(name = "Communicator", module = "runtime.comm", frozen)]
 pub struct PyCommunicator {
-    inner: Communicator,
+    inner: OnceLock<Communicator>,
+    forming: Mutex<Making>,
+}
+
+/// How far a forming communicator is.
+enum Making {
+    /// Made (or made at once).
+    Done,
+    /// Waiting for the other ranks.
+    Forming(Forming),
+    /// A thread is waiting for it now.
+    Resolving,
+    /// It failed.
+    Failed(runtime_core::Error),
+}
+
+impl PyCommunicator {
+    fn made(inner: Communicator) -> PyCommunicator {
+        let cell = OnceLock::new();
+        let _ = cell.set(inner);
+        PyCommunicator {
+            inner: cell,
+            forming: Mutex::new(Making::Done),
+        }
+    }
+
+    fn forming(f: Forming) -> PyCommunicator {
+        PyCommunicator {
+            inner: OnceLock::new(),
+            forming: Mutex::new(Making::Forming(f)),
+        }
+    }
+
+    /// The core communicator, waiting (GIL released, Ctrl-C live) for a forming one.
+    fn comm(&self, py: Python<'_>) -> PyResult<&Communicator> {
+        if let Some(c) = self.inner.get() {
+            return Ok(c);
+        }
+        let taken = {
+            let mut m = self.forming.lock();
+            match std::mem::replace(&mut *m, Making::Resolving) {
+                Making::Forming(f) => Some(f),
+                Making::Failed(e) => {
+                    *m = Making::Failed(e.clone());
+                    return Err(RtErr(e).into());
+                }
+                other => {
+                    *m = other;
+                    None
+                }
+            }
+        };
+        match taken {
+            Some(mut f) => {
+                let mut out: Option<Option<Communicator>> = None;
+                let what = format!("{f:?}");
+                let r = wait::wait(
+                    py,
+                    || what.clone(),
+                    None,
+                    |slice| match f.poll(slice) {
+                        Ok(None) => false,
+                        Ok(Some(c)) => {
+                            out = Some(c);
+                            true
+                        }
+                        Err(e) => {
+                            *self.forming.lock() = Making::Failed(e);
+                            true
+                        }
+                    },
+                );
+                if let Err(e) = r {
+                    // Interrupted (Ctrl-C): the next use waits again.
+                    *self.forming.lock() = Making::Forming(f);
+                    return Err(e);
+                }
+                match out {
+                    Some(Some(c)) => {
+                        let _ = self.inner.set(c);
+                        *self.forming.lock() = Making::Done;
+                    }
+                    Some(None) => {
+                        let e: runtime_core::Error = runtime_core::error::StreamError::Invalid(
+                            "this rank joined no communicator".into(),
+                        )
+                        .into();
+                        *self.forming.lock() = Making::Failed(e);
+                    }
+                    None => {}
+                }
+                self.comm(py)
+            }
+            None => {
+                // Another thread waits for it: wait for its outcome.
+                wait::wait(
+                    py,
+                    || "a forming communicator".to_string(),
+                    None,
+                    |slice| {
+                        if self.inner.get().is_some()
+                            || !matches!(*self.forming.lock(), Making::Resolving)
+                        {
+                            return true;
+                        }
+                        std::thread::sleep(slice.min(Duration::from_millis(1)));
+                        false
+                    },
+                )?;
+                self.comm(py)
+            }
+        }
+    }
+}
+
+/// A forming communicator: waited for now, or, inside a group, at the group's end.
+fn finish_forming(py: Python<'_>, f: Forming) -> PyResult<Py<PyCommunicator>> {
+    let c = Py::new(py, PyCommunicator::forming(f))?;
+    let in_group = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.0 == 0 {
+            return false;
+        }
+        g.2.push(c.clone_ref(py));
+        true
+    });
+    if !in_group {
+        c.get().comm(py)?;
+    }
+    Ok(c)
 }
 
 fn devices_arg(devices: &Bound<'_, PyAny>) -> PyResult<Vec<runtime_core::device::Device>> {
@@ -56,10 +193,33 @@ pub fn comm_init_all(devices: &Bound<'_, PyAny>, timeout: f64) -> PyResult<Vec<P
     let devs = devices_arg(devices)?;
     let timeout = timeout_secs(timeout)?;
     let comms = comm::init_all(&devs, timeout).map_err(RtErr)?;
-    Ok(comms
-        .into_iter()
-        .map(|inner| PyCommunicator { inner })
-        .collect())
+    Ok(comms.into_iter().map(PyCommunicator::made).collect())
+}
+
+/// A new id for `Communicator(nranks, comm_id, rank)` (NCCL's `ncclGetUniqueId`): 128 bytes.
+#[pyfunction]
+pub fn comm_get_unique_id(py: Python<'_>) -> Bound<'_, PyBytes> {
+    PyBytes::new(py, &comm::unique_id().0)
+}
+
+/// A unique id from bytes, or from a sequence of 128 ints (CuPy's `get_unique_id()` form).
+fn unique_id_arg(obj: &Bound<'_, PyAny>) -> PyResult<UniqueId> {
+    let bytes: Vec<u8> = if let Ok(b) = obj.extract::<Vec<u8>>() {
+        b
+    } else if let Ok(ints) = obj.extract::<Vec<i64>>() {
+        ints.iter()
+            .map(|&i| {
+                u8::try_from(i.rem_euclid(256))
+                    .map_err(|_| PyValueError::new_err(format!("comm_id: {i} is not a byte")))
+            })
+            .collect::<PyResult<_>>()?
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "comm_id must be the bytes get_unique_id() returned, got {}",
+            type_name(obj)
+        )));
+    };
+    Ok(UniqueId::from_bytes(&bytes).map_err(RtErr)?)
 }
 
 /// Join a communicator spanning `processes` processes as process `process`, one rank per
@@ -104,15 +264,18 @@ pub fn comm_connect(
     Ok(out
         .expect("poll answered with the communicators")
         .into_iter()
-        .map(|inner| PyCommunicator { inner })
+        .map(PyCommunicator::made)
         .collect())
 }
 
 // --- groups -------------------------------------------------------------------------------
 
+/// A thread's group: its depth, the streams whose back-pressure wait it deferred, and the
+/// communicators it left forming.
+type Group = (usize, Vec<Stream>, Vec<Py<PyCommunicator>>);
+
 thread_local! {
-    /// This thread's group depth and the streams whose back-pressure wait its group deferred.
-    static GROUP: RefCell<(usize, Vec<Stream>)> = const { RefCell::new((0, Vec::new())) };
+    static GROUP: RefCell<Group> = const { RefCell::new((0, Vec::new(), Vec::new())) };
 }
 
 /// Start a group (`ncclGroupStart`): until the matching end, this thread's collectives and
@@ -123,13 +286,14 @@ pub fn comm_group_start() {
 }
 
 /// End a group (`ncclGroupEnd`): at the outermost end, with `wait`, wait (GIL released,
-/// Ctrl-C live) for room on each stream the group filled past its backlog limit; every rank's
-/// calls are queued by then, so the collectives can run. (`wait=False`: a group left by an
-/// exception, whose other ranks' calls may never come.)
+/// Ctrl-C live) for room on each stream the group filled past its backlog limit, and for the
+/// communicators the group left forming; every rank's calls are made by then. (`wait=False`:
+/// a group left by an exception, whose other ranks' calls may never come: its communicators
+/// are waited for at their first use.)
 #[pyfunction]
 #[pyo3(signature = (wait=true))]
 pub fn comm_group_end(py: Python<'_>, wait: bool) -> PyResult<()> {
-    let streams = GROUP.with(|g| {
+    let (streams, forming) = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.0 == 0 {
             return Err(PyRuntimeError::new_err(
@@ -138,12 +302,15 @@ pub fn comm_group_end(py: Python<'_>, wait: bool) -> PyResult<()> {
         }
         g.0 -= 1;
         Ok(if g.0 == 0 {
-            std::mem::take(&mut g.1)
+            (std::mem::take(&mut g.1), std::mem::take(&mut g.2))
         } else {
-            Vec::new()
+            (Vec::new(), Vec::new())
         })
     })?;
     if wait {
+        for c in forming {
+            c.get().comm(py)?;
+        }
         for s in streams {
             backpressure(py, &s)?;
         }
@@ -262,6 +429,12 @@ impl PyTransport {
                 recv_counts,
             )
                 .into_pyobject(py)?,
+            Exchange::Gather { buf, counts, root } => {
+                ("gather", region(py, &buf)?, counts, root).into_pyobject(py)?
+            }
+            Exchange::Scatter { buf, counts, root } => {
+                ("scatter", region(py, &buf)?, counts, root).into_pyobject(py)?
+            }
             Exchange::Send { buf, to, tag } => {
                 ("send", region(py, &buf)?, to, tag).into_pyobject(py)?
             }
@@ -298,6 +471,30 @@ impl Transport for PyTransport {
                 req: (!req.is_none(py)).then_some(req),
             }) as Box<dyn Pending>)
         })
+    }
+
+    /// `split(processes, color)` of the Python object: a transport object over those
+    /// processes.
+    fn split(&self, processes: &[usize], color: u64) -> Result<Arc<dyn Transport>, TransportError> {
+        if !crate::interp::prepare() {
+            return Err(finalizing());
+        }
+        Python::attach(|py| {
+            let obj = self
+                .obj()
+                .bind(py)
+                .call_method1("split", (processes.to_vec(), color))
+                .map_err(|e| transport_error(py, e))?;
+            Ok(Arc::new(PyTransport {
+                obj: Some(obj.unbind()),
+            }) as Arc<dyn Transport>)
+        })
+    }
+
+    fn host_object(&self) -> Option<&(dyn std::any::Any + Send + Sync)> {
+        self.obj
+            .as_ref()
+            .map(|o| o as &(dyn std::any::Any + Send + Sync))
     }
 }
 
@@ -380,6 +577,105 @@ fn index_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<usize> {
     })
 }
 
+/// A reduction operator: a name (`"sum"`, ..., `"band"`, `"bor"`, `"bxor"`) or
+/// `("premul_sum", factor)`.
+fn op_arg(obj: &Bound<'_, PyAny>) -> PyResult<ReduceOp> {
+    if let Ok(name) = obj.extract::<String>() {
+        return Ok(ReduceOp::parse(&name).map_err(RtErr)?);
+    }
+    if let Ok((name, factor)) = obj.extract::<(String, Bound<'_, PyAny>)>() {
+        if name == "premul_sum" {
+            if factor.is_instance_of::<pyo3::types::PyBool>() {
+                return Err(PyTypeError::new_err("factor must be a number, got bool"));
+            }
+            let f: f64 = factor.extract().map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "factor must be a real number, got {}",
+                    type_name(&factor)
+                ))
+            })?;
+            return Ok(ReduceOp::premul_sum(f).map_err(RtErr)?);
+        }
+        return Err(PyValueError::new_err(format!(
+            "op: ({name:?}, ...) is not an operator; only premul_sum takes a factor"
+        )));
+    }
+    Err(PyTypeError::new_err(format!(
+        "op must be an operator name or (\"premul_sum\", factor), got {}",
+        type_name(obj)
+    )))
+}
+
+/// A list of counts (non-negative ints).
+fn counts_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<usize>> {
+    let mut out = Vec::new();
+    for (i, x) in obj
+        .try_iter()
+        .map_err(|_| {
+            PyTypeError::new_err(format!(
+                "{arg} must be a sequence of counts, got {}",
+                type_name(obj)
+            ))
+        })?
+        .enumerate()
+    {
+        out.push(index_arg(&x?, &format!("{arg}[{i}]"))?);
+    }
+    Ok(out)
+}
+
+/// A list of buffers.
+fn tensors_arg(py: Python<'_>, obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<Tensor>> {
+    let mut out = Vec::new();
+    for (i, x) in obj
+        .try_iter()
+        .map_err(|_| {
+            PyTypeError::new_err(format!(
+                "{arg} must be a sequence of DeviceBuffers, got {}",
+                type_name(obj)
+            ))
+        })?
+        .enumerate()
+    {
+        out.push(tensor(py, &x?, &format!("{arg}[{i}]"))?);
+    }
+    Ok(out)
+}
+
+/// An optional buffer argument (None on ranks that do not need it).
+fn opt_tensor(
+    py: Python<'_>,
+    obj: Option<&Bound<'_, PyAny>>,
+    arg: &str,
+) -> PyResult<Option<Tensor>> {
+    match obj {
+        Some(o) if !o.is_none() => Ok(Some(tensor(py, o, arg)?)),
+        _ => Ok(None),
+    }
+}
+
+/// torch's `all_to_all_single` split sizes (rows of dim 0) as element counts: `None` splits
+/// `t` evenly over `n` ranks.
+fn splits(t: &Tensor, sizes: Option<Vec<usize>>, n: usize, arg: &str) -> PyResult<Vec<usize>> {
+    let rows = t.shape().first().copied().unwrap_or(1);
+    let row = if t.shape().is_empty() {
+        1
+    } else {
+        t.shape()[1..].iter().product()
+    };
+    match sizes {
+        Some(s) => Ok(s.iter().map(|r| r * row).collect()),
+        None => {
+            if rows % n != 0 {
+                return Err(PyValueError::new_err(format!(
+                    "{arg}: {rows} rows do not split evenly over {n} ranks; pass split sizes"
+                )));
+            }
+            Ok(vec![rows / n * row; n])
+        }
+    }
+}
+
 impl PyCommunicator {
     /// The stream to queue on: `stream`, or the current stream of this rank's device.
     fn stream(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<Stream> {
@@ -395,7 +691,7 @@ impl PyCommunicator {
                 .get()
                 .inner()
                 .clone()),
-            _ => context::stream(py, self.inner.device()),
+            _ => context::stream(py, self.comm(py)?.device()),
         }
     }
 
@@ -407,10 +703,11 @@ impl PyCommunicator {
         &self,
         py: Python<'_>,
         stream: Option<&Bound<'_, PyAny>>,
-        f: impl FnOnce(&Stream) -> runtime_core::Result<()>,
+        f: impl FnOnce(&Communicator, &Stream) -> runtime_core::Result<()>,
     ) -> PyResult<()> {
+        let c = self.comm(py)?;
         let s = self.stream(py, stream)?;
-        f(&s).map_err(RtErr)?;
+        f(c, &s).map_err(RtErr)?;
         if deferred(&s) {
             return Ok(());
         }
@@ -420,98 +717,165 @@ impl PyCommunicator {
 
 #[pymethods]
 impl PyCommunicator {
+    /// Join the communicator of `nranks` ranks named by `comm_id` (from `get_unique_id()`) as
+    /// rank `rank`, on `device` (default: the current device); NCCL's `ncclCommInitRank`.
+    /// Waits for every rank, except inside a group (made at the group's end).
+    #[new]
+    #[pyo3(signature = (nranks, comm_id, rank, device=None, timeout=300.0))]
+    fn new(
+        py: Python<'_>,
+        nranks: &Bound<'_, PyAny>,
+        comm_id: &Bound<'_, PyAny>,
+        rank: &Bound<'_, PyAny>,
+        device: Option<&Bound<'_, PyAny>>,
+        timeout: f64,
+    ) -> PyResult<Py<PyCommunicator>> {
+        let nranks = index_arg(nranks, "nranks")?;
+        let rank = index_arg(rank, "rank")?;
+        let id = unique_id_arg(comm_id)?;
+        let d = resolve(py, device, "device")?;
+        let timeout = timeout_secs(timeout)?;
+        let f = comm::init_rank(nranks, &id, rank, &d, timeout).map_err(RtErr)?;
+        finish_forming(py, f)
+    }
+
     /// This rank.
     #[getter]
-    fn rank(&self) -> usize {
-        self.inner.rank()
+    fn rank(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.comm(py)?.rank())
     }
 
     /// Number of ranks.
     #[getter]
-    fn size(&self) -> usize {
-        self.inner.size()
+    fn size(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.comm(py)?.size())
     }
 
     /// This rank's device.
     #[getter]
-    fn device(&self) -> PyDevice {
-        PyDevice::from_index(self.inner.device().index())
+    fn device(&self, py: Python<'_>) -> PyResult<PyDevice> {
+        Ok(PyDevice::from_index(self.comm(py)?.device().index()))
     }
 
     /// This process's index among the processes the communicator spans (0 in-process).
     #[getter]
-    fn process(&self) -> usize {
-        self.inner.process().0
+    fn process(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.comm(py)?.process().0)
     }
 
     /// Number of processes the communicator spans (1 in-process).
     #[getter]
-    fn processes(&self) -> usize {
-        self.inner.process().1
+    fn processes(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.comm(py)?.process().1)
     }
 
     /// Seconds a collective waits for the other ranks.
     #[getter]
-    fn timeout(&self) -> f64 {
-        self.inner.timeout().as_secs_f64()
+    fn timeout(&self, py: Python<'_>) -> PyResult<f64> {
+        Ok(self.comm(py)?.timeout().as_secs_f64())
     }
 
-    fn __repr__(&self) -> String {
-        format!("{:?}", self.inner)
+    /// The Python transport object of a communicator spanning processes (None in-process).
+    #[getter]
+    fn transport(&self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+        Ok(self
+            .comm(py)?
+            .transport()
+            .and_then(|t| t.host_object())
+            .and_then(|a| a.downcast_ref::<Py<PyAny>>())
+            .map(|o| o.clone_ref(py)))
     }
 
-    #[pyo3(signature = (send, recv, op="sum", stream=None))]
+    fn __repr__(&self, py: Python<'_>) -> String {
+        match self.inner.get() {
+            Some(c) => format!("{c:?}"),
+            None => match &*self.forming.lock() {
+                Making::Forming(f) => format!("Communicator(forming: {f:?})"),
+                Making::Failed(e) => format!("Communicator(failed: {e})"),
+                _ => {
+                    let _ = py;
+                    "Communicator(forming)".to_string()
+                }
+            },
+        }
+    }
+
+    #[pyo3(signature = (send, recv, op=None, stream=None))]
     fn all_reduce(
         &self,
         py: Python<'_>,
         send: &Bound<'_, PyAny>,
         recv: &Bound<'_, PyAny>,
-        op: &str,
+        op: Option<&Bound<'_, PyAny>>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let (s, r, op) = (
-            tensor(py, send, "send")?,
-            tensor(py, recv, "recv")?,
-            ReduceOp::parse(op).map_err(RtErr)?,
-        );
-        self.submit(py, stream, |st| self.inner.all_reduce(&s, &r, op, st))
+        let (s, r) = (tensor(py, send, "send")?, tensor(py, recv, "recv")?);
+        let op = op.map_or(Ok(ReduceOp::Sum), op_arg)?;
+        self.submit(py, stream, |c, st| c.all_reduce(&s, &r, op, st))
     }
 
-    #[pyo3(signature = (buf, root, stream=None))]
+    /// `all_reduce` of a list of buffers in one collective; `recv=None` reduces in place.
+    #[pyo3(signature = (send, recv=None, op=None, stream=None))]
+    fn all_reduce_coalesced(
+        &self,
+        py: Python<'_>,
+        send: &Bound<'_, PyAny>,
+        recv: Option<&Bound<'_, PyAny>>,
+        op: Option<&Bound<'_, PyAny>>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let sends = tensors_arg(py, send, "send")?;
+        let recvs = match recv {
+            Some(r) if !r.is_none() => tensors_arg(py, r, "recv")?,
+            _ => sends.clone(),
+        };
+        let op = op.map_or(Ok(ReduceOp::Sum), op_arg)?;
+        self.submit(py, stream, |c, st| {
+            c.all_reduce_coalesced(&sends, &recvs, op, st)
+        })
+    }
+
+    /// In place: root's `buf` to every rank's `buf`. With `recv`: root's `buf` (ignored
+    /// elsewhere; None allowed there) to every rank's `recv`, the root's own included.
+    #[pyo3(signature = (buf, root, stream=None, recv=None))]
     fn broadcast(
         &self,
         py: Python<'_>,
-        buf: &Bound<'_, PyAny>,
+        buf: Option<&Bound<'_, PyAny>>,
         root: &Bound<'_, PyAny>,
         stream: Option<&Bound<'_, PyAny>>,
+        recv: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let (b, root) = (tensor(py, buf, "buf")?, index_arg(root, "root")?);
-        self.submit(py, stream, |st| self.inner.broadcast(&b, root, st))
+        let root = index_arg(root, "root")?;
+        let b = opt_tensor(py, buf, "buf")?;
+        match opt_tensor(py, recv, "recv")? {
+            Some(r) => self.submit(py, stream, |c, st| {
+                c.broadcast_from(b.as_ref(), &r, root, st)
+            }),
+            None => {
+                let b = b.ok_or_else(|| {
+                    PyTypeError::new_err("buf must be a DeviceBuffer (None only with recv=)")
+                })?;
+                self.submit(py, stream, |c, st| c.broadcast(&b, root, st))
+            }
+        }
     }
 
-    #[pyo3(signature = (send, recv, root, op="sum", stream=None))]
+    #[pyo3(signature = (send, recv, root, op=None, stream=None))]
     fn reduce(
         &self,
         py: Python<'_>,
         send: &Bound<'_, PyAny>,
         recv: &Bound<'_, PyAny>,
         root: &Bound<'_, PyAny>,
-        op: &str,
+        op: Option<&Bound<'_, PyAny>>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let s = tensor(py, send, "send")?;
-        let r = if recv.is_none() {
-            None
-        } else {
-            Some(tensor(py, recv, "recv")?)
-        };
-        let (root, op) = (
-            index_arg(root, "root")?,
-            ReduceOp::parse(op).map_err(RtErr)?,
-        );
-        self.submit(py, stream, |st| {
-            self.inner.reduce(&s, r.as_ref(), root, op, st)
-        })
+        let r = opt_tensor(py, Some(recv), "recv")?;
+        let root = index_arg(root, "root")?;
+        let op = op.map_or(Ok(ReduceOp::Sum), op_arg)?;
+        self.submit(py, stream, |c, st| c.reduce(&s, r.as_ref(), root, op, st))
     }
 
     #[pyo3(signature = (send, recv, stream=None))]
@@ -523,24 +887,53 @@ impl PyCommunicator {
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let (s, r) = (tensor(py, send, "send")?, tensor(py, recv, "recv")?);
-        self.submit(py, stream, |st| self.inner.all_gather(&s, &r, st))
+        self.submit(py, stream, |c, st| c.all_gather(&s, &r, st))
     }
 
-    #[pyo3(signature = (send, recv, op="sum", stream=None))]
+    #[pyo3(signature = (send, recv, counts, stream=None))]
+    fn all_gatherv(
+        &self,
+        py: Python<'_>,
+        send: &Bound<'_, PyAny>,
+        recv: &Bound<'_, PyAny>,
+        counts: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let (s, r) = (tensor(py, send, "send")?, tensor(py, recv, "recv")?);
+        let counts = counts_arg(counts, "counts")?;
+        self.submit(py, stream, |c, st| c.all_gatherv(&s, &r, &counts, st))
+    }
+
+    #[pyo3(signature = (send, recv, op=None, stream=None))]
     fn reduce_scatter(
         &self,
         py: Python<'_>,
         send: &Bound<'_, PyAny>,
         recv: &Bound<'_, PyAny>,
-        op: &str,
+        op: Option<&Bound<'_, PyAny>>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let (s, r, op) = (
-            tensor(py, send, "send")?,
-            tensor(py, recv, "recv")?,
-            ReduceOp::parse(op).map_err(RtErr)?,
-        );
-        self.submit(py, stream, |st| self.inner.reduce_scatter(&s, &r, op, st))
+        let (s, r) = (tensor(py, send, "send")?, tensor(py, recv, "recv")?);
+        let op = op.map_or(Ok(ReduceOp::Sum), op_arg)?;
+        self.submit(py, stream, |c, st| c.reduce_scatter(&s, &r, op, st))
+    }
+
+    #[pyo3(signature = (send, recv, counts, op=None, stream=None))]
+    fn reduce_scatterv(
+        &self,
+        py: Python<'_>,
+        send: &Bound<'_, PyAny>,
+        recv: &Bound<'_, PyAny>,
+        counts: &Bound<'_, PyAny>,
+        op: Option<&Bound<'_, PyAny>>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let (s, r) = (tensor(py, send, "send")?, tensor(py, recv, "recv")?);
+        let counts = counts_arg(counts, "counts")?;
+        let op = op.map_or(Ok(ReduceOp::Sum), op_arg)?;
+        self.submit(py, stream, |c, st| {
+            c.reduce_scatterv(&s, &r, &counts, op, st)
+        })
     }
 
     #[pyo3(signature = (send, recv, stream=None))]
@@ -552,7 +945,90 @@ impl PyCommunicator {
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let (s, r) = (tensor(py, send, "send")?, tensor(py, recv, "recv")?);
-        self.submit(py, stream, |st| self.inner.all_to_all(&s, &r, st))
+        self.submit(py, stream, |c, st| c.all_to_all(&s, &r, st))
+    }
+
+    #[pyo3(signature = (send, send_counts, recv, recv_counts, stream=None))]
+    fn all_to_allv(
+        &self,
+        py: Python<'_>,
+        send: &Bound<'_, PyAny>,
+        send_counts: &Bound<'_, PyAny>,
+        recv: &Bound<'_, PyAny>,
+        recv_counts: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let (s, r) = (tensor(py, send, "send")?, tensor(py, recv, "recv")?);
+        let sc = counts_arg(send_counts, "send_counts")?;
+        let rc = counts_arg(recv_counts, "recv_counts")?;
+        self.submit(py, stream, |c, st| c.all_to_allv(&s, &sc, &r, &rc, st))
+    }
+
+    /// torch's `all_to_all_single(output, input, output_split_sizes, input_split_sizes)`:
+    /// split sizes count rows of dim 0; None splits evenly.
+    #[pyo3(signature = (output, input, output_split_sizes=None, input_split_sizes=None, stream=None))]
+    fn all_to_all_single(
+        &self,
+        py: Python<'_>,
+        output: &Bound<'_, PyAny>,
+        input: &Bound<'_, PyAny>,
+        output_split_sizes: Option<&Bound<'_, PyAny>>,
+        input_split_sizes: Option<&Bound<'_, PyAny>>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let (r, s) = (tensor(py, output, "output")?, tensor(py, input, "input")?);
+        let n = self.comm(py)?.size();
+        let opt_counts = |o: Option<&Bound<'_, PyAny>>, arg: &str| match o {
+            Some(o) if !o.is_none() => counts_arg(o, arg).map(Some),
+            _ => Ok(None),
+        };
+        let rc = splits(
+            &r,
+            opt_counts(output_split_sizes, "output_split_sizes")?,
+            n,
+            "output",
+        )?;
+        let sc = splits(
+            &s,
+            opt_counts(input_split_sizes, "input_split_sizes")?,
+            n,
+            "input",
+        )?;
+        self.submit(py, stream, |c, st| c.all_to_allv(&s, &sc, &r, &rc, st))
+    }
+
+    /// Every rank's `send` to rank `root`'s `recv` (block `q` from rank `q`); `recv` is
+    /// ignored (may be None) elsewhere.
+    #[pyo3(signature = (send, recv, root, stream=None))]
+    fn gather(
+        &self,
+        py: Python<'_>,
+        send: &Bound<'_, PyAny>,
+        recv: Option<&Bound<'_, PyAny>>,
+        root: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let s = tensor(py, send, "send")?;
+        let r = opt_tensor(py, recv, "recv")?;
+        let root = index_arg(root, "root")?;
+        self.submit(py, stream, |c, st| c.gather(&s, r.as_ref(), root, st))
+    }
+
+    /// Block `q` of rank `root`'s `send` to rank `q`'s `recv`; `send` is ignored (may be
+    /// None) elsewhere.
+    #[pyo3(signature = (send, recv, root, stream=None))]
+    fn scatter(
+        &self,
+        py: Python<'_>,
+        send: Option<&Bound<'_, PyAny>>,
+        recv: &Bound<'_, PyAny>,
+        root: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let s = opt_tensor(py, send, "send")?;
+        let r = tensor(py, recv, "recv")?;
+        let root = index_arg(root, "root")?;
+        self.submit(py, stream, |c, st| c.scatter(s.as_ref(), &r, root, st))
     }
 
     #[pyo3(signature = (buf, peer, stream=None))]
@@ -564,7 +1040,7 @@ impl PyCommunicator {
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let (b, peer) = (tensor(py, buf, "buf")?, index_arg(peer, "peer")?);
-        self.submit(py, stream, |st| self.inner.send(&b, peer, st))
+        self.submit(py, stream, |c, st| c.send(&b, peer, st))
     }
 
     #[pyo3(signature = (buf, peer, stream=None))]
@@ -576,25 +1052,77 @@ impl PyCommunicator {
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let (b, peer) = (tensor(py, buf, "buf")?, index_arg(peer, "peer")?);
-        self.submit(py, stream, |st| self.inner.recv(&b, peer, st))
+        self.submit(py, stream, |c, st| c.recv(&b, peer, st))
     }
 
     #[pyo3(signature = (stream=None))]
     fn barrier(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        self.submit(py, stream, |st| self.inner.barrier(st))
+        self.submit(py, stream, |c, st| c.barrier(st))
+    }
+
+    /// `ncclCommSplit`: the ranks of one `color` form a new communicator, ranked by `key`
+    /// (default: this rank), then old rank; `color=None` joins none (returns None). Every
+    /// rank calls it; it waits for them, except inside a group.
+    #[pyo3(signature = (color, key=None))]
+    fn split(
+        &self,
+        py: Python<'_>,
+        color: Option<&Bound<'_, PyAny>>,
+        key: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Py<PyCommunicator>>> {
+        let c = self.comm(py)?;
+        let color = match color {
+            Some(o) if !o.is_none() => {
+                let v = index_arg(o, "color")?;
+                Some(u32::try_from(v).map_err(|_| {
+                    PyValueError::new_err(format!("color: {v} is too large (at most 2**32 - 1)"))
+                })?)
+            }
+            _ => None,
+        };
+        let key = match key {
+            Some(k) if !k.is_none() => {
+                if k.is_instance_of::<pyo3::types::PyBool>() {
+                    return Err(PyTypeError::new_err("key must be an int, got bool"));
+                }
+                k.extract::<i64>().map_err(|_| {
+                    PyTypeError::new_err(format!("key must be an int, got {}", type_name(k)))
+                })?
+            }
+            _ => c.rank() as i64,
+        };
+        let f = c.split(color, key).map_err(RtErr)?;
+        if color.is_none() {
+            // This rank joins none; its part still had to be filed.
+            drop(f);
+            return Ok(None);
+        }
+        finish_forming(py, f).map(Some)
+    }
+
+    /// Raise the error that made the communicator unusable (an abort on any rank, a
+    /// shutdown, a failed collective across processes), if any (NCCL's
+    /// `ncclCommGetAsyncError`, CuPy's `check_async_error`).
+    fn check_async_error(&self, py: Python<'_>) -> PyResult<()> {
+        match self.comm(py)?.async_error() {
+            Some(e) => Err(RtErr(e).into()),
+            None => Ok(()),
+        }
     }
 
     /// Whether the communicator was aborted (on any rank, or by shutdown).
     #[getter]
-    fn aborted(&self) -> bool {
-        self.inner.is_aborted()
+    fn aborted(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.comm(py)?.is_aborted())
     }
 
-    fn abort(&self) {
-        self.inner.abort();
+    fn abort(&self, py: Python<'_>) -> PyResult<()> {
+        self.comm(py)?.abort();
+        Ok(())
     }
 
-    fn destroy(&self) {
-        self.inner.destroy();
+    fn destroy(&self, py: Python<'_>) -> PyResult<()> {
+        self.comm(py)?.destroy();
+        Ok(())
     }
 }

@@ -148,6 +148,32 @@ impl PyDeviceBuffer {
     }
 }
 
+impl PyDeviceBuffer {
+    /// `free_async`: `free` (the core's stream-ordered free, given the buffer) and, if it
+    /// accepts, retire the handle as `device_free` does. A refused free changes nothing.
+    pub fn free_with(
+        &self,
+        py: Python<'_>,
+        free: impl FnOnce(&Buffer) -> runtime_core::Result<()>,
+    ) -> PyResult<()> {
+        let b = self.buffer(py)?;
+        if self.offset != 0 {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "buf: {} is a view at offset {}; free the buffer malloc_async returned",
+                self.what(),
+                self.offset
+            )));
+        }
+        free(&b).map_err(RtErr)?;
+        drop(b);
+        let taken = self.slot.lock().take();
+        if let Some(b) = taken {
+            runtime_core::memory::defer::release(b);
+        }
+        Ok(())
+    }
+}
+
 impl Drop for PyDeviceBuffer {
     /// The handle's reference goes through the defer scope (`defer_cleanup`).
     fn drop(&mut self) {

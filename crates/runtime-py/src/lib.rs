@@ -12,6 +12,7 @@
 //   host, dlpack                buffer-protocol import/export, DLPack capsules
 //   copy                        the one copy path (memcpy_*, memset)
 //   buffer, memory, stats       the DeviceBuffer class, allocation, allocator statistics
+//   async_pool                  MemoryAsyncPool (stream-ordered allocation's pool)
 //   ipc                         inter-process buffers and events (handles, ipc_open, pickling)
 //   device, event, kernel       Device and records, Event, Kernel and launches
 //   stream                      Stream, Graph and the stream functions
@@ -19,6 +20,7 @@
 //   lifecycle                   init, shutdown, options
 //   acl                         the pyACL face's native calls (runtime-acl's Rust API)
 mod acl;
+mod async_pool;
 mod buffer;
 mod comm;
 mod context;
@@ -79,6 +81,7 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm::PyCommunicator>()?;
     m.add_function(wrap_pyfunction!(comm::comm_init_all, m)?)?;
     m.add_function(wrap_pyfunction!(comm::comm_connect, m)?)?;
+    m.add_function(wrap_pyfunction!(comm::comm_get_unique_id, m)?)?;
     m.add_function(wrap_pyfunction!(comm::comm_group_start, m)?)?;
     m.add_function(wrap_pyfunction!(comm::comm_group_end, m)?)?;
     m.add_function(wrap_pyfunction!(lifecycle::init, m)?)?;
@@ -96,6 +99,9 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(lifecycle::option_names, m)?)?;
     m.add_function(wrap_pyfunction!(memory::device_malloc, m)?)?;
     m.add_function(wrap_pyfunction!(memory::device_free, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::malloc_async, m)?)?;
+    m.add_function(wrap_pyfunction!(memory::free_async, m)?)?;
+    m.add_class::<async_pool::PyMemoryAsyncPool>()?;
     m.add_class::<pool::PyMemoryPool>()?;
     m.add_function(wrap_pyfunction!(pool::get_default_memory_pool, m)?)?;
     m.add_function(wrap_pyfunction!(pool::set_allocator, m)?)?;

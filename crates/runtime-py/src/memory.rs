@@ -1,5 +1,5 @@
 //! Allocation and release of device buffers: `device_malloc`, `device_free`, `empty`,
-//! `to_device`.
+//! `to_device`, and the stream-ordered `malloc_async` / `free_async`.
 
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
@@ -13,6 +13,7 @@ use crate::convert::{
     shape_arg,
 };
 use crate::copy::{self, Direction};
+use crate::errors::RtErr;
 use crate::handles::PyDeviceBuffer;
 
 /// Allocate `size` zeroed bytes on `device` (a Device or an int).
@@ -35,6 +36,41 @@ pub fn device_free(py: Python<'_>, buf: &Bound<'_, PyAny>) -> PyResult<()> {
     buffer_arg(buf, "buf")?.get().free(py)?;
     crate::pool::return_blocks(py);
     Ok(())
+}
+
+/// Allocate `size` bytes in the order of `stream` (the current stream when None), from its
+/// device's async pool (`cudaMallocAsync`); never waits.
+#[pyfunction]
+#[pyo3(signature = (size, stream=None))]
+pub fn malloc_async(
+    py: Python<'_>,
+    size: &Bound<'_, PyAny>,
+    stream: Option<&Bound<'_, PyAny>>,
+) -> PyResult<PyDeviceBuffer> {
+    let size = nonneg(size, "size")?;
+    let s = crate::convert::stream_or_current(py, stream)?;
+    let b = py.detach(|| s.malloc_async(size)).map_err(RtErr)?;
+    Ok(PyDeviceBuffer::raw(b))
+}
+
+/// Free `buf` (from `malloc_async`) in the order of `stream` (the current stream of its
+/// device when None): `cudaFreeAsync`; never waits. Later use of the handle raises.
+#[pyfunction]
+#[pyo3(signature = (buf, stream=None))]
+pub fn free_async(
+    py: Python<'_>,
+    buf: &Bound<'_, PyAny>,
+    stream: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let h = buffer_arg(buf, "buf")?.get();
+    let s = match crate::convert::stream_arg(stream)? {
+        Some(s) => s,
+        None => {
+            let d = resolve(py, Some(&h.device.into_pyobject(py)?.into_any()), "buf")?;
+            crate::context::stream(py, &d)?
+        }
+    };
+    h.free_with(py, |b| s.free_async(b))
 }
 
 /// Allocate a typed buffer of `shape` and `dtype` on `device` (zeroed).

@@ -123,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         from .comm import main as comm_main
 
         return comm_main(args[1:])
+    if args[:1] == ["--shapes"]:
+        # The second round's rows have their own flags (python -m runtime.bench.shapes --help).
+        from .shapes import main as shapes_main
+
+        return shapes_main(args[1:])
     return guard(PROG, _main, argv)
 
 

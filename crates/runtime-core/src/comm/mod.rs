@@ -43,6 +43,7 @@
 
 mod protocol;
 mod reduce;
+mod split;
 mod world;
 
 use std::sync::atomic::Ordering;
@@ -50,17 +51,61 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::device::Device;
-use crate::error::{arg_error, DeviceError, Result};
+use crate::error::{arg_error, DeviceError, Error, Result};
 use crate::kernel::{DType, Tensor};
 use crate::memory::access::{Access, AccessSet};
 use crate::stream::graph::LaunchBound;
 use crate::stream::{FnOp, Op, OpKind, Stream};
 
-pub(crate) use protocol::{abort_all, after_fork, before_fork};
+pub(crate) use protocol::abort_all;
 use protocol::{failure, Message, Part, Shared};
+pub use split::{init_rank, unique_id, Forming, UniqueId};
 pub use world::{connect, Connecting, Exchange, Pending, Region, Transport, TransportError};
 
-/// Reduction operators (NCCL's `ncclRedOp_t`).
+/// Around `fork()`: hold the communicators' process-wide locks (see
+/// `runtime::install_fork_handlers`).
+pub(crate) fn before_fork(wait: Duration) {
+    protocol::before_fork(wait);
+    split::before_fork(wait);
+}
+
+/// After `fork()`: release what [`before_fork`] took.
+pub(crate) fn after_fork(child: bool) {
+    split::after_fork(child);
+    protocol::after_fork(child);
+}
+
+/// A `premul_sum` factor: compared and hashed by its bits, so that [`ReduceOp`] stays `Eq`.
+#[derive(Debug, Clone, Copy)]
+pub struct Factor(f64);
+
+impl Factor {
+    /// The factor `f` (any finite number; integral for integer dtypes).
+    pub fn new(f: f64) -> Factor {
+        Factor(f)
+    }
+
+    /// Its value.
+    pub fn value(self) -> f64 {
+        self.0
+    }
+}
+
+impl PartialEq for Factor {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl Eq for Factor {}
+
+impl std::hash::Hash for Factor {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.to_bits().hash(state);
+    }
+}
+
+/// Reduction operators (NCCL's `ncclRedOp_t`, with torch's bitwise ones).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
     /// Sum (integers wrap on overflow).
@@ -73,10 +118,21 @@ pub enum ReduceOp {
     Min,
     /// Sum divided by the number of ranks (integer division for integers).
     Avg,
+    /// Bitwise and (integers; logical and of booleans): torch's `ReduceOp.BAND`.
+    BAnd,
+    /// Bitwise or (integers; logical or of booleans): torch's `ReduceOp.BOR`.
+    BOr,
+    /// Bitwise exclusive or (integers; logical xor of booleans): torch's `ReduceOp.BXOR`.
+    BXor,
+    /// Sum of each rank's input multiplied by that rank's factor first (NCCL's
+    /// `ncclRedOpCreatePreMulSum`, torch's `_make_nccl_premul_sum`). Ranks may pass different
+    /// factors; they agree on the operator only.
+    PreMulSum(Factor),
 }
 
 impl ReduceOp {
-    /// Parse `"sum"`, `"prod"`, `"max"`, `"min"` or `"avg"`.
+    /// Parse `"sum"`, `"prod"`, `"max"`, `"min"`, `"avg"`, `"band"`, `"bor"` or `"bxor"`
+    /// (`premul_sum` takes a factor: [`ReduceOp::premul_sum`]).
     ///
     /// # Errors
     /// An argument error naming `op` and the valid names.
@@ -87,25 +143,53 @@ impl ReduceOp {
             "max" => ReduceOp::Max,
             "min" => ReduceOp::Min,
             "avg" => ReduceOp::Avg,
+            "band" => ReduceOp::BAnd,
+            "bor" => ReduceOp::BOr,
+            "bxor" => ReduceOp::BXor,
+            "premul_sum" => {
+                return Err(arg_error(
+                    "op",
+                    "premul_sum needs a factor: pass (\"premul_sum\", factor)",
+                ))
+            }
             _ => {
                 return Err(arg_error(
                     "op",
-                    format!("unknown reduction {s:?}; valid: sum, prod, max, min, avg"),
+                    format!(
+                        "unknown reduction {s:?}; valid: sum, prod, max, min, avg, band, bor, bxor, (\"premul_sum\", factor)"
+                    ),
                 ))
             }
         })
     }
 
-    /// Refuse an operator the dtype has no meaning for: `max`/`min` of complex numbers
-    /// (unordered) and `avg` of booleans (numpy's mean of booleans is a float). On bool,
-    /// `sum`/`max` are logical or and `prod`/`min` logical and, as numpy's `add`/`multiply`.
+    /// `premul_sum` with this rank's `factor`.
     ///
     /// # Errors
-    /// An argument error naming `op` and the dtype.
+    /// An argument error naming `factor` when it is not finite.
+    pub fn premul_sum(factor: f64) -> Result<ReduceOp> {
+        if !factor.is_finite() {
+            return Err(arg_error(
+                "factor",
+                format!("{factor} is not a finite number"),
+            ));
+        }
+        Ok(ReduceOp::PreMulSum(Factor(factor)))
+    }
+
+    /// Refuse an operator the dtype has no meaning for: `max`/`min` of complex numbers
+    /// (unordered), `avg` and `premul_sum` of booleans (numpy's mean of booleans is a float),
+    /// the bitwise operators on floats and complex numbers, and a `premul_sum` factor that is
+    /// not an integer in the dtype's range for an integer dtype. On bool, `sum`/`max` are
+    /// logical or and `prod`/`min` logical and, as numpy's `add`/`multiply`.
+    ///
+    /// # Errors
+    /// An argument error naming `op` (or `factor`) and the dtype.
     pub fn check_dtype(self, dtype: DType) -> Result<()> {
         let refused = match self {
             ReduceOp::Max | ReduceOp::Min => dtype.is_complex(),
-            ReduceOp::Avg => dtype.is_bool(),
+            ReduceOp::Avg | ReduceOp::PreMulSum(_) => dtype.is_bool(),
+            ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => dtype.is_inexact(),
             ReduceOp::Sum | ReduceOp::Prod => false,
         };
         if refused {
@@ -113,6 +197,18 @@ impl ReduceOp {
                 "op",
                 format!("{} is not defined for dtype {}", self.name(), dtype.name()),
             ));
+        }
+        if let (ReduceOp::PreMulSum(f), Some((lo, hi))) = (self, dtype.int_range()) {
+            let v = f.value();
+            if v.fract() != 0.0 || v < lo as f64 || v > hi as f64 {
+                return Err(arg_error(
+                    "factor",
+                    format!(
+                        "{v} is not a value of dtype {} (premul_sum multiplies in the dtype)",
+                        dtype.name()
+                    ),
+                ));
+            }
         }
         Ok(())
     }
@@ -125,6 +221,26 @@ impl ReduceOp {
             ReduceOp::Max => "max",
             ReduceOp::Min => "min",
             ReduceOp::Avg => "avg",
+            ReduceOp::BAnd => "band",
+            ReduceOp::BOr => "bor",
+            ReduceOp::BXor => "bxor",
+            ReduceOp::PreMulSum(_) => "premul_sum",
+        }
+    }
+
+    /// This rank's `premul_sum` factor.
+    pub fn factor(self) -> Option<f64> {
+        match self {
+            ReduceOp::PreMulSum(f) => Some(f.value()),
+            _ => None,
+        }
+    }
+
+    /// The operator the ranks must agree on (a `premul_sum` factor is each rank's own).
+    fn agreed(self) -> ReduceOp {
+        match self {
+            ReduceOp::PreMulSum(_) => ReduceOp::PreMulSum(Factor(1.0)),
+            other => other,
         }
     }
 }
@@ -134,17 +250,29 @@ impl ReduceOp {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     AllReduce(ReduceOp),
+    /// A list of buffers in one call; the lengths are in the parts.
+    AllReduceCoalesced(ReduceOp),
     Broadcast(usize),
     Reduce(ReduceOp, usize),
     AllGather,
+    /// Per-rank counts in the parts (the same on every rank).
+    AllGatherV,
     ReduceScatter(ReduceOp),
+    /// Per-rank counts in the parts (the same on every rank).
+    ReduceScatterV(ReduceOp),
     AllToAll,
+    /// Each rank's send and receive counts in its part.
+    AllToAllV,
+    Gather(usize),
+    Scatter(usize),
     Barrier,
+    /// `split(color, key)`: a host call numbered among the collectives.
+    Split,
 }
 
 impl Kind {
     /// The same collective over booleans stored as bytes of 0 or 1: `sum` (or) becomes
-    /// `max`, `prod` (and) becomes `min`; `max`/`min` stay.
+    /// `max`, `prod` (and) becomes `min`; `max`/`min` and the bitwise operators stay.
     pub(crate) fn bool_as_bytes(self) -> Kind {
         let map = |op| match op {
             ReduceOp::Sum => ReduceOp::Max,
@@ -153,30 +281,68 @@ impl Kind {
         };
         match self {
             Kind::AllReduce(op) => Kind::AllReduce(map(op)),
+            Kind::AllReduceCoalesced(op) => Kind::AllReduceCoalesced(map(op)),
             Kind::Reduce(op, root) => Kind::Reduce(map(op), root),
             Kind::ReduceScatter(op) => Kind::ReduceScatter(map(op)),
+            Kind::ReduceScatterV(op) => Kind::ReduceScatterV(map(op)),
             other => other,
+        }
+    }
+
+    /// The kind the ranks must agree on (each rank's `premul_sum` factor is its own).
+    fn agreed(self) -> Kind {
+        match self {
+            Kind::AllReduce(op) => Kind::AllReduce(op.agreed()),
+            Kind::AllReduceCoalesced(op) => Kind::AllReduceCoalesced(op.agreed()),
+            Kind::Reduce(op, root) => Kind::Reduce(op.agreed(), root),
+            Kind::ReduceScatter(op) => Kind::ReduceScatter(op.agreed()),
+            Kind::ReduceScatterV(op) => Kind::ReduceScatterV(op.agreed()),
+            other => other,
+        }
+    }
+
+    /// The reduction operator, for the collectives that reduce.
+    fn op(self) -> Option<ReduceOp> {
+        match self {
+            Kind::AllReduce(op)
+            | Kind::AllReduceCoalesced(op)
+            | Kind::Reduce(op, _)
+            | Kind::ReduceScatter(op)
+            | Kind::ReduceScatterV(op) => Some(op),
+            _ => None,
         }
     }
 
     fn name(self) -> &'static str {
         match self {
             Kind::AllReduce(_) => "all_reduce",
+            Kind::AllReduceCoalesced(_) => "all_reduce_coalesced",
             Kind::Broadcast(_) => "broadcast",
             Kind::Reduce(..) => "reduce",
             Kind::AllGather => "all_gather",
+            Kind::AllGatherV => "all_gatherv",
             Kind::ReduceScatter(_) => "reduce_scatter",
+            Kind::ReduceScatterV(_) => "reduce_scatterv",
             Kind::AllToAll => "all_to_all",
+            Kind::AllToAllV => "all_to_allv",
+            Kind::Gather(_) => "gather",
+            Kind::Scatter(_) => "scatter",
             Kind::Barrier => "barrier",
+            Kind::Split => "split",
         }
     }
 
     fn describe(self) -> String {
         match self {
-            Kind::AllReduce(op) | Kind::ReduceScatter(op) => {
+            Kind::AllReduce(op)
+            | Kind::AllReduceCoalesced(op)
+            | Kind::ReduceScatter(op)
+            | Kind::ReduceScatterV(op) => {
                 format!("{}(op={})", self.name(), op.name())
             }
-            Kind::Broadcast(root) => format!("broadcast(root={root})"),
+            Kind::Broadcast(root) | Kind::Gather(root) | Kind::Scatter(root) => {
+                format!("{}(root={root})", self.name())
+            }
             Kind::Reduce(op, root) => format!("reduce(op={}, root={root})", op.name()),
             _ => format!("{}()", self.name()),
         }
@@ -249,27 +415,18 @@ pub fn init_all(devices: &[Device], timeout: Duration) -> Result<Vec<Communicato
         .collect())
 }
 
-/// Where a tensor's bytes are: its allocation (views share it) and the byte range in it.
-/// Every way of making a view (typed `view`, slicing, pointer arithmetic) gives the same
-/// answer for the same bytes.
-fn extent(t: &Tensor) -> (&crate::memory::Buffer, u64, u64) {
-    let b = t.buffer();
-    let start = b.offset() + t.offset();
-    (b, start, start + t.nbytes())
-}
-
-/// Whether two tensors share a byte.
+/// Whether two tensors share a byte of memory (judged on the memory, whichever allocations
+/// and views name it: see [`crate::memory::MemorySpan`]).
 fn overlaps(a: &Tensor, b: &Tensor) -> bool {
-    let (ba, sa, ea) = extent(a);
-    let (bb, sb, eb) = extent(b);
-    ba.same_allocation(bb) && sa < eb && sb < ea
+    a.span().overlaps(&b.span())
 }
 
-/// Whether `t` is exactly elements `[start, start + t.len())` of `whole`.
+/// Whether `t` is exactly the memory of elements `[start, start + t.len())` of `whole`.
 fn is_block_of(t: &Tensor, whole: &Tensor, start: usize) -> bool {
-    let (bt, st, _) = extent(t);
-    let (bw, sw, _) = extent(whole);
-    bt.same_allocation(bw) && st == sw + (start * whole.dtype().size()) as u64
+    let (st, sw) = (t.span(), whole.span());
+    st.file != 0
+        && st.file == sw.file
+        && st.start == sw.start + (start * whole.dtype().size()) as u64
 }
 
 /// A collective's op, bound to its number when queued or, captured, at each graph launch.
@@ -472,14 +629,86 @@ impl Communicator {
         self.in_place_or_disjoint(send, recv, 0)?;
         self.issue(
             stream,
-            Part {
-                kind: Kind::AllReduce(op),
-                dtype: Some(send.dtype()),
-                count: send.len(),
-                send: Some(send.clone()),
-                recv: Some(recv.clone()),
-            },
+            Part::new(
+                Kind::AllReduce(op),
+                Some(send.dtype()),
+                send.len(),
+                Some(send.clone()),
+                Some(recv.clone()),
+            ),
         )
+    }
+
+    /// `all_reduce` of a list of buffers in one collective (torch's
+    /// `all_reduce_coalesced`): pair `i` is `(sends[i], recvs[i])`, each pair as for
+    /// [`Communicator::all_reduce`], every pair of one dtype; the ranks agree on the number of
+    /// pairs and their lengths. Buffers of different pairs must not share memory (reads of
+    /// two pairs' sends excepted).
+    ///
+    /// # Errors
+    /// As for [`Communicator::all_reduce`]; no pairs; `sends` and `recvs` of different lengths;
+    /// pairs of different dtypes or sharing memory.
+    pub fn all_reduce_coalesced(
+        &self,
+        sends: &[Tensor],
+        recvs: &[Tensor],
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        if sends.is_empty() {
+            return Err(arg_error("send", "needs at least one buffer"));
+        }
+        if sends.len() != recvs.len() {
+            return Err(arg_error(
+                "recv",
+                format!(
+                    "has {} buffers for {} send buffers",
+                    recvs.len(),
+                    sends.len()
+                ),
+            ));
+        }
+        let dtype = sends[0].dtype();
+        op.check_dtype(dtype)?;
+        for (i, (s, r)) in sends.iter().zip(recvs).enumerate() {
+            self.check_tensor(&format!("send[{i}]"), s)?;
+            self.check_tensor(&format!("recv[{i}]"), r)?;
+            for (arg, t) in [("send", s), ("recv", r)] {
+                if t.dtype() != dtype {
+                    return Err(arg_error(
+                        format!("{arg}[{i}]"),
+                        format!(
+                            "dtype {} differs from send[0]'s {}: one collective reduces one dtype",
+                            t.dtype().name(),
+                            dtype.name()
+                        ),
+                    ));
+                }
+            }
+            self.same_len(&format!("recv[{i}]"), r, s.len())?;
+            self.in_place_or_disjoint(s, r, 0)?;
+            for (j, (s2, r2)) in sends.iter().zip(recvs).enumerate().take(i) {
+                if overlaps(r, r2) || overlaps(r, s2) || overlaps(s, r2) {
+                    return Err(arg_error(
+                        format!("recv[{i}]"),
+                        format!("pairs {j} and {i} share memory; each pair needs its own"),
+                    ));
+                }
+            }
+        }
+        let mut part = Part::new(
+            Kind::AllReduceCoalesced(op),
+            Some(dtype),
+            sends.iter().map(Tensor::len).sum(),
+            Some(sends[0].clone()),
+            Some(recvs[0].clone()),
+        );
+        part.more = sends[1..]
+            .iter()
+            .cloned()
+            .zip(recvs[1..].iter().cloned())
+            .collect();
+        self.issue(stream, part)
     }
 
     /// Copy root's `buf` into every other rank's `buf` (`ncclBroadcast` in place).
@@ -491,13 +720,55 @@ impl Communicator {
         self.check_root(root)?;
         self.issue(
             stream,
-            Part {
-                kind: Kind::Broadcast(root),
-                dtype: Some(buf.dtype()),
-                count: buf.len(),
-                send: None,
-                recv: Some(buf.clone()),
-            },
+            Part::new(
+                Kind::Broadcast(root),
+                Some(buf.dtype()),
+                buf.len(),
+                None,
+                Some(buf.clone()),
+            ),
+        )
+    }
+
+    /// Copy root's `send` into every rank's `recv`, the root's own included (`ncclBroadcast`
+    /// out of place). `send` is needed on the root and ignored elsewhere; on the root it has
+    /// `recv`'s dtype and length and is the same elements (in place) or disjoint.
+    ///
+    /// # Errors
+    /// As for [`Communicator::broadcast`]; no `send` on the root.
+    pub fn broadcast_from(
+        &self,
+        send: Option<&Tensor>,
+        recv: &Tensor,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.check_tensor("recv", recv)?;
+        self.check_root(root)?;
+        let send = if self.rank() == root {
+            let send = send.ok_or_else(|| {
+                arg_error(
+                    "buf",
+                    format!("is needed on the root (rank {root}): it is what is broadcast"),
+                )
+            })?;
+            self.check_pair(send, recv)?;
+            self.same_len("recv", recv, send.len())?;
+            self.in_place_or_disjoint(send, recv, 0)?;
+            // In place is the in-place broadcast.
+            (!is_block_of(send, recv, 0)).then(|| send.clone())
+        } else {
+            None
+        };
+        self.issue(
+            stream,
+            Part::new(
+                Kind::Broadcast(root),
+                Some(recv.dtype()),
+                recv.len(),
+                send,
+                Some(recv.clone()),
+            ),
         )
     }
 
@@ -533,13 +804,13 @@ impl Communicator {
         };
         self.issue(
             stream,
-            Part {
-                kind: Kind::Reduce(op, root),
-                dtype: Some(send.dtype()),
-                count: send.len(),
-                send: Some(send.clone()),
+            Part::new(
+                Kind::Reduce(op, root),
+                Some(send.dtype()),
+                send.len(),
+                Some(send.clone()),
                 recv,
-            },
+            ),
         )
     }
 
@@ -554,14 +825,64 @@ impl Communicator {
         self.in_place_or_disjoint(send, recv, self.rank() * send.len())?;
         self.issue(
             stream,
-            Part {
-                kind: Kind::AllGather,
-                dtype: Some(send.dtype()),
-                count: send.len(),
-                send: Some(send.clone()),
-                recv: Some(recv.clone()),
-            },
+            Part::new(
+                Kind::AllGather,
+                Some(send.dtype()),
+                send.len(),
+                Some(send.clone()),
+                Some(recv.clone()),
+            ),
         )
+    }
+
+    /// `counts` (one per rank, the same on every rank) and their sum, checked.
+    fn check_counts(&self, arg: &str, counts: &[usize]) -> Result<usize> {
+        if counts.len() != self.size() {
+            return Err(arg_error(
+                arg,
+                format!(
+                    "has {} counts; one per rank ({}) expected",
+                    counts.len(),
+                    self.size()
+                ),
+            ));
+        }
+        counts
+            .iter()
+            .try_fold(0usize, |a, &c| a.checked_add(c))
+            .ok_or_else(|| arg_error(arg, "the counts overflow"))
+    }
+
+    /// `all_gather` with a count per rank (MPI's `Allgatherv`, torch's `all_gather` of
+    /// uneven sizes): rank `q` contributes `counts[q]` elements, and `recv` (`sum(counts)`
+    /// elements) holds the blocks back to back in rank order. `send` has `counts[rank]`
+    /// elements and may be this rank's block of `recv` (in place). Every rank passes the same
+    /// `counts`.
+    ///
+    /// # Errors
+    /// As for [`Communicator::all_gather`]; `counts` of the wrong length.
+    pub fn all_gatherv(
+        &self,
+        send: &Tensor,
+        recv: &Tensor,
+        counts: &[usize],
+        stream: &Stream,
+    ) -> Result<()> {
+        let total = self.check_counts("counts", counts)?;
+        self.check_pair(send, recv)?;
+        self.same_len("send", send, counts[self.rank()])?;
+        self.same_len("recv", recv, total)?;
+        let at: usize = counts[..self.rank()].iter().sum();
+        self.in_place_or_disjoint(send, recv, at)?;
+        let mut part = Part::new(
+            Kind::AllGatherV,
+            Some(send.dtype()),
+            total,
+            Some(send.clone()),
+            Some(recv.clone()),
+        );
+        part.counts = counts.to_vec();
+        self.issue(stream, part)
     }
 
     /// `recv = block rank of op(send_0, ..., send_{n-1})` (`ncclReduceScatter`): `send` holds
@@ -582,14 +903,47 @@ impl Communicator {
         self.in_place_or_disjoint(recv, send, self.rank() * recv.len())?;
         self.issue(
             stream,
-            Part {
-                kind: Kind::ReduceScatter(op),
-                dtype: Some(send.dtype()),
-                count: recv.len(),
-                send: Some(send.clone()),
-                recv: Some(recv.clone()),
-            },
+            Part::new(
+                Kind::ReduceScatter(op),
+                Some(send.dtype()),
+                recv.len(),
+                Some(send.clone()),
+                Some(recv.clone()),
+            ),
         )
+    }
+
+    /// `reduce_scatter` with a count per rank (MPI's `Reduce_scatter`): `send` holds
+    /// `sum(counts)` elements, blocks back to back in rank order, and rank `q` gets block `q`
+    /// of the reduction (`counts[q]` elements) in `recv`, which may be that block of `send`
+    /// (in place). Every rank passes the same `counts`.
+    ///
+    /// # Errors
+    /// As for [`Communicator::reduce_scatter`]; `counts` of the wrong length.
+    pub fn reduce_scatterv(
+        &self,
+        send: &Tensor,
+        recv: &Tensor,
+        counts: &[usize],
+        op: ReduceOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        op.check_dtype(send.dtype())?;
+        let total = self.check_counts("counts", counts)?;
+        self.check_pair(send, recv)?;
+        self.same_len("send", send, total)?;
+        self.same_len("recv", recv, counts[self.rank()])?;
+        let at: usize = counts[..self.rank()].iter().sum();
+        self.in_place_or_disjoint(recv, send, at)?;
+        let mut part = Part::new(
+            Kind::ReduceScatterV(op),
+            Some(send.dtype()),
+            total,
+            Some(send.clone()),
+            Some(recv.clone()),
+        );
+        part.counts = counts.to_vec();
+        self.issue(stream, part)
     }
 
     /// Block `q` of this rank's `send` goes to block `rank` of rank `q`'s `recv`
@@ -619,13 +973,136 @@ impl Communicator {
         }
         self.issue(
             stream,
-            Part {
-                kind: Kind::AllToAll,
-                dtype: Some(send.dtype()),
-                count: send.len(),
-                send: Some(send.clone()),
-                recv: Some(recv.clone()),
-            },
+            Part::new(
+                Kind::AllToAll,
+                Some(send.dtype()),
+                send.len(),
+                Some(send.clone()),
+                Some(recv.clone()),
+            ),
+        )
+    }
+
+    /// `all_to_all` with counts per pair of ranks (MPI's `Alltoallv`; torch's
+    /// `all_to_all_single` with split sizes): the first `send_counts[0]` elements of `send`
+    /// go to rank 0, the next `send_counts[1]` to rank 1, and so on; `recv` holds what each
+    /// rank sends here, `recv_counts[q]` elements from rank `q`, back to back in rank order.
+    /// What rank `a` sends to `b` must be what `b` expects from `a` (checked across ranks:
+    /// the collective fails on every rank otherwise). `send` and `recv` must not overlap.
+    ///
+    /// # Errors
+    /// As for [`Communicator::all_to_all`]; counts of the wrong length or not summing to the
+    /// buffers' lengths.
+    pub fn all_to_allv(
+        &self,
+        send: &Tensor,
+        send_counts: &[usize],
+        recv: &Tensor,
+        recv_counts: &[usize],
+        stream: &Stream,
+    ) -> Result<()> {
+        let st = self.check_counts("send_counts", send_counts)?;
+        let rt = self.check_counts("recv_counts", recv_counts)?;
+        self.check_pair(send, recv)?;
+        self.same_len("send", send, st)?;
+        self.same_len("recv", recv, rt)?;
+        if overlaps(send, recv) {
+            return Err(arg_error(
+                "recv",
+                "overlaps send; all_to_allv cannot run in place",
+            ));
+        }
+        let mut part = Part::new(
+            Kind::AllToAllV,
+            Some(send.dtype()),
+            0,
+            Some(send.clone()),
+            Some(recv.clone()),
+        );
+        part.counts = send_counts.to_vec();
+        part.recv_counts = recv_counts.to_vec();
+        self.issue(stream, part)
+    }
+
+    /// Every rank's `send` to rank `root`'s `recv`, block `q` from rank `q` (`recv` holds
+    /// `size × send.len()` elements; needed on the root and ignored elsewhere). On the root,
+    /// `send` may be its block of `recv` (in place).
+    ///
+    /// # Errors
+    /// As for [`Communicator::all_gather`]; `root` out of range; no `recv` on the root.
+    pub fn gather(
+        &self,
+        send: &Tensor,
+        recv: Option<&Tensor>,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.check_tensor("send", send)?;
+        self.check_root(root)?;
+        let recv = if self.rank() == root {
+            let recv = recv.ok_or_else(|| {
+                arg_error(
+                    "recv",
+                    format!("is needed on the root (rank {root}) to hold every rank's block"),
+                )
+            })?;
+            self.check_pair(send, recv)?;
+            self.same_len("recv", recv, send.len() * self.size())?;
+            self.in_place_or_disjoint(send, recv, root * send.len())?;
+            Some(recv.clone())
+        } else {
+            None
+        };
+        self.issue(
+            stream,
+            Part::new(
+                Kind::Gather(root),
+                Some(send.dtype()),
+                send.len(),
+                Some(send.clone()),
+                recv,
+            ),
+        )
+    }
+
+    /// Block `q` of rank `root`'s `send` (`size × recv.len()` elements; needed on the root and
+    /// ignored elsewhere) to rank `q`'s `recv`. On the root, `recv` may be its block of `send`
+    /// (in place).
+    ///
+    /// # Errors
+    /// As for [`Communicator::gather`]; no `send` on the root.
+    pub fn scatter(
+        &self,
+        send: Option<&Tensor>,
+        recv: &Tensor,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.check_tensor("recv", recv)?;
+        self.check_root(root)?;
+        let send = if self.rank() == root {
+            let send = send.ok_or_else(|| {
+                arg_error(
+                    "send",
+                    format!("is needed on the root (rank {root}): it holds every rank's block"),
+                )
+            })?;
+            self.check_pair(send, recv)?;
+            self.same_len("send", send, recv.len() * self.size())?;
+            self.in_place_or_disjoint(recv, send, root * recv.len())?;
+            Some(send.clone())
+        } else {
+            None
+        };
+        self.issue(
+            stream,
+            Part::new(
+                Kind::Scatter(root),
+                Some(recv.dtype()),
+                recv.len(),
+                send,
+                Some(recv.clone()),
+            ),
         )
     }
 
@@ -634,16 +1111,19 @@ impl Communicator {
     /// # Errors
     /// As for [`Communicator::all_reduce`].
     pub fn barrier(&self, stream: &Stream) -> Result<()> {
-        self.issue(
-            stream,
-            Part {
-                kind: Kind::Barrier,
-                dtype: None,
-                count: 0,
-                send: None,
-                recv: None,
-            },
-        )
+        self.issue(stream, Part::new(Kind::Barrier, None, 0, None, None))
+    }
+
+    /// The error that made the communicator unusable, if any (NCCL's
+    /// `ncclCommGetAsyncError`): an `abort()` on any rank, a shutdown, or, for a communicator
+    /// spanning processes, a failed collective. `None` while it works.
+    pub fn async_error(&self) -> Option<Error> {
+        self.shared.abort_reason()
+    }
+
+    /// The transport of a communicator spanning processes.
+    pub fn transport(&self) -> Option<&Arc<dyn Transport>> {
+        self.shared.world.as_ref().map(|w| &w.transport)
     }
 
     fn check_peer(&self, peer: usize) -> Result<()> {

@@ -27,7 +27,7 @@ use crate::memory::access::{Access, AccessSet};
 
 use super::reduce;
 use super::world::World;
-use super::Kind;
+use super::{Kind, ReduceOp};
 
 /// One rank's part of a collective.
 pub(super) struct Part {
@@ -37,23 +37,97 @@ pub(super) struct Part {
     pub(super) count: usize,
     pub(super) send: Option<Tensor>,
     pub(super) recv: Option<Tensor>,
+    /// Element counts per rank: `all_gatherv` and `reduce_scatterv` (the same on every
+    /// rank), `all_to_allv` (what this rank sends to each rank).
+    pub(super) counts: Vec<usize>,
+    /// `all_to_allv`: what this rank receives from each rank.
+    pub(super) recv_counts: Vec<usize>,
+    /// `all_reduce_coalesced`: the (send, recv) pairs after the first (`send`, `recv`).
+    pub(super) more: Vec<(Tensor, Tensor)>,
+    /// `split`: this rank's color and key, and where its new communicator goes.
+    pub(super) split: Option<super::split::SplitCall>,
 }
 
 impl Part {
-    /// The device memory this rank's part touches: its send tensor read, its recv written
-    /// (one allocation in place: written). Other local ranks (or the leader) reach these
-    /// buffers only while this rank's op runs inside the collective, holding them.
+    /// A part with no per-rank counts, pairs or split.
+    pub(super) fn new(
+        kind: Kind,
+        dtype: Option<DType>,
+        count: usize,
+        send: Option<Tensor>,
+        recv: Option<Tensor>,
+    ) -> Part {
+        Part {
+            kind,
+            dtype,
+            count,
+            send,
+            recv,
+            counts: Vec::new(),
+            recv_counts: Vec::new(),
+            more: Vec::new(),
+            split: None,
+        }
+    }
+
+    /// The device memory this rank's part touches: its send tensors read, its recv tensors
+    /// written (one allocation in place: written). Other local ranks (or the leader) reach
+    /// these buffers only while this rank's op runs inside the collective, holding them.
     pub(super) fn accesses(&self) -> AccessSet {
         let send = self.send.iter().map(|t| (t.buffer(), Access::Read));
         let recv = self.recv.iter().map(|t| (t.buffer(), Access::Write));
-        AccessSet::new(send.chain(recv))
+        let more_send = self.more.iter().map(|(s, _)| (s.buffer(), Access::Read));
+        let more_recv = self.more.iter().map(|(_, r)| (r.buffer(), Access::Write));
+        AccessSet::new(send.chain(recv).chain(more_send).chain(more_recv))
+    }
+
+    /// This rank's `premul_sum` factor, if the collective is one.
+    pub(super) fn factor(&self) -> Option<f64> {
+        self.kind.op().and_then(ReduceOp::factor)
+    }
+
+    /// `all_reduce_coalesced`: pair `i` (0 is `send`, `recv`).
+    pub(super) fn pair(&self, i: usize) -> (&Tensor, &Tensor) {
+        if i == 0 {
+            (
+                self.send.as_ref().expect("checked at issue"),
+                self.recv.as_ref().expect("checked at issue"),
+            )
+        } else {
+            let (s, r) = &self.more[i - 1];
+            (s, r)
+        }
+    }
+
+    /// `all_reduce_coalesced`: the length of every pair.
+    pub(super) fn coalesced_lens(&self) -> Vec<usize> {
+        (0..=self.more.len())
+            .map(|i| self.pair(i).0.len())
+            .collect()
+    }
+
+    /// The elements of each rank's block, for the collectives made of one block per rank
+    /// laid end to end (`all_gather(v)`, `reduce_scatter(v)`) among `n` ranks.
+    pub(super) fn block_counts(&self, n: usize) -> Vec<usize> {
+        match self.kind {
+            Kind::AllGatherV | Kind::ReduceScatterV(_) => self.counts.clone(),
+            _ => vec![self.count; n],
+        }
     }
 
     fn describe(&self) -> String {
-        match self.dtype {
+        let mut d = match self.dtype {
             Some(d) => format!("{} of {} x {}", self.kind.describe(), self.count, d.name()),
             None => self.kind.describe(),
+        };
+        match self.kind {
+            Kind::AllGatherV | Kind::ReduceScatterV(_) => {
+                d += &format!(" with counts {:?}", self.counts);
+            }
+            Kind::AllReduceCoalesced(_) => d += &format!(" as {:?}", self.coalesced_lens()),
+            _ => {}
         }
+        d
     }
 }
 
@@ -263,23 +337,49 @@ impl Shared {
             .filter_map(|(l, p)| p.as_ref().map(|p| (l, p)))
             .collect();
         let first = all[0].1;
-        let agree = all
-            .iter()
-            .all(|(_, p)| p.kind == first.kind && p.dtype == first.dtype && p.count == first.count);
-        if agree {
-            return Ok(());
+        let same_shape = |p: &Part| match p.kind {
+            Kind::AllGatherV | Kind::ReduceScatterV(_) => p.counts == first.counts,
+            Kind::AllReduceCoalesced(_) => p.coalesced_lens() == first.coalesced_lens(),
+            _ => true,
+        };
+        let agree = all.iter().all(|(_, p)| {
+            p.kind.agreed() == first.kind.agreed()
+                && p.dtype == first.dtype
+                && p.count == first.count
+                && same_shape(p)
+        });
+        if !agree {
+            let calls: Vec<String> = all
+                .iter()
+                .map(|(l, p)| format!("rank {}: {}", self.global(*l), p.describe()))
+                .collect();
+            return Err(arg_error(
+                format!("collective #{seq} of Communicator#{}", self.id),
+                format!(
+                    "the ranks issued different collectives ({})",
+                    calls.join("; ")
+                ),
+            ));
         }
-        let calls: Vec<String> = all
-            .iter()
-            .map(|(l, p)| format!("rank {}: {}", self.global(*l), p.describe()))
-            .collect();
-        Err(arg_error(
-            format!("collective #{seq} of Communicator#{}", self.id),
-            format!(
-                "the ranks issued different collectives ({})",
-                calls.join("; ")
-            ),
-        ))
+        if first.kind == Kind::AllToAllV {
+            // What rank a sends to rank b is what b receives from a (for the ranks here;
+            // across processes the step checks the rest).
+            for &(l, p) in &all {
+                for &(m, q) in &all {
+                    let (a, b) = (self.global(l), self.global(m));
+                    if p.counts[b] != q.recv_counts[a] {
+                        return Err(arg_error(
+                            format!("collective #{seq} of Communicator#{}", self.id),
+                            format!(
+                                "all_to_allv counts disagree: rank {a} sends {} elements to rank {b}, which expects {} from it",
+                                p.counts[b], q.recv_counts[a]
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Run local rank `local`'s side of collective `seq`: file `part`, wait for every local
@@ -367,25 +467,33 @@ impl Shared {
         drop(st);
         let parts: Vec<Arc<Part>> = parts.into_iter().flatten().collect();
         match &self.world {
-            None => self.run_shares(local, seq, parts),
+            None => self.run_shares(local, seq, parts, leader),
             Some(w) => self.run_step(w, seq, parts, leader, deadline),
         }
     }
 
-    /// In-process: this rank's share of the data movement, then wait for every share.
-    fn run_shares(&self, local: usize, seq: u64, parts: Vec<Arc<Part>>) -> Result<()> {
+    /// In-process: this rank's share of the data movement (the leader's, for a split: the
+    /// new communicators), then wait for every share.
+    fn run_shares(
+        &self,
+        local: usize,
+        seq: u64,
+        parts: Vec<Arc<Part>>,
+        leader: bool,
+    ) -> Result<()> {
         let n = self.local_size();
-        let sends: Vec<Option<Tensor>> = parts.iter().map(|p| p.send.clone()).collect();
-        let recvs: Vec<Option<Tensor>> = parts.iter().map(|p| p.recv.clone()).collect();
         let share = reduce::Share {
             kind: parts[0].kind,
             rank: local,
             size: n,
-            sends: &sends,
-            recvs: &recvs,
+            parts: &parts,
         };
         let worked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            if let Some(dtype) = parts[0].dtype {
+            if parts[0].kind == Kind::Split {
+                if leader {
+                    super::split::split_here(self, &parts);
+                }
+            } else if let Some(dtype) = parts[0].dtype {
                 reduce::run(dtype, &share);
             }
         }));

@@ -23,9 +23,12 @@
 use half::f16;
 use num_complex::Complex;
 
+use std::sync::Arc;
+
 use crate::kernel::{DType, Tensor};
 use crate::memory::Element;
 
+use super::protocol::Part;
 use super::{Kind, ReduceOp};
 
 /// Bytes per tile: the accumulator and one input tile stay in the L1/L2 cache.
@@ -33,13 +36,22 @@ const TILE_BYTES: usize = 32 * 1024;
 
 /// Element types the reductions handle: integers wrap on overflow (as numpy's), floats follow
 /// IEEE arithmetic; `avg` is the sum divided by the rank count (integer division for
-/// integers, as NCCL's `ncclAvg`).
+/// integers, as NCCL's `ncclAvg`); `premul_sum` multiplies each rank's input by that rank's
+/// factor (converted to the element type) before summing, as NCCL's
+/// `ncclRedOpCreatePreMulSum`; the bitwise operators are for integers (and booleans, as
+/// bytes of 0 or 1).
 pub(crate) trait Num: Element + Default {
     fn add(a: Self, b: Self) -> Self;
     fn mul(a: Self, b: Self) -> Self;
     fn div_count(a: Self, n: usize) -> Self;
     /// The larger (`max`) or smaller value; complex numbers never get here (refused at issue).
     fn pick(a: Self, b: Self, max: bool) -> Self;
+    /// A `premul_sum` factor as an element (integral for integer types: checked at issue).
+    fn factor(f: f64) -> Self;
+    /// `a & b`, `a | b` or `a ^ b`; only integers get here (refused at issue otherwise).
+    fn bits(_a: Self, _b: Self, _op: ReduceOp) -> Self {
+        unreachable!("bitwise operators are refused at issue for non-integer dtypes")
+    }
 }
 
 macro_rules! int_num {
@@ -53,6 +65,16 @@ macro_rules! int_num {
             fn div_count(a: Self, n: usize) -> Self { a / (n as Self) }
             #[inline(always)]
             fn pick(a: Self, b: Self, max: bool) -> Self { if (b > a) == max { b } else { a } }
+            #[inline(always)]
+            fn factor(f: f64) -> Self { f as i128 as Self }
+            #[inline(always)]
+            fn bits(a: Self, b: Self, op: ReduceOp) -> Self {
+                match op {
+                    ReduceOp::BAnd => a & b,
+                    ReduceOp::BOr => a | b,
+                    _ => a ^ b,
+                }
+            }
         }
     )*};
 }
@@ -71,6 +93,8 @@ macro_rules! float_num {
             fn pick(a: Self, b: Self, max: bool) -> Self {
                 if (max && b > a) || (!max && b < a) { b } else { a }
             }
+            #[inline(always)]
+            fn factor(f: f64) -> Self { f as Self }
         }
     )*};
 }
@@ -99,6 +123,10 @@ impl Num for f16 {
             a
         }
     }
+    #[inline(always)]
+    fn factor(f: f64) -> Self {
+        f16::from_f64(f)
+    }
 }
 
 macro_rules! complex_num {
@@ -112,19 +140,34 @@ macro_rules! complex_num {
             fn div_count(a: Self, n: usize) -> Self { a / (n as $t) }
             #[inline(always)]
             fn pick(a: Self, _b: Self, _max: bool) -> Self { a }
+            #[inline(always)]
+            fn factor(f: f64) -> Self { Complex::new(f as $t, 0.0) }
         }
     )*};
 }
 complex_num!(f32, f64);
 
-/// `acc[i] = acc[i] <op> x[i]`: one tight loop per operator, which the compiler vectorises.
-fn combine<T: Num>(op: ReduceOp, acc: &mut [T], x: &[T]) {
+/// `acc[i] = acc[i] <op> x[i]`, with `x` first multiplied by `factor` (`premul_sum`): one
+/// tight loop per operator, which the compiler vectorises.
+fn combine<T: Num>(op: ReduceOp, acc: &mut [T], x: &[T], factor: Option<T>) {
     match op {
         ReduceOp::Sum | ReduceOp::Avg => {
             for (a, &b) in acc.iter_mut().zip(x) {
                 *a = T::add(*a, b);
             }
         }
+        ReduceOp::PreMulSum(_) => match factor {
+            Some(f) => {
+                for (a, &b) in acc.iter_mut().zip(x) {
+                    *a = T::add(*a, T::mul(f, b));
+                }
+            }
+            None => {
+                for (a, &b) in acc.iter_mut().zip(x) {
+                    *a = T::add(*a, b);
+                }
+            }
+        },
         ReduceOp::Prod => {
             for (a, &b) in acc.iter_mut().zip(x) {
                 *a = T::mul(*a, b);
@@ -140,6 +183,23 @@ fn combine<T: Num>(op: ReduceOp, acc: &mut [T], x: &[T]) {
                 *a = T::pick(*a, b, false);
             }
         }
+        ReduceOp::BAnd | ReduceOp::BOr | ReduceOp::BXor => {
+            for (a, &b) in acc.iter_mut().zip(x) {
+                *a = T::bits(*a, b, op);
+            }
+        }
+    }
+}
+
+/// `acc = x` (times `factor` for `premul_sum`): the first input of a reduction.
+fn start<T: Num>(acc: &mut [T], x: &[T], factor: Option<T>) {
+    match factor {
+        Some(f) => {
+            for (a, &b) in acc.iter_mut().zip(x) {
+                *a = T::mul(f, b);
+            }
+        }
+        None => acc.copy_from_slice(x),
     }
 }
 
@@ -151,39 +211,46 @@ fn finish<T: Num>(op: ReduceOp, acc: &mut [T], n: usize) {
     }
 }
 
-/// One rank's part of a collective: everything the ranks agreed on, and every rank's tensors.
+/// One rank's part of a collective: everything the ranks agreed on, and every rank's part.
 pub(crate) struct Share<'a> {
     pub kind: Kind,
     pub rank: usize,
     pub size: usize,
-    pub sends: &'a [Option<Tensor>],
-    pub recvs: &'a [Option<Tensor>],
+    pub parts: &'a [Arc<Part>],
+}
+
+/// The same collective over booleans stored as bytes of 0 or 1 (see [`Kind::bool_as_bytes`]).
+fn as_bytes_kind(dtype: DType, kind: Kind) -> Kind {
+    if dtype.is_bool() {
+        kind.bool_as_bytes()
+    } else {
+        kind
+    }
 }
 
 /// Run rank `share.rank`'s part for the agreed dtype: the one match on [`DType`].
 pub(crate) fn run(dtype: DType, share: &Share<'_>) {
+    let share = Share {
+        kind: as_bytes_kind(dtype, share.kind),
+        ..*share
+    };
+    let s = &share;
     match dtype {
-        DType::F32 => typed::<f32>(share),
-        DType::F64 => typed::<f64>(share),
-        DType::I32 => typed::<i32>(share),
-        DType::I64 => typed::<i64>(share),
-        DType::U8 => typed::<u8>(share),
-        DType::I8 => typed::<i8>(share),
-        DType::I16 => typed::<i16>(share),
-        DType::U16 => typed::<u16>(share),
-        DType::U32 => typed::<u32>(share),
-        DType::U64 => typed::<u64>(share),
-        DType::F16 => typed::<f16>(share),
-        DType::C64 => typed::<Complex<f32>>(share),
-        DType::C128 => typed::<Complex<f64>>(share),
-        // Booleans are bytes of 0 or 1: or is max and and is min (`check_dtype` refused avg).
-        DType::Bool => {
-            let share = Share {
-                kind: share.kind.bool_as_bytes(),
-                ..*share
-            };
-            typed::<u8>(&share);
-        }
+        DType::F32 => typed::<f32>(s),
+        DType::F64 => typed::<f64>(s),
+        DType::I32 => typed::<i32>(s),
+        DType::I64 => typed::<i64>(s),
+        // Booleans are bytes of 0 or 1: or is max and and is min (`check_dtype` refused avg
+        // and premul_sum); the bitwise operators keep 0 and 1.
+        DType::U8 | DType::Bool => typed::<u8>(s),
+        DType::I8 => typed::<i8>(s),
+        DType::I16 => typed::<i16>(s),
+        DType::U16 => typed::<u16>(s),
+        DType::U32 => typed::<u32>(s),
+        DType::U64 => typed::<u64>(s),
+        DType::F16 => typed::<f16>(s),
+        DType::C64 => typed::<Complex<f32>>(s),
+        DType::C128 => typed::<Complex<f64>>(s),
     }
 }
 
@@ -191,6 +258,35 @@ pub(crate) fn run(dtype: DType, share: &Share<'_>) {
 pub(crate) fn range(count: usize, r: usize, n: usize) -> (usize, usize) {
     let part = |i: usize| ((count as u128 * i as u128) / n as u128) as usize;
     (part(r), part(r + 1))
+}
+
+/// Where each block starts when blocks of `counts` elements lie back to back.
+pub(crate) fn displacements(counts: &[usize]) -> Vec<usize> {
+    counts
+        .iter()
+        .scan(0usize, |at, &c| {
+            let d = *at;
+            *at += c;
+            Some(d)
+        })
+        .collect()
+}
+
+/// For every block `q` of `counts` (back to back) that meets `[lo, hi)`: `(q, from, to)`, the
+/// part of `[lo, hi)` in it, in global element indices.
+fn blocks_in(
+    counts: &[usize],
+    lo: usize,
+    hi: usize,
+) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+    displacements(counts)
+        .into_iter()
+        .zip(counts)
+        .enumerate()
+        .filter_map(move |(q, (d, &c))| {
+            let (a, b) = (lo.max(d), hi.min(d + c));
+            (a < b).then_some((q, a, b))
+        })
 }
 
 /// A shared view of elements `[lo, hi)` of `t`.
@@ -202,11 +298,12 @@ fn view<T: Num>(t: &Tensor, lo: usize, hi: usize) -> &[T] {
     // spanning processes, only the leader touches the local tensors and its staging, and an
     // exchange's regions only under their step's lock while the leader waits for it), each
     // tile's shared view is dropped before any exclusive view of the same bytes is made, and
-    // inputs and outputs of one rank are identical or disjoint (checked at issue; `copy_bytes`
-    // copies overlapping ranges through a temporary). Every local rank's op is running inside
-    // this collective and holds its tensors' allocations (`Part::accesses`) until the
-    // collective is done, so no other op or host thread touches these buffers meanwhile;
-    // staging allocations are the step's own.
+    // inputs and outputs of one rank are identical or disjoint in memory (checked at issue on
+    // the memory they occupy, whichever allocations name it; `copy_bytes` copies overlapping
+    // ranges through a temporary). Every local rank's op is running inside this collective
+    // and holds its tensors' allocations (`Part::accesses`) until the collective is done, so
+    // no other op or host thread touches these buffers meanwhile; staging allocations are the
+    // step's own.
     unsafe { t.buffer().slice_unsynchronized::<T>(off, hi - lo) }
 }
 
@@ -223,118 +320,165 @@ fn tile_elems<T>() -> usize {
     (TILE_BYTES / size_of::<T>()).max(1)
 }
 
-/// Reduce elements `[lo, hi)` of every tensor in `inputs` (all starting at element `in_base`
-/// of their tensor) and write the result to elements `[lo, hi)` (starting at `out_base`) of
-/// every tensor in `outputs`.
+/// Reduce `len` elements of every tensor in `inputs` (from element `in_at`; input `i` times
+/// `factors[i]` first, for `premul_sum`) and write the result to `len` elements of every tensor
+/// in `outputs` (from element `out_at`), one tile at a time.
+#[allow(clippy::too_many_arguments)]
 fn reduce_into<T: Num>(
     op: ReduceOp,
     inputs: &[&Tensor],
-    in_base: usize,
+    factors: &[Option<T>],
+    in_at: usize,
     outputs: &[&Tensor],
-    out_base: usize,
-    lo: usize,
-    hi: usize,
+    out_at: usize,
+    len: usize,
 ) {
     let n = inputs.len();
+    let f = |i: usize| factors.get(i).copied().flatten();
     let tile = tile_elems::<T>();
-    let mut acc = vec![T::default(); tile.min(hi - lo)];
-    let mut at = lo;
-    while at < hi {
-        let end = (at + tile).min(hi);
+    let mut acc = vec![T::default(); tile.min(len)];
+    let mut at = 0;
+    while at < len {
+        let end = (at + tile).min(len);
         let acc = &mut acc[..end - at];
-        acc.copy_from_slice(view::<T>(inputs[0], in_base + at, in_base + end));
-        for x in &inputs[1..] {
-            combine(op, acc, view::<T>(x, in_base + at, in_base + end));
+        start(acc, view::<T>(inputs[0], in_at + at, in_at + end), f(0));
+        for (i, x) in inputs.iter().enumerate().skip(1) {
+            combine(op, acc, view::<T>(x, in_at + at, in_at + end), f(i));
         }
         finish(op, acc, n);
         for y in outputs {
-            view_mut::<T>(y, out_base + at, out_base + end).copy_from_slice(acc);
+            view_mut::<T>(y, out_at + at, out_at + end).copy_from_slice(acc);
         }
         at = end;
     }
 }
 
-/// Copy elements `[lo, hi)` of `src` (from element `src_base`) to every tensor of `dsts` (from
-/// element `dst_base`), tile by tile so the source tile is read from memory once.
-fn copy_to_all<T: Num>(
-    src: &Tensor,
-    src_base: usize,
-    dsts: &[&Tensor],
-    dst_base: usize,
-    lo: usize,
-    hi: usize,
-) {
+/// Copy `len` elements of `src` (from element `src_at`) to every tensor of `dsts` (from
+/// element `dst_at`), tile by tile so the source tile is read from memory once.
+fn copy_to_all<T: Num>(src: &Tensor, src_at: usize, dsts: &[&Tensor], dst_at: usize, len: usize) {
     let tile = tile_elems::<T>() * 4;
-    let mut at = lo;
-    while at < hi {
-        let end = (at + tile).min(hi);
+    let mut at = 0;
+    while at < len {
+        let end = (at + tile).min(len);
         for d in dsts {
-            if same_place(src, src_base + at, d, dst_base + at) {
+            if same_place(src, src_at + at, d, dst_at + at) {
                 continue; // in place: the bytes are already there
             }
-            let s = view::<T>(src, src_base + at, src_base + end);
-            view_mut::<T>(d, dst_base + at, dst_base + end).copy_from_slice(s);
+            let s = view::<T>(src, src_at + at, src_at + end);
+            view_mut::<T>(d, dst_at + at, dst_at + end).copy_from_slice(s);
         }
         at = end;
     }
 }
 
-/// Whether element `i` of `a` and element `j` of `b` are the same bytes (the same allocation
-/// and offset in it, whichever views the tensors were made through).
+/// Whether element `i` of `a` and element `j` of `b` are the same bytes of memory (whichever
+/// allocations and views the tensors were made through).
 fn same_place(a: &Tensor, i: usize, b: &Tensor, j: usize) -> bool {
-    byte_at(a, i * a.dtype().size()) == byte_at(b, j * b.dtype().size())
-        && a.buffer().same_allocation(b.buffer())
+    let (sa, sb) = (
+        a.buffer()
+            .memory_span(a.offset() + (i * a.dtype().size()) as u64, 1),
+        b.buffer()
+            .memory_span(b.offset() + (j * b.dtype().size()) as u64, 1),
+    );
+    sa.file != 0 && sa == sb
 }
 
-/// The offset in its allocation of byte `at` of `t`.
-fn byte_at(t: &Tensor, at: usize) -> u64 {
-    t.buffer().offset() + t.offset() + at as u64
+/// The `premul_sum` factor of every rank as an element (none for other operators).
+fn factors<T: Num>(parts: &[Arc<Part>]) -> Vec<Option<T>> {
+    parts.iter().map(|p| p.factor().map(T::factor)).collect()
 }
 
 fn typed<T: Num>(s: &Share<'_>) {
     let (r, n) = (s.rank, s.size);
-    let send = |q: usize| s.sends[q].as_ref().expect("send checked at issue");
-    let recv = |q: usize| s.recvs[q].as_ref().expect("recv checked at issue");
+    let send = |q: usize| s.parts[q].send.as_ref().expect("send checked at issue");
+    let recv = |q: usize| s.parts[q].recv.as_ref().expect("recv checked at issue");
     match s.kind {
         Kind::AllReduce(op) => {
             let count = send(0).len();
             let (lo, hi) = range(count, r, n);
             let ins: Vec<&Tensor> = (0..n).map(send).collect();
             let outs: Vec<&Tensor> = (0..n).map(recv).collect();
-            reduce_into::<T>(op, &ins, 0, &outs, 0, lo, hi);
+            reduce_into::<T>(op, &ins, &factors(s.parts), lo, &outs, lo, hi - lo);
+        }
+        Kind::AllReduceCoalesced(op) => {
+            // Rank r reduces its range of the tensors laid end to end.
+            let lens = s.parts[0].coalesced_lens();
+            let (lo, hi) = range(lens.iter().sum(), r, n);
+            let fs = factors(s.parts);
+            for (i, a, b) in blocks_in(&lens, lo, hi) {
+                let d = a - displacements(&lens)[i];
+                let ins: Vec<&Tensor> = s.parts.iter().map(|p| p.pair(i).0).collect();
+                let outs: Vec<&Tensor> = s.parts.iter().map(|p| p.pair(i).1).collect();
+                reduce_into::<T>(op, &ins, &fs, d, &outs, d, b - a);
+            }
         }
         Kind::Reduce(op, root) => {
             let count = send(0).len();
             let (lo, hi) = range(count, r, n);
             let ins: Vec<&Tensor> = (0..n).map(send).collect();
-            reduce_into::<T>(op, &ins, 0, &[recv(root)], 0, lo, hi);
+            reduce_into::<T>(op, &ins, &factors(s.parts), lo, &[recv(root)], lo, hi - lo);
         }
         Kind::Broadcast(root) => {
-            let count = recv(root).len();
-            let (lo, hi) = range(count, r, n);
-            let outs: Vec<&Tensor> = (0..n).filter(|&q| q != root).map(recv).collect();
-            copy_to_all::<T>(recv(root), 0, &outs, 0, lo, hi);
+            // Out of place, the root's send goes to every recv (its own too); in place, its
+            // recv to every other rank's.
+            let (src, outs): (&Tensor, Vec<&Tensor>) = match &s.parts[root].send {
+                Some(src) => (src, (0..n).map(recv).collect()),
+                None => (
+                    recv(root),
+                    (0..n).filter(|&q| q != root).map(recv).collect(),
+                ),
+            };
+            let (lo, hi) = range(src.len(), r, n);
+            copy_to_all::<T>(src, lo, &outs, lo, hi - lo);
         }
-        Kind::AllGather => {
-            // Rank r places its own input in block r of every output.
-            let count = send(r).len();
+        Kind::AllGather | Kind::AllGatherV => {
+            // Rank r copies its range of the blocks laid end to end to every output.
+            let counts = s.parts[0].block_counts(n);
             let outs: Vec<&Tensor> = (0..n).map(recv).collect();
-            copy_to_all::<T>(send(r), 0, &outs, r * count, 0, count);
+            let (lo, hi) = range(counts.iter().sum(), r, n);
+            let displ = displacements(&counts);
+            for (q, a, b) in blocks_in(&counts, lo, hi) {
+                copy_to_all::<T>(send(q), a - displ[q], &outs, a, b - a);
+            }
         }
-        Kind::ReduceScatter(op) => {
-            // Rank r reduces block r of every input into its own output.
-            let count = recv(r).len();
+        Kind::ReduceScatter(op) | Kind::ReduceScatterV(op) => {
+            // Rank r reduces its range of the blocks laid end to end into the outputs they
+            // belong to.
+            let counts = s.parts[0].block_counts(n);
             let ins: Vec<&Tensor> = (0..n).map(send).collect();
-            reduce_into::<T>(op, &ins, r * count, &[recv(r)], 0, 0, count);
+            let (lo, hi) = range(counts.iter().sum(), r, n);
+            let displ = displacements(&counts);
+            let fs = factors(s.parts);
+            for (q, a, b) in blocks_in(&counts, lo, hi) {
+                reduce_into::<T>(op, &ins, &fs, a, &[recv(q)], a - displ[q], b - a);
+            }
         }
         Kind::AllToAll => {
             // Block q of rank r's input goes to block r of rank q's output.
             let count = send(r).len() / n;
             for q in 0..n {
-                copy_to_all::<T>(send(r), q * count, &[recv(q)], r * count, 0, count);
+                copy_to_all::<T>(send(r), q * count, &[recv(q)], r * count, count);
             }
         }
-        Kind::Barrier => {}
+        Kind::AllToAllV => {
+            // Rank r's block for q (its send counts) goes to rank q's block from r (q's
+            // receive counts; the ranks agreed that they match).
+            let sc = &s.parts[r].counts;
+            let sd = displacements(sc);
+            for q in 0..n {
+                let rd = displacements(&s.parts[q].recv_counts)[r];
+                copy_to_all::<T>(send(r), sd[q], &[recv(q)], rd, sc[q]);
+            }
+        }
+        Kind::Gather(root) => {
+            let count = send(r).len();
+            copy_to_all::<T>(send(r), 0, &[recv(root)], r * count, count);
+        }
+        Kind::Scatter(root) => {
+            let count = recv(r).len();
+            copy_to_all::<T>(send(root), r * count, &[recv(r)], 0, count);
+        }
+        Kind::Barrier | Kind::Split => {}
     }
 }
 
@@ -351,12 +495,14 @@ pub(crate) fn unstage(t: &Tensor, bytes: &[u8]) -> crate::Result<()> {
 }
 
 /// `out = op(in_0, ..., in_k)` element-wise over `count` elements: each input and output
-/// starts at its element index; inputs are reduced in order. `Avg` is summed, not divided
-/// (see [`divide`]). Outputs may be inputs at the same place (in place).
+/// starts at its element index; inputs are reduced in order, input `i` multiplied by
+/// `factors[i]` first for `premul_sum` (`factors` may be shorter: no factor). `Avg` is summed,
+/// not divided (see [`divide`]). Outputs may be inputs at the same place (in place).
 pub(crate) fn reduce_tensors(
     dtype: DType,
     op: ReduceOp,
     inputs: &[(&Tensor, usize)],
+    factors: &[f64],
     outputs: &[(&Tensor, usize)],
     count: usize,
 ) {
@@ -368,14 +514,15 @@ pub(crate) fn reduce_tensors(
     } else {
         (dtype, op)
     };
+    let scaled = matches!(op, ReduceOp::PreMulSum(_)) && factors.iter().any(|&f| f != 1.0);
     if let [(x, i)] = inputs {
-        if outputs.iter().all(|(y, j)| same_place(x, *i, y, *j)) {
+        if !scaled && outputs.iter().all(|(y, j)| same_place(x, *i, y, *j)) {
             return; // one input, already in place
         }
     }
     macro_rules! go {
         ($t:ty) => {
-            combine_typed::<$t>(op, inputs, outputs, count)
+            combine_typed::<$t>(op, inputs, factors, outputs, count)
         };
     }
     match dtype {
@@ -398,9 +545,14 @@ pub(crate) fn reduce_tensors(
 fn combine_typed<T: Num>(
     op: ReduceOp,
     inputs: &[(&Tensor, usize)],
+    factors: &[f64],
     outputs: &[(&Tensor, usize)],
     count: usize,
 ) {
+    let f = |i: usize| match op {
+        ReduceOp::PreMulSum(_) => factors.get(i).map(|&x| T::factor(x)),
+        _ => None,
+    };
     let tile = tile_elems::<T>();
     let mut acc = vec![T::default(); tile.min(count)];
     let mut at = 0;
@@ -408,9 +560,9 @@ fn combine_typed<T: Num>(
         let end = (at + tile).min(count);
         let acc = &mut acc[..end - at];
         let (x0, b0) = inputs[0];
-        acc.copy_from_slice(view::<T>(x0, b0 + at, b0 + end));
-        for (x, b) in &inputs[1..] {
-            combine(op, acc, view::<T>(x, b + at, b + end));
+        start(acc, view::<T>(x0, b0 + at, b0 + end), f(0));
+        for (i, (x, b)) in inputs.iter().enumerate().skip(1) {
+            combine(op, acc, view::<T>(x, b + at, b + end), f(i));
         }
         for (y, b) in outputs {
             view_mut::<T>(y, b + at, b + end).copy_from_slice(acc);
@@ -451,18 +603,22 @@ pub(crate) fn divide(dtype: DType, t: &Tensor, at: usize, count: usize, n: usize
 }
 
 /// Copy `len` bytes from byte `src_at` of `src` to byte `dst_at` of `dst` (nothing when they
-/// are the same bytes; overlapping ranges go through a temporary, as `memmove`).
+/// are the same bytes; overlapping ranges go through a temporary, as `memmove`). Overlap is
+/// judged on the memory, whichever allocations name it.
 pub(crate) fn copy_bytes(src: &Tensor, src_at: usize, dst: &Tensor, dst_at: usize, len: usize) {
-    if len == 0
-        || (src.buffer().same_allocation(dst.buffer())
-            && byte_at(src, src_at) == byte_at(dst, dst_at))
-    {
+    if len == 0 {
         return;
     }
-    let (s0, d0) = (byte_at(src, src_at), byte_at(dst, dst_at));
-    let overlap =
-        src.buffer().same_allocation(dst.buffer()) && s0 < d0 + len as u64 && d0 < s0 + len as u64;
-    if overlap {
+    let s = src
+        .buffer()
+        .memory_span(src.offset() + src_at as u64, len as u64);
+    let d = dst
+        .buffer()
+        .memory_span(dst.offset() + dst_at as u64, len as u64);
+    if s == d && s.file != 0 {
+        return;
+    }
+    if s.overlaps(&d) {
         let mut tmp = vec![0u8; len];
         read_bytes(src, src_at, &mut tmp);
         write_bytes(dst, dst_at, &tmp);

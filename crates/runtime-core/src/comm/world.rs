@@ -66,7 +66,7 @@ impl From<String> for TransportError {
 
 impl TransportError {
     /// The core error a collective fails with: a kernel failure named after the exchange.
-    fn into_error(self, what: &str) -> Error {
+    pub(super) fn into_error(self, what: &str) -> Error {
         let mut f = KernelFailure::new(what, self.message);
         f.payload = self.payload;
         StreamError::Kernel(f).into()
@@ -74,7 +74,7 @@ impl TransportError {
 }
 
 /// Whether a step's regions may still be touched.
-struct StepLive(Mutex<bool>);
+pub(super) struct StepLive(Mutex<bool>);
 
 /// Marks its step ended when dropped (completed, failed, timed out, aborted or unwound).
 struct StepGuard(Arc<StepLive>);
@@ -266,6 +266,28 @@ pub enum Exchange {
         /// Bytes per source.
         recv_counts: Vec<usize>,
     },
+    /// Every process's block to process `root`: at the root `buf` holds one block per
+    /// process (`counts[q]` bytes for process `q`, back to back), its own already filled, and
+    /// on completion every block; elsewhere `buf` is this process's block, only read.
+    Gather {
+        /// At the root every block; elsewhere this process's.
+        buf: Region,
+        /// Bytes per process.
+        counts: Vec<usize>,
+        /// The process that gets the blocks.
+        root: usize,
+    },
+    /// Process `root`'s block `q` to process `q`: at the root `buf` holds one block per
+    /// process (`counts[q]` bytes for process `q`, back to back) and is only read; elsewhere
+    /// `buf` receives this process's block.
+    Scatter {
+        /// At the root every block; elsewhere this process's.
+        buf: Region,
+        /// Bytes per process.
+        counts: Vec<usize>,
+        /// The process the blocks come from.
+        root: usize,
+    },
     /// `buf` (bytes) to process `to`, matched with its `Recv` of the same `tag` in order.
     Send {
         /// Read only.
@@ -313,11 +335,38 @@ pub trait Transport: Send + Sync {
     /// # Errors
     /// It could not start; the communicator is aborted.
     fn start(&self, exchange: Exchange) -> std::result::Result<Box<dyn Pending>, TransportError>;
+
+    /// A transport over the processes `processes` (indices of this transport's processes, in
+    /// the order they take in the new one; this process is one of them), for a communicator
+    /// split from this one (`Communicator::split`). Called by every process of `processes`
+    /// for the same `color`, right after an exchange all of them took part in, from one
+    /// thread at a time per communicator, in the same order of colors in every process, so
+    /// it may block until the others call it (MPI's `MPI_Comm_create_group`).
+    ///
+    /// # Errors
+    /// The transport cannot make one (the default: splitting is not supported); the split
+    /// fails and the communicator is aborted.
+    fn split(
+        &self,
+        processes: &[usize],
+        color: u64,
+    ) -> std::result::Result<Arc<dyn Transport>, TransportError> {
+        let _ = (processes, color);
+        Err(TransportError::from(
+            "this transport cannot make a transport for a subset of its processes".to_string(),
+        ))
+    }
+
+    /// The host object behind the transport, for bindings that hand it back to their users
+    /// (the Python package's MPI communicators); `None` by default.
+    fn host_object(&self) -> Option<&(dyn std::any::Any + Send + Sync)> {
+        None
+    }
 }
 
 /// The processes a communicator spans and its transport.
 pub(super) struct World {
-    transport: Arc<dyn Transport>,
+    pub(super) transport: Arc<dyn Transport>,
     pub(super) process: usize,
     /// Ranks of every process.
     pub(super) counts: Vec<usize>,
@@ -327,14 +376,11 @@ pub(super) struct World {
     reduces: Mutex<HashMap<(DType, ReduceOp), bool>>,
 }
 
-/// The form a reduction takes across processes: booleans as bytes (or is max, and is min),
-/// averages as sums (divided by the rank count afterwards).
+/// The form a reduction takes across processes: booleans as bytes (or is max, and is min;
+/// the bitwise operators stay), averages and `premul_sum` as sums (divided by the rank count
+/// afterwards; factors applied by each process to its own inputs first).
 fn transport_form(dtype: DType, op: ReduceOp) -> (DType, ReduceOp) {
-    let op = if op == ReduceOp::Avg {
-        ReduceOp::Sum
-    } else {
-        op
-    };
+    let op = partial(op);
     if dtype.is_bool() {
         let op = match op {
             ReduceOp::Sum => ReduceOp::Max,
@@ -346,12 +392,20 @@ fn transport_form(dtype: DType, op: ReduceOp) -> (DType, ReduceOp) {
     (dtype, op)
 }
 
-/// Without `Avg`: partial results are sums until the end.
+/// Without `Avg` or `premul_sum`: partial results are sums until the end.
 fn partial(op: ReduceOp) -> ReduceOp {
-    if op == ReduceOp::Avg {
-        ReduceOp::Sum
-    } else {
-        op
+    match op {
+        ReduceOp::Avg | ReduceOp::PreMulSum(_) => ReduceOp::Sum,
+        other => other,
+    }
+}
+
+/// The reduction of a process's own inputs: `premul_sum` applies each local rank's factor,
+/// `Avg` sums (the division comes at the end).
+fn local_form(op: ReduceOp) -> ReduceOp {
+    match op {
+        ReduceOp::Avg => ReduceOp::Sum,
+        other => other,
     }
 }
 
@@ -362,6 +416,21 @@ fn staging(device: &Device, dtype: DType, len: usize) -> Result<Tensor> {
 }
 
 impl World {
+    /// The processes of `transport`, this one being `process`, with `counts[q]` ranks in
+    /// process `q`.
+    pub(super) fn new(transport: Arc<dyn Transport>, process: usize, counts: Vec<usize>) -> World {
+        let offsets = reduce::displacements(&counts);
+        World {
+            transport,
+            process,
+            size: counts.iter().sum(),
+            max_local: counts.iter().copied().max().unwrap_or(1),
+            counts,
+            offsets,
+            reduces: Mutex::new(HashMap::new()),
+        }
+    }
+
     /// The global rank of this process's first local rank.
     pub(super) fn first_rank(&self) -> usize {
         self.offsets[self.process]
@@ -407,7 +476,7 @@ impl World {
 
     /// Start one exchange built by `make` over a fresh step and poll it to completion, the
     /// deadline or the communicator's abort.
-    fn exchange(
+    pub(super) fn exchange(
         &self,
         sh: &Shared,
         what: &str,
@@ -448,31 +517,42 @@ impl World {
         let local = parts.len();
         let nproc = self.counts.len();
         let p = self.process;
+        let first = self.first_rank();
         let send = |l: usize| parts[l].send.as_ref().expect("send checked at issue");
         let recv = |l: usize| parts[l].recv.as_ref().expect("recv checked at issue");
         let dev = &sh.devices[0];
-        if kind == Kind::Barrier {
-            return self.exchange(sh, what, deadline, |_| Exchange::Barrier);
+        match kind {
+            Kind::Barrier => return self.exchange(sh, what, deadline, |_| Exchange::Barrier),
+            Kind::Split => return super::split::split_across(self, sh, what, parts, deadline),
+            _ => {}
         }
         let dtype = parts[0]
             .dtype
-            .expect("every collective but barrier has a dtype");
+            .expect("every collective but barrier and split has a dtype");
         let esz = dtype.size();
-        if count == 0 {
+        if count == 0 && kind != Kind::AllToAllV {
             return Ok(());
         }
+        let factors: Vec<f64> = parts.iter().map(|p| p.factor().unwrap_or(1.0)).collect();
+        let scaled = factors.iter().any(|&f| f != 1.0);
         match kind {
-            Kind::Barrier => unreachable!("handled above"),
+            Kind::Barrier | Kind::Split => unreachable!("handled above"),
             Kind::AllReduce(op) => {
-                let acc = recv(0);
-                let ins: Vec<(&Tensor, usize)> = (0..local).map(|l| (send(l), 0)).collect();
-                reduce::reduce_tensors(dtype, partial(op), &ins, &[(acc, 0)], count);
-                self.reduce_across(sh, what, deadline, acc, 0, dtype, op, count, None)?;
-                if op == ReduceOp::Avg {
-                    reduce::divide(dtype, acc, 0, count, self.size);
-                }
-                for l in 1..local {
-                    reduce::copy_bytes(acc, 0, recv(l), 0, count * esz);
+                let sends: Vec<&Tensor> = (0..local).map(send).collect();
+                let recvs: Vec<&Tensor> = (0..local).map(recv).collect();
+                self.all_reduce(
+                    sh, what, deadline, dtype, op, &sends, &factors, &recvs, count,
+                )?;
+            }
+            Kind::AllReduceCoalesced(op) => {
+                // One exchange per buffer, on the buffers themselves (no packing copy).
+                for (i, len) in parts[0].coalesced_lens().into_iter().enumerate() {
+                    if len == 0 {
+                        continue;
+                    }
+                    let sends: Vec<&Tensor> = parts.iter().map(|p| p.pair(i).0).collect();
+                    let recvs: Vec<&Tensor> = parts.iter().map(|p| p.pair(i).1).collect();
+                    self.all_reduce(sh, what, deadline, dtype, op, &sends, &factors, &recvs, len)?;
                 }
             }
             Kind::Reduce(op, root) => {
@@ -480,14 +560,21 @@ impl World {
                 let here = rp == p;
                 let acc = if here {
                     recv(rl).clone()
-                } else if local == 1 {
+                } else if local == 1 && !scaled {
                     send(0).clone()
                 } else {
                     staging(dev, dtype, count)?
                 };
-                if here || local > 1 {
+                if here || local > 1 || scaled {
                     let ins: Vec<(&Tensor, usize)> = (0..local).map(|l| (send(l), 0)).collect();
-                    reduce::reduce_tensors(dtype, partial(op), &ins, &[(&acc, 0)], count);
+                    reduce::reduce_tensors(
+                        dtype,
+                        local_form(op),
+                        &ins,
+                        &factors,
+                        &[(&acc, 0)],
+                        count,
+                    );
                 }
                 self.reduce_across(sh, what, deadline, &acc, 0, dtype, op, count, Some(rp))?;
                 if here && op == ReduceOp::Avg {
@@ -495,72 +582,46 @@ impl World {
                 }
             }
             Kind::Broadcast(root) => {
+                // Out of place on the root, its send is the source and every local recv a
+                // destination; in place, its recv is the source.
                 let (rp, rl) = self.locate(root);
-                let src_local = if rp == p { rl } else { 0 };
-                let src = recv(src_local);
+                let (src, skip) = if rp == p {
+                    match &parts[rl].send {
+                        Some(s) => (s, None),
+                        None => (recv(rl), Some(rl)),
+                    }
+                } else {
+                    (recv(0), Some(0))
+                };
                 self.exchange(sh, what, deadline, |s| Exchange::Broadcast {
                     buf: Region::bytes(s, src),
                     root: rp,
                 })?;
-                for l in (0..local).filter(|&l| l != src_local) {
+                for l in (0..local).filter(|&l| Some(l) != skip) {
                     reduce::copy_bytes(src, 0, recv(l), 0, count * esz);
                 }
             }
-            Kind::AllGather => {
+            Kind::AllGather | Kind::AllGatherV => {
+                let rc = parts[0].block_counts(self.size);
+                let displ = reduce::displacements(&rc);
                 let acc = recv(0);
-                let first = self.first_rank();
                 for l in 0..local {
-                    reduce::copy_bytes(send(l), 0, acc, (first + l) * count * esz, count * esz);
+                    let r = first + l;
+                    reduce::copy_bytes(send(l), 0, acc, displ[r] * esz, rc[r] * esz);
                 }
-                let counts = self.counts.iter().map(|&c| c * count * esz).collect();
+                let counts = self.per_process(&rc, esz);
+                let total: usize = rc.iter().sum();
                 self.exchange(sh, what, deadline, |s| Exchange::AllGather {
                     buf: Region::bytes(s, acc),
                     counts,
                 })?;
                 for l in 1..local {
-                    reduce::copy_bytes(acc, 0, recv(l), 0, self.size * count * esz);
+                    reduce::copy_bytes(acc, 0, recv(l), 0, total * esz);
                 }
             }
-            Kind::ReduceScatter(op) => {
-                let (tdtype, top) = transport_form(dtype, op);
-                let native = self.native(dtype, op);
-                let counts: Vec<usize> = self.counts.iter().map(|&c| c * count).collect();
-                if local == 1 && native && !super::overlaps(send(0), recv(0)) {
-                    self.exchange(sh, what, deadline, |s| Exchange::ReduceScatter {
-                        send: Region::new(s, send(0), tdtype, 0, self.size * count),
-                        recv: Region::new(s, recv(0), tdtype, 0, count),
-                        counts,
-                        op: top,
-                    })?;
-                    if op == ReduceOp::Avg {
-                        reduce::divide(dtype, recv(0), 0, count, self.size);
-                    }
-                    return Ok(());
-                }
-                let total = self.size * count;
-                let sum = staging(dev, dtype, total)?;
-                let ins: Vec<(&Tensor, usize)> = (0..local).map(|l| (send(l), 0)).collect();
-                reduce::reduce_tensors(dtype, partial(op), &ins, &[(&sum, 0)], total);
-                let first = self.first_rank();
-                let (mine, base) = if native {
-                    let mine = staging(dev, dtype, local * count)?;
-                    self.exchange(sh, what, deadline, |s| Exchange::ReduceScatter {
-                        send: Region::new(s, &sum, tdtype, 0, total),
-                        recv: Region::new(s, &mine, tdtype, 0, local * count),
-                        counts,
-                        op: top,
-                    })?;
-                    (mine, 0)
-                } else {
-                    self.gather_reduce(sh, what, deadline, &sum, dtype, op, total, first * count)?;
-                    (sum, first * count)
-                };
-                if op == ReduceOp::Avg {
-                    reduce::divide(dtype, &mine, base, local * count, self.size);
-                }
-                for l in 0..local {
-                    reduce::copy_bytes(&mine, (base + l * count) * esz, recv(l), 0, count * esz);
-                }
+            Kind::ReduceScatter(op) | Kind::ReduceScatterV(op) => {
+                let rc = parts[0].block_counts(self.size);
+                self.reduce_scatter(sh, what, deadline, dtype, op, parts, &factors, &rc)?;
             }
             Kind::AllToAll => {
                 let c = count / self.size;
@@ -607,8 +668,302 @@ impl World {
                     }
                 }
             }
+            Kind::AllToAllV => self.all_to_allv(sh, what, deadline, dtype, parts)?,
+            Kind::Gather(root) => {
+                let (rp, rl) = self.locate(root);
+                let pb: Vec<usize> = self.counts.iter().map(|&n| n * count * esz).collect();
+                if rp == p {
+                    let rb = recv(rl);
+                    for l in 0..local {
+                        reduce::copy_bytes(send(l), 0, rb, (first + l) * count * esz, count * esz);
+                    }
+                    self.exchange(sh, what, deadline, |s| Exchange::Gather {
+                        buf: Region::bytes(s, rb),
+                        counts: pb,
+                        root: rp,
+                    })?;
+                } else {
+                    let mine = if local == 1 {
+                        send(0).clone()
+                    } else {
+                        let t = staging(dev, dtype, local * count)?;
+                        for l in 0..local {
+                            reduce::copy_bytes(send(l), 0, &t, l * count * esz, count * esz);
+                        }
+                        t
+                    };
+                    self.exchange(sh, what, deadline, |s| Exchange::Gather {
+                        buf: Region::bytes(s, &mine),
+                        counts: pb,
+                        root: rp,
+                    })?;
+                }
+            }
+            Kind::Scatter(root) => {
+                let (rp, rl) = self.locate(root);
+                let pb: Vec<usize> = self.counts.iter().map(|&n| n * count * esz).collect();
+                if rp == p {
+                    let sb = send(rl);
+                    self.exchange(sh, what, deadline, |s| Exchange::Scatter {
+                        buf: Region::bytes(s, sb),
+                        counts: pb,
+                        root: rp,
+                    })?;
+                    for l in 0..local {
+                        reduce::copy_bytes(sb, (first + l) * count * esz, recv(l), 0, count * esz);
+                    }
+                } else {
+                    let mine = if local == 1 {
+                        recv(0).clone()
+                    } else {
+                        staging(dev, dtype, local * count)?
+                    };
+                    self.exchange(sh, what, deadline, |s| Exchange::Scatter {
+                        buf: Region::bytes(s, &mine),
+                        counts: pb,
+                        root: rp,
+                    })?;
+                    if local > 1 {
+                        for l in 0..local {
+                            reduce::copy_bytes(&mine, l * count * esz, recv(l), 0, count * esz);
+                        }
+                    }
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Bytes per process of per-rank element counts `rc` (ranks numbered process by process).
+    fn per_process(&self, rc: &[usize], esz: usize) -> Vec<usize> {
+        (0..self.counts.len())
+            .map(|q| {
+                let o = self.offsets[q];
+                rc[o..o + self.counts[q]].iter().sum::<usize>() * esz
+            })
+            .collect()
+    }
+
+    /// `all_reduce` of one buffer per local rank: the local inputs reduced into the first
+    /// local output (premultiplied by their factors for `premul_sum`), reduced across the
+    /// processes in place there, copied to the other local outputs.
+    #[allow(clippy::too_many_arguments)]
+    fn all_reduce(
+        &self,
+        sh: &Shared,
+        what: &str,
+        deadline: Option<Instant>,
+        dtype: DType,
+        op: ReduceOp,
+        sends: &[&Tensor],
+        factors: &[f64],
+        recvs: &[&Tensor],
+        count: usize,
+    ) -> Result<()> {
+        let acc = recvs[0];
+        let ins: Vec<(&Tensor, usize)> = sends.iter().map(|&t| (t, 0)).collect();
+        reduce::reduce_tensors(dtype, local_form(op), &ins, factors, &[(acc, 0)], count);
+        self.reduce_across(sh, what, deadline, acc, 0, dtype, op, count, None)?;
+        if op == ReduceOp::Avg {
+            reduce::divide(dtype, acc, 0, count, self.size);
+        }
+        for r in &recvs[1..] {
+            reduce::copy_bytes(acc, 0, r, 0, count * dtype.size());
+        }
+        Ok(())
+    }
+
+    /// `reduce_scatter(v)`: rank `r` gets `rc[r]` elements, the blocks laid end to end.
+    #[allow(clippy::too_many_arguments)]
+    fn reduce_scatter(
+        &self,
+        sh: &Shared,
+        what: &str,
+        deadline: Option<Instant>,
+        dtype: DType,
+        op: ReduceOp,
+        parts: &[Arc<Part>],
+        factors: &[f64],
+        rc: &[usize],
+    ) -> Result<()> {
+        let local = parts.len();
+        let esz = dtype.size();
+        let dev = &sh.devices[0];
+        let send = |l: usize| parts[l].send.as_ref().expect("send checked at issue");
+        let recv = |l: usize| parts[l].recv.as_ref().expect("recv checked at issue");
+        let (tdtype, top) = transport_form(dtype, op);
+        let native = self.native(dtype, op);
+        let first = self.first_rank();
+        let displ = reduce::displacements(rc);
+        let total: usize = rc.iter().sum();
+        let counts = self.per_process(rc, 1);
+        let mine_len = counts[self.process];
+        let scaled = factors.iter().any(|&f| f != 1.0);
+        if local == 1 && native && !scaled && !super::overlaps(send(0), recv(0)) {
+            self.exchange(sh, what, deadline, |s| Exchange::ReduceScatter {
+                send: Region::new(s, send(0), tdtype, 0, total),
+                recv: Region::new(s, recv(0), tdtype, 0, mine_len),
+                counts,
+                op: top,
+            })?;
+            if op == ReduceOp::Avg {
+                reduce::divide(dtype, recv(0), 0, mine_len, self.size);
+            }
+            return Ok(());
+        }
+        let sum = staging(dev, dtype, total)?;
+        let ins: Vec<(&Tensor, usize)> = (0..local).map(|l| (send(l), 0)).collect();
+        reduce::reduce_tensors(dtype, local_form(op), &ins, factors, &[(&sum, 0)], total);
+        let (mine, base) = if native {
+            let mine = staging(dev, dtype, mine_len)?;
+            self.exchange(sh, what, deadline, |s| Exchange::ReduceScatter {
+                send: Region::new(s, &sum, tdtype, 0, total),
+                recv: Region::new(s, &mine, tdtype, 0, mine_len),
+                counts,
+                op: top,
+            })?;
+            (mine, 0)
+        } else {
+            let from = displ[first];
+            self.gather_reduce(sh, what, deadline, &sum, dtype, op, total, from, mine_len)?;
+            (sum, from)
+        };
+        if op == ReduceOp::Avg {
+            reduce::divide(dtype, &mine, base, mine_len, self.size);
+        }
+        for l in 0..local {
+            let at = base + displ[first + l] - displ[first];
+            reduce::copy_bytes(&mine, at * esz, recv(l), 0, rc[first + l] * esz);
+        }
+        Ok(())
+    }
+
+    /// `all_to_allv`: the processes first share every rank's send and receive counts (so
+    /// that every process sees the same disagreement, if any), then move the blocks in one
+    /// exchange, packed per process when a process drives several ranks.
+    fn all_to_allv(
+        &self,
+        sh: &Shared,
+        what: &str,
+        deadline: Option<Instant>,
+        dtype: DType,
+        parts: &[Arc<Part>],
+    ) -> Result<()> {
+        let n = self.size;
+        let local = parts.len();
+        let esz = dtype.size();
+        let first = self.first_rank();
+        let nproc = self.counts.len();
+        let dev = &sh.devices[0];
+        let send = |l: usize| parts[l].send.as_ref().expect("send checked at issue");
+        let recv = |l: usize| parts[l].recv.as_ref().expect("recv checked at issue");
+        let mine: Vec<u64> = parts
+            .iter()
+            .flat_map(|p| p.counts.iter().chain(&p.recv_counts).map(|&c| c as u64))
+            .collect();
+        let table = self.table(sh, what, deadline, &mine, 2 * n)?;
+        // sc[a][b]: what rank a sends to rank b; rcv[b][a]: what b expects from a.
+        let sc = |a: usize, b: usize| table[a * 2 * n + b] as usize;
+        let rcv = |b: usize, a: usize| table[b * 2 * n + n + a] as usize;
+        for a in 0..n {
+            for b in 0..n {
+                if sc(a, b) != rcv(b, a) {
+                    return Err(arg_error(
+                        format!("{what} (counts)"),
+                        format!(
+                            "all_to_allv counts disagree: rank {a} sends {} elements to rank {b}, which expects {} from it",
+                            sc(a, b),
+                            rcv(b, a)
+                        ),
+                    ));
+                }
+            }
+        }
+        let ranks = |q: usize| self.offsets[q]..self.offsets[q] + self.counts[q];
+        let sdispl = |l: usize| reduce::displacements(&parts[l].counts);
+        let rdispl = |l: usize| reduce::displacements(&parts[l].recv_counts);
+        let send_bytes: Vec<usize> = (0..nproc)
+            .map(|q| {
+                (0..local)
+                    .map(|l| ranks(q).map(|j| sc(first + l, j)).sum::<usize>())
+                    .sum::<usize>()
+                    * esz
+            })
+            .collect();
+        let recv_bytes: Vec<usize> = (0..nproc)
+            .map(|q| {
+                ranks(q)
+                    .map(|i| (0..local).map(|m| sc(i, first + m)).sum::<usize>())
+                    .sum::<usize>()
+                    * esz
+            })
+            .collect();
+        if self.max_local == 1 {
+            // One rank per process: the buffers are already laid out per process.
+            return self.exchange(sh, what, deadline, |s| Exchange::AllToAll {
+                send: Region::bytes(s, send(0)),
+                send_counts: send_bytes,
+                recv: Region::bytes(s, recv(0)),
+                recv_counts: recv_bytes,
+            });
+        }
+        let out = staging(dev, DType::U8, send_bytes.iter().sum())?;
+        let mut pos = 0;
+        for q in 0..nproc {
+            for l in 0..local {
+                let sd = sdispl(l);
+                for j in ranks(q) {
+                    let len = sc(first + l, j) * esz;
+                    reduce::copy_bytes(send(l), sd[j] * esz, &out, pos, len);
+                    pos += len;
+                }
+            }
+        }
+        let inn = staging(dev, DType::U8, recv_bytes.iter().sum())?;
+        self.exchange(sh, what, deadline, |s| Exchange::AllToAll {
+            send: Region::new(s, &out, DType::U8, 0, out.len()),
+            send_counts: send_bytes,
+            recv: Region::new(s, &inn, DType::U8, 0, inn.len()),
+            recv_counts: recv_bytes,
+        })?;
+        let rd: Vec<Vec<usize>> = (0..local).map(rdispl).collect();
+        let mut pos = 0;
+        for q in 0..nproc {
+            for src in ranks(q) {
+                for (m, rd) in rd.iter().enumerate() {
+                    let len = sc(src, first + m) * esz;
+                    reduce::copy_bytes(&inn, pos, recv(m), rd[src] * esz, len);
+                    pos += len;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every process's `mine` (`words` 64-bit words per local rank) gathered in global rank
+    /// order: `size × words` words, the same table in every process.
+    pub(super) fn table(
+        &self,
+        sh: &Shared,
+        what: &str,
+        deadline: Option<Instant>,
+        mine: &[u64],
+        words: usize,
+    ) -> Result<Vec<u64>> {
+        let all = staging(&sh.devices[0], DType::U8, self.size * words * 8)?;
+        let bytes: Vec<u8> = mine.iter().flat_map(|w| w.to_le_bytes()).collect();
+        reduce::write_bytes(&all, self.first_rank() * words * 8, &bytes);
+        let counts: Vec<usize> = self.counts.iter().map(|&c| c * words * 8).collect();
+        self.exchange(sh, what, deadline, |s| Exchange::AllGather {
+            buf: Region::bytes(s, &all),
+            counts,
+        })?;
+        let mut out = vec![0u8; self.size * words * 8];
+        reduce::read_bytes(&all, 0, &mut out);
+        Ok(out
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect())
     }
 
     /// `op` across processes over elements `[at, at + count)` of `acc` (this process's partial
@@ -646,7 +1001,7 @@ impl World {
         let ins: Vec<(&Tensor, usize)> = (0..self.counts.len())
             .map(|q| (&gathered, q * count))
             .collect();
-        reduce::reduce_tensors(dtype, partial(op), &ins, &[(acc, at)], count);
+        reduce::reduce_tensors(dtype, partial(op), &ins, &[], &[(acc, at)], count);
         Ok(())
     }
 
@@ -674,7 +1029,7 @@ impl World {
     }
 
     /// Reduce every process's `sum` (of `total` elements) here, in process order; only
-    /// elements `[from, from + this process's share)` are written back to `sum`.
+    /// elements `[from, from + len)` (this process's share) are written back to `sum`.
     #[allow(clippy::too_many_arguments)]
     fn gather_reduce(
         &self,
@@ -686,13 +1041,13 @@ impl World {
         op: ReduceOp,
         total: usize,
         from: usize,
+        len: usize,
     ) -> Result<()> {
         let gathered = self.gather(sh, what, deadline, sum, 0, dtype, total)?;
-        let mine = self.counts[self.process] * (total / self.size);
         let ins: Vec<(&Tensor, usize)> = (0..self.counts.len())
             .map(|q| (&gathered, q * total + from))
             .collect();
-        reduce::reduce_tensors(dtype, partial(op), &ins, &[(sum, from)], mine);
+        reduce::reduce_tensors(dtype, partial(op), &ins, &[], &[(sum, from)], len);
         Ok(())
     }
 
@@ -929,23 +1284,7 @@ impl Connecting {
                 format!("process {q} joined with no devices; every process needs at least one"),
             ));
         }
-        let offsets: Vec<usize> = counts
-            .iter()
-            .scan(0, |acc, &c| {
-                let o = *acc;
-                *acc += c;
-                Some(o)
-            })
-            .collect();
-        let world = World {
-            transport: self.transport.clone(),
-            process: self.process,
-            size: counts.iter().sum(),
-            max_local: counts.iter().copied().max().unwrap_or(1),
-            counts,
-            offsets,
-            reduces: Mutex::new(HashMap::new()),
-        };
+        let world = World::new(self.transport.clone(), self.process, counts);
         let shared = Shared::new(self.devices.clone(), self.timeout, Some(world));
         Ok(Some(
             (0..self.devices.len())

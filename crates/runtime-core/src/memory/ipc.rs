@@ -265,7 +265,7 @@ pub(super) fn keep_after_shutdown(mem: &DeviceMemory, place: Place) {
         Place::Large(arena) => arena.keep_content(),
         Place::Slab(_) => mem.slab_arena.keep_content(),
         // A plugged block goes back to its allocator, which owns that memory's fate.
-        Place::Empty | Place::Imported(_) | Place::Plugged(_) => {}
+        Place::Empty | Place::Imported(_) | Place::Plugged(_) | Place::Pooled(_) => {}
     }
 }
 

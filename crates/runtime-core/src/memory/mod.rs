@@ -75,6 +75,7 @@
 
 pub mod access;
 pub mod allocator;
+pub mod async_pool;
 pub(crate) mod buddy;
 pub mod defer;
 mod element;
@@ -98,6 +99,7 @@ use crate::config::Options;
 use crate::error::{MemoryError, Result};
 use crate::trace;
 pub use allocator::{Allocator, Block};
+pub use async_pool::AsyncPoolStats;
 use buddy::Buddy;
 pub use element::Element;
 use host::{Arena, PAGE};
@@ -196,6 +198,9 @@ enum Place {
     Plugged(allocator::Lease),
     /// Another process's block, mapped here (`ipc`); not part of the allocator.
     Imported(ipc::Imported),
+    /// A block of the async pool handed out by `malloc_async` (see [`async_pool`]): a range of
+    /// a buffer the core made, given back to the pool when the allocation is freed.
+    Pooled(async_pool::PoolLease),
 }
 
 /// A block [`DeviceMemory::take_locked`] found for a request.
@@ -276,6 +281,8 @@ pub struct DeviceMemory {
     reclaimer: Mutex<Option<Reclaimer>>,
     /// The plugged allocator, the pool's limit and the frees waiting for streams.
     pool: pool::PoolExt,
+    /// Stream-ordered allocation (`malloc_async`/`free_async`).
+    async_pool: async_pool::AsyncPool,
 }
 
 impl std::fmt::Debug for DeviceMemory {
@@ -346,6 +353,7 @@ impl DeviceMemory {
             scrub: Scrubber::default(),
             reclaimer: Mutex::new(None),
             pool: pool::PoolExt::default(),
+            async_pool: async_pool::AsyncPool::default(),
         })
     }
 
@@ -363,6 +371,7 @@ impl DeviceMemory {
     pub(crate) fn close(self: &Arc<Self>) {
         self.closed.store(true, Ordering::Release);
         pool::drop_deferred_frees(self);
+        self.trim_async_pool_to(0);
         self.return_blocks();
     }
 
@@ -430,6 +439,12 @@ impl DeviceMemory {
         }
         if let Some(b) = self.try_allocate(size, injected) {
             return Ok(b);
+        }
+        if !injected && self.release_async_free() {
+            // Free blocks of the async pool went back to the allocator.
+            if let Some(b) = self.try_allocate(size, false) {
+                return Ok(b);
+            }
         }
         if !injected {
             // Cloned out, so that the hook runs without the allocator's locks.
@@ -690,6 +705,7 @@ impl DeviceMemory {
                 }
             }
             Place::Plugged(lease) => lease.give_back(),
+            Place::Pooled(lease) => lease.give_back(),
         }
     }
 
@@ -1015,6 +1031,7 @@ impl Allocation {
             Place::Slab(offset) => (&self.mem.slab_arena, *offset),
             Place::Empty => (&self.mem.slab_arena, 0),
             Place::Plugged(lease) => lease.at(),
+            Place::Pooled(lease) => lease.at(),
             Place::Imported(mapping) => mapping.at(),
         }
     }
@@ -1384,6 +1401,21 @@ impl Buffer {
         } else {
             dst_arena.copy_from(dst_base + dst_off, src_arena, src_base + src_off, count);
         }
+    }
+
+    /// Make the buffer's bytes read zero as the scrubber zeroes cached blocks (writing the
+    /// resident pages up to [`SCRUB_FILL_MAX`] bytes, giving the pages back above), ordered as
+    /// [`Buffer::write`]: a reused block of the async pool (`async_pool`).
+    pub(crate) fn scrub(&self) -> Result<()> {
+        self.check()?;
+        self.access(access::Access::Write).host(|| {
+            let (arena, base) = self.at();
+            if self.len <= SCRUB_FILL_MAX {
+                arena.zero(base, self.len);
+            } else {
+                arena.release(base, self.len);
+            }
+        })
     }
 
     /// Fill `count` bytes at `offset` with `byte`, ordered as [`Buffer::write`].

@@ -148,9 +148,9 @@ impl Command {
 /// Locks are taken `ready` first, then `incoming`.
 #[derive(Default)]
 pub(crate) struct Commands {
-    ready: parking_lot::Mutex<CommandQueue>,
+    ready: crate::sync::lock::Mutex<CommandQueue>,
     /// On a cache line of its own: submitters write it, the runner reads it once per batch.
-    incoming: CacheLine<parking_lot::Mutex<CommandQueue>>,
+    incoming: CacheLine<crate::sync::lock::Mutex<CommandQueue>>,
 }
 
 /// A value alone on its 64-byte cache line (crossbeam's `CachePadded` pads to 128 bytes on

@@ -39,6 +39,9 @@ pub struct Executor {
     /// The fork count when the device was made (see [`crate::generation::forks`]): in a
     /// forked child the device is dead and its locks are left alone.
     forks: u64,
+    /// The device's memory, for stream-ordered allocation (weak: the memory's async pool may
+    /// hold streams, which hold this executor).
+    memory: std::sync::Weak<crate::memory::DeviceMemory>,
 }
 
 impl std::fmt::Debug for Executor {
@@ -54,6 +57,7 @@ impl Executor {
         generation: u64,
         compute_workers: usize,
         options: Arc<Options>,
+        memory: &Arc<crate::memory::DeviceMemory>,
     ) -> Executor {
         Executor {
             device,
@@ -65,7 +69,13 @@ impl Executor {
             active: Mutex::new(Vec::new()),
             listed: AtomicUsize::new(0),
             forks: crate::generation::forks(),
+            memory: Arc::downgrade(memory),
         }
+    }
+
+    /// The device's memory, while it lives.
+    pub fn memory(&self) -> Option<Arc<crate::memory::DeviceMemory>> {
+        self.memory.upgrade()
     }
 
     /// The device index.

@@ -32,6 +32,7 @@
 //! behind it are skipped (event records still complete, so no wait hangs) until the error is
 //! reported by the next `synchronize()`, after which the stream runs normally again.
 
+mod alloc;
 pub(crate) mod capture;
 pub mod command;
 pub(crate) mod completion;
@@ -626,8 +627,13 @@ impl Stream {
         Ok(self.0.done.submitted())
     }
 
-    /// Raise and clear the pending error, if any.
+    /// Raise and clear the pending error, if any. This ends every synchronisation (of the
+    /// stream, of its device, a destroy), which is where the device's async pool gives free
+    /// blocks beyond its release threshold back (`memory::async_pool`).
     pub(crate) fn take_error(&self) -> Result<()> {
+        if let Some(mem) = self.0.exec.memory() {
+            mem.trim_async_pool();
+        }
         if self.0.failed.load(Ordering::SeqCst) {
             // Take and clear under the error lock, which is also where failures are stored, so
             // a failure racing with this call is either reported now or stays pending.
