@@ -59,12 +59,14 @@ struct FabricState {
     mail: HashMap<(usize, usize, u64), VecDeque<Vec<u8>>>,
 }
 
+/// Fabrics of split communicators, by (color, processes, how many such splits before).
+type SubFabrics = HashMap<(u64, Vec<usize>, u64), Arc<Fabric>>;
+
 /// The memory the "processes" of one communicator share.
 struct Fabric {
     nproc: usize,
     state: Mutex<FabricState>,
-    /// Fabrics of split communicators, by (color, processes, how many such splits before).
-    subs: Mutex<HashMap<(u64, Vec<usize>, u64), Arc<Fabric>>>,
+    subs: Mutex<SubFabrics>,
 }
 
 impl Fabric {
