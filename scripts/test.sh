@@ -35,7 +35,8 @@ python3 -m pip install -q mpi4py mpich || { echo "error: mpi4py/mpich failed to 
 export RUNTIME_REQUIRE_MPI=1
 # The ACL C library's tests build C programs with CMake, as the public Ascend samples do.
 command -v cmake >/dev/null 2>&1 || python3 -m pip install -q cmake || echo "cmake not installable: the CMake builds of the C tests will be skipped"
-cargo test --workspace
+# A hung Rust test fails the run within 40 minutes instead of using up CI's whole budget.
+timeout --signal=KILL 2400 cargo test --workspace
 rm -rf target/wheels
 maturin build --release -q -o target/wheels
 # The distribution is runtime-vdev (import name: runtime); wheel files spell it runtime_vdev.
