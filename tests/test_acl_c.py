@@ -319,15 +319,18 @@ def test_one_runtime_c_first():
 
 # --------------------------------------------------------------------------- docs, samples
 
-DOC = ROOT / "docs" / "c.md"
-DOC_BLOCKS = re.findall(r"```c\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
+
+def first_c_block(page):
+    blocks = re.findall(r"```c\n(.*?)```", (ROOT / page).read_text(encoding="utf-8"), re.S)
+    assert blocks, f"{page} has a ```c block"
+    return blocks[0]
 
 
 @needs_cc
-def test_docs_c_example_compiles_and_runs(tmp_path):
-    assert DOC_BLOCKS, "docs/c.md has a ```c block"
+@pytest.mark.parametrize("page", ["docs/c.md", "README.md"])
+def test_docs_c_example_compiles_and_runs(page, tmp_path):
     src = tmp_path / "example.c"
-    src.write_text(DOC_BLOCKS[0])
+    src.write_text(first_c_block(page))
     flags = run([sys.executable, "-m", "runtime.acl", "--cflags", "--libs"]).stdout.split()
     out = run([CC, "-std=c11", "-Wall", "-Wextra", "-Werror", src, *flags, "-o", tmp_path / "ex"])
     assert out.returncode == 0, out.stderr
