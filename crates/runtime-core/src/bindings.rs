@@ -45,7 +45,7 @@
 //! ```
 //! ```compile_fail
 //! let _ = runtime_core::config::ConfigBuilder {
-//!     memory: Some(runtime_core::Bytes::mib(64)), // Bytes::mib(64), or "64MiB".parse()?
+//!     memory: Some("64MiB".into()), // Bytes::mib(64), or "64MiB".parse()?
 //!     ..Default::default()
 //! };
 //! ```
