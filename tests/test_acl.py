@@ -876,7 +876,7 @@ def test_memcpy_async_into_pageable_host_memory_is_complete_on_return():
     assert acl.rt.memcpy(d, n, acl.util.bytes_to_ptr(src), n, H2D) == ACL_SUCCESS
     stream, ret = acl.rt.create_stream()
     assert ret == ACL_SUCCESS
-    held = _state.handles[stream].stream  # hold the stream with a host function (no timing)
+    held = _state.stream_of(stream, "test")  # hold the stream with a host function (no timing)
     gate = threading.Event()
     held.launch_host_func(gate.wait, 10)
     threading.Timer(0.02, gate.set).start()
@@ -910,7 +910,7 @@ def test_versions_contexts_and_stream_variants():
     for priority in (lo - 5, lo, hi, hi + 5):
         s, ret = acl.rt.create_stream_with_config(priority, 0)
         assert ret == ACL_SUCCESS
-        assert _state.handles[s].stream.priority == min(max(priority, lo), hi)  # clamped
+        assert _state.stream_of(s, "test").priority == min(max(priority, lo), hi)  # clamped
         ev, ret = acl.rt.create_event_ex_with_flag(0)
         assert ret == ACL_SUCCESS
         assert acl.rt.record_event(ev, s) == ACL_SUCCESS
@@ -927,7 +927,7 @@ def test_synchronize_device_with_timeout_times_out_then_waits():
 
     s, ret = acl.rt.create_stream()
     gate = threading.Event()
-    _state.handles[s].stream.launch_host_func(gate.wait, 10)
+    _state.stream_of(s, "test").launch_host_func(gate.wait, 10)
     assert err(acl.rt.synchronize_device_with_timeout(20)) == acl.ACL_ERROR_RT_STREAM_SYNC_TIMEOUT
     assert err(acl.rt.synchronize_device_with_timeout(0)) == ACL_ERROR_INVALID_PARAM
     gate.set()

@@ -134,13 +134,14 @@ def test_device_synchronize():
 
 
 def test_options_defaults_roundtrip_and_errors():
-    for name in ("enableMemoryReuse", "enablePipelining", "enableAsync"):
+    for name in ("enableMemoryReuse", "enablePipelining", "enableAsync", "enableBatching"):
         assert runtime.get_option(name) is True
         runtime.set_option(name, False)
         assert runtime.get_option(name) is False
         runtime.set_option(name, True)
     assert sorted(runtime.option_names()) == [
         "enableAsync",
+        "enableBatching",
         "enableMemoryReuse",
         "enablePipelining",
         "legacyDefaultStream",

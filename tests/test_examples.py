@@ -36,6 +36,12 @@ def _round_trip(m: re.Match) -> None:
     assert len(m.group(1).split()) == 3  # the first three values of the host data
 
 
+def _timings(m: re.Match) -> None:
+    rows = m.group(1).splitlines()
+    assert any("Python callable" in r for r in rows)  # the one form that needs nothing
+    assert all(float(r.split()[-1]) > 0.0 for r in rows)  # real times of real launches
+
+
 #: Each example's whole output (a regex) and a check of the values it matched.
 EXPECT = {
     "01_devices": (r"Available devices: 8\n(?:" + DEVICE + r"){8}", _devices),
@@ -52,6 +58,14 @@ EXPECT = {
     "ipc_producer_consumer": (
         r"consumer process summed 8 buffers shared by the producer process\n",
         None,
+    ),
+    "custom_operator": (
+        r"(?:numba is not installed: skipping the @cfunc kernel \(pip install numba\)\n)?"
+        r"(?:no C compiler \(cc\) found: skipping the C kernel\n)?"
+        r"add_custom of 1,048,576 float32, checked against numpy; ms per launch:\n"
+        r"((?:  \S.{39} +\d+\.\d{3}\n)+)"
+        r"\(device runtime\.Device\(0\) has \d+ host cores to run blocks on\)\n",
+        _timings,
     ),
 }
 

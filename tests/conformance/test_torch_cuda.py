@@ -214,7 +214,9 @@ def test_to_non_blocking():
     s = runtime.Stream()
     hold, release = gate()
     src = runtime.to_device(np.random.default_rng(0).standard_normal(100_000))
-    dst = np.zeros(100_000)
+    # torch's non_blocking copy to the CPU lands in pinned memory; into pageable memory a
+    # queued copy is complete on return (CUDA's rule, test_copy.py).
+    dst = runtime.pinned_empty(100_000, "float64")
     s.launch_host_func(hold)
     runtime.memcpy_device_to_host_async(dst, src, s)
     assert s.query() is False

@@ -237,6 +237,7 @@ def build_cases():  # noqa: C901 - a table
         "Stream": runtime.Stream,
         "get_default_memory_pool": runtime.get_default_memory_pool,
         "MemoryPool": runtime.MemoryPool,
+        "MemoryAsyncPool": runtime.MemoryAsyncPool,
     }
     for name, f in {**dev_required, **dev_optional}.items():
         for vid, v in BAD_DEV_VALUE:
@@ -1605,6 +1606,43 @@ def build_cases():  # noqa: C901 - a table
         add(C(f"MemoryPool.set_limit-{vid}", lambda e, kw=kw: pool(e).set_limit(**kw), exc, m))
     add(C("MemoryPool.malloc-negative", lambda e: pool(e).malloc(-1), ValueError, "size"))
     add(C("MemoryPool.malloc-huge", lambda e: pool(e).malloc(2**63), OOM, None))
+    # ------------------------------------------------------------ stream-ordered allocation
+    apool = runtime.MemoryAsyncPool
+    for vid, f, exc, m in [
+        ("negative", lambda e: runtime.malloc_async(-1), ValueError, "size"),
+        ("str", lambda e: runtime.malloc_async("1"), TypeError, "size"),
+        ("huge", lambda e: runtime.malloc_async(2**63), OOM, None),
+        ("stream-str", lambda e: runtime.malloc_async(16, stream="x"), TypeError, "stream"),
+    ]:
+        add(C(f"malloc_async-{vid}", f, exc, m))
+    for vid, f, exc, m in [
+        ("str", lambda e: runtime.free_async("x"), TypeError, "buf"),
+        ("freed", lambda e: runtime.free_async(e.freed), IH, "freed"),
+        ("stream-int", lambda e: runtime.free_async(e.freed, stream=3), TypeError, "stream"),
+    ]:
+        add(C(f"free_async-{vid}", f, exc, m))
+    for vid, f, exc, m in [
+        ("malloc-negative", lambda e: apool().malloc(-1), ValueError, "size"),
+        ("trim_to-negative", lambda e: apool().trim_to(-1), ValueError, "min_bytes_to_keep"),
+        (
+            "release_threshold-negative",
+            lambda e: setattr(apool(), "release_threshold", -1),
+            ValueError,
+            "release_threshold",
+        ),
+    ]:
+        add(C(f"MemoryAsyncPool.{vid}", f, exc, m))
+    # ------------------------------------------------------------ blocks of a launch
+    for name in ("get_block_idx", "get_block_num"):
+        f = getattr(runtime, name)
+        add(
+            C(
+                f"{name}-outside-a-kernel",
+                lambda e, f=f: f(),
+                runtime.InvalidOperationError,
+                "kernel",
+            )
+        )
     add(C("buffer-add-past-end", lambda e: e.dst + (N + 1), ValueError, "offset"))
     add(C("buffer-sub-before-start", lambda e: e.dst - 1, ValueError, "offset"))
     add(C("buffer-add-float", lambda e: e.dst + 1.0, TypeError, None))
@@ -1889,6 +1927,8 @@ def test_every_public_name_is_covered():
         "__version__": "a string",
         "MAX_QUEUED": "an int",
         "get_allocator": "takes no argument",
+        "get_include": "takes no argument",
+        "MAX_BLOCK_DIM": "an int",
     }
     exceptions = {
         n

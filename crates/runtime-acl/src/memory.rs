@@ -612,8 +612,11 @@ pub unsafe fn memcpy(
         }
         (Side::Host(mem, doff), Side::Device(sb, soff)) => {
             writable(name, "dst", &mem)?;
+            // CUDA's and CANN's rule: queued into pageable memory, the copy is complete when
+            // the call returns (into pinned memory it runs in stream order).
+            let finish = wait || copy::completes_before_return(mem.as_ref(), doff, count);
             let op = copy::d2h(mem, doff, &sb, soff, count).map_err(core)?;
-            submit(name, &st, op, wait, None)
+            submit(name, &st, op, finish, None)
         }
         (Side::Foreign(addr), Side::Device(sb, soff)) => {
             sb.check_range("src", soff, count).map_err(core)?;

@@ -50,6 +50,8 @@ enum Making {
     Resolving,
     /// It failed.
     Failed(runtime_core::Error),
+    /// Made, and this rank (a split with no color) joined none.
+    JoinedNone,
 }
 
 impl PyCommunicator {
@@ -81,6 +83,10 @@ impl PyCommunicator {
                 Making::Failed(e) => {
                     *m = Making::Failed(e.clone());
                     return Err(RtErr(e).into());
+                }
+                Making::JoinedNone => {
+                    *m = Making::JoinedNone;
+                    return Err(RtErr(joined_none()).into());
                 }
                 other => {
                     *m = other;
@@ -118,13 +124,7 @@ impl PyCommunicator {
                         let _ = self.inner.set(c);
                         *self.forming.lock() = Making::Done;
                     }
-                    Some(None) => {
-                        let e: runtime_core::Error = runtime_core::error::StreamError::Invalid(
-                            "this rank joined no communicator".into(),
-                        )
-                        .into();
-                        *self.forming.lock() = Making::Failed(e);
-                    }
+                    Some(None) => *self.forming.lock() = Making::JoinedNone,
                     None => {}
                 }
                 self.comm(py)
@@ -151,7 +151,25 @@ impl PyCommunicator {
     }
 }
 
-/// A forming communicator: waited for now, or, inside a group, at the group's end.
+impl PyCommunicator {
+    /// Wait as [`PyCommunicator::comm`] does until the communicator is made; a rank that
+    /// joined none (a split with no color) is no error here.
+    fn settle(&self, py: Python<'_>) -> PyResult<()> {
+        match self.comm(py) {
+            Err(_) if matches!(*self.forming.lock(), Making::JoinedNone) => Ok(()),
+            other => other.map(|_| ()),
+        }
+    }
+}
+
+fn joined_none() -> runtime_core::Error {
+    runtime_core::error::StreamError::Invalid("this rank joined no communicator".into()).into()
+}
+
+/// A forming communicator: waited for now, or, inside a group, at the group's end. A split
+/// with no color is waited for too (the split is a collective, as `ncclCommSplit` with
+/// `NCCL_SPLIT_NOCOLOR` is): returning before the other ranks' parts had come let a process
+/// go on (and exit) while its exchange with the others was still in flight.
 fn finish_forming(py: Python<'_>, f: Forming) -> PyResult<Py<PyCommunicator>> {
     let c = Py::new(py, PyCommunicator::forming(f))?;
     let in_group = GROUP.with(|g| {
@@ -163,7 +181,7 @@ fn finish_forming(py: Python<'_>, f: Forming) -> PyResult<Py<PyCommunicator>> {
         true
     });
     if !in_group {
-        c.get().comm(py)?;
+        c.get().settle(py)?;
     }
     Ok(c)
 }
@@ -309,7 +327,7 @@ pub fn comm_group_end(py: Python<'_>, wait: bool) -> PyResult<()> {
     })?;
     if wait {
         for c in forming {
-            c.get().comm(py)?;
+            c.get().settle(py)?;
         }
         for s in streams {
             backpressure(py, &s)?;
@@ -1092,12 +1110,8 @@ impl PyCommunicator {
             _ => c.rank() as i64,
         };
         let f = c.split(color, key).map_err(RtErr)?;
-        if color.is_none() {
-            // This rank joins none; its part still had to be filed.
-            drop(f);
-            return Ok(None);
-        }
-        finish_forming(py, f).map(Some)
+        let made = finish_forming(py, f)?;
+        Ok(color.is_some().then_some(made))
     }
 
     /// Raise the error that made the communicator unusable (an abort on any rank, a
