@@ -37,8 +37,8 @@
 //! A rank whose stream holds an unreported error skips its collective, as it skips every op
 //! until the error is reported; the other ranks then fail with `Timeout`.
 //!
-//! Failures travel as the stream's error (a [`KernelFailure`](crate::error::KernelFailure) named after the collective whose
-//! payload is the core [`Error`](crate::Error) — `Timeout`, an argument error, `Invalid` for an abort, or
+//! Failures travel as the stream's error (a `KernelFailure` named after the collective whose
+//! payload is the core `Error` — `Timeout`, an argument error, `Invalid` for an abort, or
 //! the transport's failure), so a stream `synchronize` raises them.
 
 mod protocol;

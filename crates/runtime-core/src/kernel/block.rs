@@ -4,7 +4,7 @@
 //! A kernel sees its instance through a [`RunContext`] (`block_idx` of `block_num`), and
 //! code called from it through [`current`] (what `runtime.get_block_idx()` reads). The
 //! blocks run concurrently on the device's compute workers: the thread that runs the op
-//! posts a request for help to the compute engine ([`Engine::post_help`]) and then claims
+//! posts a request for help to the compute engine (`Engine::post_help`) and then claims
 //! blocks itself, one at a time from a shared counter, as every helper does, so a launch
 //! never waits for a worker that is busy elsewhere (with no helper, its own thread runs every
 //! block). The op completes when every block has run; each block runs under `catch_unwind`,
@@ -14,8 +14,6 @@
 //! other threads: each block borrows those holdings for its duration
 //! (`memory::access::Lending`), so safe host accesses from a block neither wait for
 //! the op nor race with the other blocks.
-//!
-//! [`Engine::post_help`]: crate::stream::engine
 
 use std::cell::Cell;
 use std::ops::Range;
@@ -193,10 +191,12 @@ impl BlockRunner {
         }
     }
 
-    /// Run `body` as `block_num` blocks (see [`run_blocks`]).
+    /// Run `body` as `block_num` blocks: on the device's compute workers and the calling
+    /// thread, returning when all have run.
     ///
     /// # Errors
-    /// As [`run_blocks`].
+    /// The failure of the lowest-numbered block that failed (or panicked), its message
+    /// prefixed with `block i of n` and `block` set.
     pub fn run(
         &self,
         name: &str,
