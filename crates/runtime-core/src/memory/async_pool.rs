@@ -9,10 +9,10 @@
 //! a new one over the same bytes take turns and never run at once, and a host access of either
 //! waits for the work queued on both.
 //!
-//! * **free in stream order** ([`Stream::free_async`](crate::stream::Stream::free_async)): the block goes back to the pool
+//! * **free in stream order** (`Stream::free_async`): the block goes back to the pool
 //!   at once, marked with the stream and that stream's submission count; the work already
 //!   queued that uses it keeps its lease (and so the memory) until it has run.
-//! * **reuse** ([`Stream::malloc_async`](crate::stream::Stream::malloc_async)): a request on the same stream may take such a
+//! * **reuse** (`Stream::malloc_async`): a request on the same stream may take such a
 //!   block at once (every later op of that stream runs after the ops it was freed behind); a
 //!   request on another stream only once the freeing stream has reached that point (asked
 //!   without waiting). Otherwise a fresh block comes from the allocator. A reused block is
