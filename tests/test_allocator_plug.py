@@ -250,3 +250,44 @@ def test_our_own_memory_pool_plugs_in(pool):
     assert z.device == runtime.Device(1)
     p.free(z, 16, 1)
     assert z.freed
+
+
+# cupy: tests/cupy_tests/cuda_tests/test_memory.py::TestAllocator (using_allocator):
+# allocations inside the block go through the allocator given, the one before comes back
+# after it, nested blocks unwind in order, and an exception in the body still restores.
+def test_using_allocator_plugs_for_the_block_and_restores(pool):
+    outer, inner = Recorder(pool), Recorder(pool)
+    assert runtime.get_allocator() is None
+    with runtime.using_allocator(outer.alloc, outer.free):
+        a = runtime.device_malloc(0, 100)
+        with runtime.using_allocator(inner.alloc, inner.free):
+            b = runtime.device_malloc(0, 200)
+        assert runtime.get_allocator() == (outer.alloc, outer.free)
+        c = runtime.device_malloc(0, 300)
+    assert runtime.get_allocator() is None
+    d = runtime.device_malloc(0, 400)
+    assert [n for n, _, _ in outer.allocs] == [100, 300]
+    assert [n for n, _, _ in inner.allocs] == [200]
+    del a, b, c, d
+    gc.collect()
+    with pytest.raises(ZeroDivisionError):
+        with runtime.using_allocator(outer.alloc, outer.free):
+            raise ZeroDivisionError
+    assert runtime.get_allocator() is None
+
+
+def test_using_allocator_none_means_the_built_in_pool_inside(pool):
+    rec = Recorder(pool)
+    runtime.set_allocator(rec.alloc, rec.free)
+    with runtime.using_allocator():
+        assert runtime.get_allocator() is None
+        runtime.device_malloc(0, 64)
+    assert runtime.get_allocator() == (rec.alloc, rec.free)
+    assert rec.allocs == []
+
+
+def test_using_allocator_checks_its_arguments_before_plugging(pool):
+    with pytest.raises(TypeError):
+        with runtime.using_allocator(3):
+            pass
+    assert runtime.get_allocator() is None

@@ -406,3 +406,66 @@ def test_pool_empty_cache_maps_afresh():
     after = runtime.host_memory_stats()
     assert after["num_host_alloc"] == before["num_host_alloc"] + 1
     assert after["cache_hits"] == before["cache_hits"]
+
+
+# cupy: tests/cupyx_tests/test_pinned_array.py (TestBasic / TestBasicLike): the cupyx
+# creation functions against numpy's, for shape, dtype, layout and values, over pinned memory.
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int16", "complex64"])
+@pytest.mark.parametrize("shape", [(), 0, 5, (2, 3), (2, 0, 4)])
+def test_zeros_and_empty_pinned_match_numpy(shape, dtype, order):
+    z = runtime.zeros_pinned(shape, dtype, order)
+    want = np.zeros(shape, dtype, order)
+    assert isinstance(z, runtime.PinnedArray)
+    assert (z.shape, z.dtype) == (want.shape, want.dtype)
+    assert z.flags["C_CONTIGUOUS"] == want.flags["C_CONTIGUOUS"]
+    assert z.flags["F_CONTIGUOUS"] == want.flags["F_CONTIGUOUS"]
+    np.testing.assert_array_equal(z, want)
+    e = runtime.pinned_empty(shape, dtype, order)
+    assert (e.shape, e.dtype, e.flags["F_CONTIGUOUS"]) == (
+        want.shape,
+        want.dtype,
+        want.flags["F_CONTIGUOUS"],
+    )
+
+
+@pytest.mark.parametrize("order", ["C", "F", "A", "K"])
+@pytest.mark.parametrize("src_order", ["C", "F"])
+@pytest.mark.parametrize("shape", [None, (6,), (3, 4)])
+def test_like_pinned_match_numpy(order, src_order, shape):
+    a = np.asarray(np.arange(12, dtype=np.float32).reshape(3, 4), order=src_order)
+    want = np.zeros_like(a, order=order, shape=shape)
+    for f in (runtime.zeros_like_pinned, runtime.empty_like_pinned):
+        got = f(a, order=order, shape=shape)
+        assert isinstance(got, runtime.PinnedArray)
+        assert (got.shape, got.dtype) == (want.shape, want.dtype)
+        assert got.flags["F_CONTIGUOUS"] == want.flags["F_CONTIGUOUS"]
+        assert got.flags["C_CONTIGUOUS"] == want.flags["C_CONTIGUOUS"]
+    np.testing.assert_array_equal(runtime.zeros_like_pinned(a, order=order, shape=shape), want)
+    assert runtime.zeros_like_pinned(a, dtype=np.int8).dtype == np.int8
+
+
+def test_pinned_creation_counts_in_the_host_statistics_and_refuses_bad_arguments():
+    before = runtime.host_memory_stats()["allocated_bytes.current"]
+    z = runtime.zeros_pinned((4, 4), "float64")
+    assert runtime.host_memory_stats()["allocated_bytes.current"] >= before + z.nbytes
+    with pytest.raises(ValueError, match="order"):
+        runtime.zeros_pinned(4, order="X")
+    with pytest.raises(ValueError, match="order"):
+        runtime.empty_like_pinned(z, order="Z")
+    with pytest.raises(ValueError, match="shape"):
+        runtime.zeros_pinned((2, -1))
+
+
+def test_a_queued_copy_into_zeros_pinned_is_asynchronous(stream):
+    # pinned destinations are written when the stream gets there (pageable ones on return)
+    src = runtime.to_device(np.arange(1000, dtype=np.float32))
+    dst = runtime.zeros_like_pinned(np.empty(1000, np.float32))
+    gate = threading.Event()
+    stream.launch_host_func(gate.wait, WAIT)
+    runtime.memcpy_device_to_host(dst, src, stream)
+    assert not stream.query()
+    assert not dst.any()
+    gate.set()
+    stream.synchronize(WAIT)
+    np.testing.assert_array_equal(dst, np.arange(1000, dtype=np.float32))

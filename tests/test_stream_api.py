@@ -257,6 +257,16 @@ def test_add_callback_numba_style():
     assert done.wait(WAIT)
 
 
+# numba: numba/cuda/tests/cudadrv/test_streams.py::TestCudaStream::test_add_callback
+# (``stream.add_callback(callback)`` with ``arg`` left out: the callback gets None)
+def test_add_callback_without_its_argument_passes_none():
+    got = []
+    s = runtime.Stream()
+    s.add_callback(lambda stream, status, arg: got.append((stream, status, arg)))
+    s.synchronize(WAIT)
+    assert got == [(s, 0, None)]
+
+
 def test_add_callback_refuses_a_non_callable():
     with pytest.raises(TypeError, match="callback must be callable, got int"):
         runtime.Stream().add_callback(3, None)

@@ -14,11 +14,19 @@ from __future__ import annotations
 import atexit as _atexit
 
 from . import comm, kernels
+from ._allocator import using_allocator
 
 # Pinned host memory and 2-D copies: pure-Python faces over the extension.
 from ._copy2d import memcpy_2d
 from ._native import get_include
-from ._pinned import PinnedArray, malloc_host, pinned_empty
+from ._pinned import (
+    PinnedArray,
+    empty_like_pinned,
+    malloc_host,
+    pinned_empty,
+    zeros_like_pinned,
+    zeros_pinned,
+)
 from ._runtime import (
     MAX_BLOCK_DIM,
     MAX_QUEUED,
@@ -273,6 +281,9 @@ __all__ = [
     "mem_range_attributes",
     "memcpy_2d",
     "pinned_empty",
+    "zeros_pinned",
+    "empty_like_pinned",
+    "zeros_like_pinned",
     "prefetch",
     "set_per_process_memory_fraction",
 ]
@@ -291,6 +302,7 @@ __all__ += [
     "get_allocator",
     "get_default_memory_pool",
     "set_allocator",
+    "using_allocator",
 ]
 
 # Stream-ordered allocation.

@@ -1,4 +1,6 @@
-"""Pinned (page-locked) host memory as numpy arrays: :func:`malloc_host`, :func:`pinned_empty`.
+"""Pinned (page-locked) host memory as numpy arrays: :func:`malloc_host`, :func:`pinned_empty`,
+and CuPy's ``cupyx`` creation functions (:func:`zeros_pinned`, :func:`empty_like_pinned`,
+:func:`zeros_like_pinned`).
 
 The memory comes from the core's caching pinned allocator (``runtime._runtime.PinnedMemory``,
 one block each); the array keeps its block alive, and the block returns to the cache once no
@@ -78,16 +80,69 @@ def malloc_host(nbytes: int, mapped: bool = False) -> PinnedArray:
     return np.frombuffer(mem, dtype=np.uint8).view(PinnedArray)
 
 
-def pinned_empty(shape: int | tuple[int, ...], dtype: Any = "float32") -> PinnedArray:
-    """A :class:`PinnedArray` of ``shape`` and ``dtype`` over pinned host memory
-    (``torch.empty(..., pin_memory=True)``; ``cupyx.empty_pinned``). Not zeroed when the
-    memory is reused from the pinned cache."""
-    dt = np.dtype(dtype)
+def _dims(shape: Any) -> tuple[int, ...]:
     dims = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
     for n in dims:
         if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0:
             raise ValueError(f"shape: dimensions must be non-negative ints, got {shape!r}")
-    count = math.prod(int(n) for n in dims)
+    return tuple(int(n) for n in dims)
+
+
+def pinned_empty(
+    shape: int | tuple[int, ...], dtype: Any = "float32", order: str = "C"
+) -> PinnedArray:
+    """A :class:`PinnedArray` of ``shape`` and ``dtype`` over pinned host memory
+    (``torch.empty(..., pin_memory=True)``; ``cupyx.empty_pinned``), in C (row-major) or
+    ``order="F"`` (column-major) layout. Not zeroed when the memory is reused from the pinned
+    cache."""
+    if order not in ("C", "F"):
+        raise ValueError(f"order must be 'C' or 'F', got {order!r}")
+    dt = np.dtype(dtype)
+    dims = _dims(shape)
+    count = math.prod(dims)
     mem = _allocate(count * dt.itemsize, "pinned_empty")
-    arr = np.frombuffer(mem, dtype=dt, count=count).reshape(dims)
+    arr = np.frombuffer(mem, dtype=dt, count=count).reshape(dims, order=order)
     return arr.view(PinnedArray)
+
+
+def zeros_pinned(
+    shape: int | tuple[int, ...], dtype: Any = "float32", order: str = "C"
+) -> PinnedArray:
+    """:func:`pinned_empty`, zeroed (``cupyx.zeros_pinned``)."""
+    out = pinned_empty(shape, dtype, order)
+    out.fill(0)
+    return out
+
+
+def _like_order(a: np.ndarray, order: str, shape: Any) -> str:
+    """numpy's ``order`` of a ``*_like`` call: ``K`` and ``A`` keep ``a``'s column-major
+    layout when ``a`` has it and the number of dimensions does not change."""
+    if order in ("C", "F"):
+        return order
+    if order not in ("K", "A"):
+        raise ValueError(f"order must be 'C', 'F', 'A' or 'K', got {order!r}")
+    same_ndim = shape is None or len(_dims(shape)) == a.ndim
+    fortran = a.flags["F_CONTIGUOUS"] and not a.flags["C_CONTIGUOUS"]
+    return "F" if same_ndim and fortran else "C"
+
+
+def empty_like_pinned(
+    a: Any, dtype: Any = None, order: str = "K", shape: Any = None
+) -> PinnedArray:
+    """A :class:`PinnedArray` with ``a``'s shape and dtype, or those given
+    (``cupyx.empty_like_pinned``; ``numpy.empty_like`` over pinned memory)."""
+    a = np.asarray(a)
+    return pinned_empty(
+        a.shape if shape is None else shape,
+        a.dtype if dtype is None else dtype,
+        _like_order(a, order, shape),
+    )
+
+
+def zeros_like_pinned(
+    a: Any, dtype: Any = None, order: str = "K", shape: Any = None
+) -> PinnedArray:
+    """:func:`empty_like_pinned`, zeroed (``cupyx.zeros_like_pinned``)."""
+    out = empty_like_pinned(a, dtype, order, shape)
+    out.fill(0)
+    return out

@@ -1632,6 +1632,31 @@ def build_cases():  # noqa: C901 - a table
         ),
     ]:
         add(C(f"MemoryAsyncPool.{vid}", f, exc, m))
+    # ------------------------------------------------------------ pinned creation, allocator blocks
+    for vid, f, exc, m in [
+        ("zeros_pinned-order", lambda e: runtime.zeros_pinned(4, order="X"), ValueError, "order"),
+        ("zeros_pinned-shape", lambda e: runtime.zeros_pinned((2, -1)), ValueError, "shape"),
+        ("zeros_pinned-dtype", lambda e: runtime.zeros_pinned(4, "nope"), TypeError, None),
+        (
+            "empty_like_pinned-order",
+            lambda e: runtime.empty_like_pinned(np.zeros(2), order="Z"),
+            ValueError,
+            "order",
+        ),
+        (
+            "zeros_like_pinned-shape",
+            lambda e: runtime.zeros_like_pinned(np.zeros(2), shape=(-1,)),
+            ValueError,
+            "shape",
+        ),
+        (
+            "using_allocator-not-callable",
+            lambda e: runtime.using_allocator(3).__enter__(),
+            TypeError,
+            "alloc",
+        ),
+    ]:
+        add(C(vid, f, exc, m))
     # ------------------------------------------------------------ blocks of a launch
     for name in ("get_block_idx", "get_block_num"):
         f = getattr(runtime, name)

@@ -98,13 +98,15 @@ impl PyStream {
         (0, self.inner().id())
     }
 
-    /// Queue `callback(stream, status, arg)` in stream order (CuPy's `add_callback`).
-    /// `status` is 0: a callback behind a failed operation is skipped, as every host function
-    /// is, until `synchronize` reports the error.
+    /// Queue `callback(stream, status, arg)` in stream order (CuPy's `add_callback`; `arg`
+    /// defaults to None, as numba's `stream.add_callback(callback, arg=None)`). `status` is 0:
+    /// a callback behind a failed operation is skipped, as every host function is, until
+    /// `synchronize` reports the error.
+    #[pyo3(signature = (callback, arg=None))]
     fn add_callback(
         slf: &Bound<'_, Self>,
         callback: &Bound<'_, PyAny>,
-        arg: &Bound<'_, PyAny>,
+        arg: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let py = slf.py();
         if !callback.is_callable() {
@@ -118,7 +120,7 @@ impl PyStream {
             [
                 slf.as_any().clone(),
                 0i32.into_pyobject(py)?.into_any(),
-                arg.clone(),
+                arg.map_or_else(|| py.None().into_bound(py), Bound::clone),
             ],
         )?;
         kernel::launch_host_func(py, slf.get().inner(), callback, &args)
