@@ -39,25 +39,19 @@ impl HostBuf {
         }
         // SAFETY: Py_buffer is plain data; zeroed is a valid "empty" state before export.
         let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { std::mem::zeroed() });
-        // SAFETY: valid object and a writable Py_buffer to fill.
-        let rc = unsafe {
-            ffi::PyObject_GetBuffer(
-                obj.as_ptr(),
-                &mut *view,
-                ffi::PyBUF_C_CONTIGUOUS | ffi::PyBUF_FORMAT,
-            )
+        let mut export = |flags: c_int| {
+            // SAFETY: valid object and a writable Py_buffer to fill; called again only after
+            // a failed export, which leaves the view unfilled (nothing to release).
+            unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) }
         };
+        let mut rc = export(ffi::PyBUF_C_CONTIGUOUS | ffi::PyBUF_FORMAT);
         // numpy exports no format for extension dtypes (ml_dtypes' bfloat16: "cannot include
         // dtype 'E' in a buffer") but gives their bytes when no format is asked for; an
-        // ndarray without object fields is plain bytes, so take them that way.
-        let mut rc = rc;
+        // ndarray whose dtype holds no objects is plain bytes, so take them that way.
         if rc != 0 {
             let first = PyErr::fetch(py);
             if plain_ndarray(obj) {
-                // SAFETY: as above; the first request failed, so `view` was left unfilled.
-                rc = unsafe {
-                    ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, ffi::PyBUF_C_CONTIGUOUS)
-                };
+                rc = export(ffi::PyBUF_C_CONTIGUOUS);
                 if rc != 0 {
                     drop(PyErr::take(py));
                 }
