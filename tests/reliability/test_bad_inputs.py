@@ -167,6 +167,18 @@ BAD_DEV_TYPE = [
     ("bytes", b"0"),
     ("object", object()),
 ]
+# Device strings ("npu:N", "cuda:N"): malformed ones are ValueErrors, out-of-range ones
+# InvalidDeviceErrors; both name the argument and the string.
+BAD_DEV_STRING = [
+    ("gpu:0", "gpu:0", ValueError),
+    ("npu:x", "npu:x", ValueError),
+    ("npu:-1", "npu:-1", ValueError),
+    ("npu:01", "npu:01", ValueError),
+    ("npu-empty", "npu:", ValueError),
+    ("npu-count", f"npu:{DEVICES}", "ID"),
+    ("cuda-count", f"cuda:{DEVICES}", "ID"),
+    ("npu-2**64", "npu:18446744073709551616", "ID"),
+]
 BAD_TIMEOUT_VALUE = [
     ("-1", -1),
     ("-1e-9", -1e-9),
@@ -244,6 +256,15 @@ def build_cases():  # noqa: C901 - a table
             add(C(f"{name}-device-{vid}", lambda e, f=f, v=v: f(v), ID, "device|index"))
         for vid, v in BAD_DEV_TYPE:
             add(C(f"{name}-device-type-{vid}", lambda e, f=f, v=v: f(v), TypeError, "device|index"))
+        for vid, v, exc in BAD_DEV_STRING:
+            add(
+                C(
+                    f"{name}-device-string-{vid}",
+                    lambda e, f=f, v=v: f(v),
+                    ID if exc == "ID" else exc,
+                    rf"(device|index).*{re.escape(v)}",
+                )
+            )
     for name, f in dev_required.items():
         # Regression: device_malloc(None, n) and Device(None) used to take None as the current
         # device, unlike every other required device argument and the stubs.
@@ -1693,6 +1714,16 @@ def build_cases():  # noqa: C901 - a table
                 "devices",
             )
         )
+    for vid, v, exc in BAD_DEV_STRING:
+        add(
+            C(
+                f"comm-init_all-device-string-{vid}",
+                lambda e, v=v: comm.init_all([v]),
+                runtime.InvalidDeviceError if exc == "ID" else exc,
+                rf"devices\[0\].*{re.escape(v)}",
+            )
+        )
+    add(C("comm-init_all-str", lambda e: comm.init_all("npu:0"), TypeError, "devices"))
     for vid, v in [*BAD_TIMEOUT_VALUE, ("0", 0)]:
         add(
             C(

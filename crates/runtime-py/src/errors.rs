@@ -204,6 +204,12 @@ pub fn invalid_handle(py: Python<'_>, what: String, why: &str) -> PyErr {
     )
 }
 
+/// `InvalidDeviceError` with a message of the bindings' own (one naming the argument as
+/// given, e.g. a device string).
+pub fn invalid_device(py: Python<'_>, msg: String) -> PyErr {
+    err_of(py, &classes(py).invalid_device, msg)
+}
+
 /// `InvalidOperationError`.
 pub fn invalid_operation(py: Python<'_>, msg: String) -> PyErr {
     err_of(py, &classes(py).invalid_operation, msg)
