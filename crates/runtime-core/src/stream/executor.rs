@@ -93,6 +93,18 @@ impl Executor {
         self.engines.compute_workers()
     }
 
+    /// Time the device has spent running compute work (kernels, host functions), summed
+    /// over its workers.
+    pub fn compute_busy(&self) -> Duration {
+        self.engines.compute_busy()
+    }
+
+    /// Percent of the compute workers' time spent busy since the previous call (see
+    /// [`crate::device::Device::compute_utilization`]).
+    pub fn compute_utilization(&self) -> u32 {
+        self.engines.utilization()
+    }
+
     /// The process options this device runs under.
     pub fn options(&self) -> &Arc<Options> {
         &self.options
