@@ -271,8 +271,19 @@ def test_misuse_is_refused(pool):
     with pytest.raises(ValueError, match="device"):
         runtime.free_async(x, stream=runtime.Stream(1))
     runtime.free_async(x, stream=s)
-    with pytest.raises(runtime.InvalidHandleError):
+    # The error names how the buffer was freed.
+    with pytest.raises(runtime.InvalidHandleError, match=r"freed with free_async\(\)"):
         runtime.free_async(x, stream=s)
+    with pytest.raises(runtime.InvalidHandleError, match=r"freed with free_async\(\)"):
+        runtime.device_free(x)
+    y = pool.malloc(64, stream=s)
+    pool.free(y, stream=s)
+    with pytest.raises(runtime.InvalidHandleError, match=r"freed with MemoryAsyncPool\.free\(\)"):
+        runtime.free_async(y, stream=s)
+    z = runtime.device_malloc(0, 64)
+    runtime.device_free(z)
+    with pytest.raises(runtime.InvalidHandleError, match=r"freed with device_free\(\)"):
+        runtime.device_free(z)
     with pytest.raises(ValueError, match="size"):
         runtime.malloc_async(-1)
     with pytest.raises(runtime.OutOfMemoryError):

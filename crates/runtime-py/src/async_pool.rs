@@ -100,7 +100,7 @@ impl PyMemoryAsyncPool {
     ) -> PyResult<()> {
         let h = crate::convert::buffer_arg(buf, "buf")?.get();
         let s = self.stream(py, stream)?;
-        h.free_with(py, |b| s.free_async(b))
+        h.free_with(py, "MemoryAsyncPool.free()", |b| s.free_async(b))
     }
 
     /// Bytes of blocks handed out and not freed (`cudaMemPoolAttrUsedMemCurrent`).
