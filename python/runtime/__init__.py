@@ -107,6 +107,14 @@ from .trace import profile
 __version__ = "0.1.0"
 
 
+def ExternalStream(handle, device=None) -> Stream:  # noqa: N802 - CuPy's and torch's name
+    """A stream made elsewhere, wrapped from its handle (a ``Stream.id``, or the ``Stream``):
+    CuPy's ``cupy.cuda.ExternalStream(ptr)``, torch's ``torch.cuda.ExternalStream(stream_ptr)``.
+    Work queued through it goes to that stream; it never destroys the stream. The same as
+    ``Stream.from_external(handle, device)`` (a ``Stream``, with ``is_external`` True)."""
+    return Stream.from_external(handle, device)
+
+
 def zeros(shape, dtype="float32", device=None) -> DeviceBuffer:
     """Allocate a zeroed typed buffer (device memory is always handed out zeroed)."""
     return empty(shape, dtype, device)
@@ -199,6 +207,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "MAX_QUEUED",
+    "ExternalStream",
     "comm",
     "ComputeInfo",
     "Device",

@@ -1243,6 +1243,29 @@ def build_cases():  # noqa: C901 - a table
         )
     )
     add(C("Stream.use-destroyed", use_destroyed, IH, "destroyed"))
+    # Wrapping a stream made elsewhere (Stream.from_external / ExternalStream).
+    for fname, wrap in {
+        "Stream.from_external": runtime.Stream.from_external,
+        "ExternalStream": runtime.ExternalStream,
+    }.items():
+        add(C(f"{fname}-str", lambda e, w=wrap: w("1"), TypeError, "handle"))
+        add(C(f"{fname}-float", lambda e, w=wrap: w(1.0), TypeError, "handle"))
+        add(C(f"{fname}-bool", lambda e, w=wrap: w(True), TypeError, "handle"))
+        add(C(f"{fname}-negative", lambda e, w=wrap: w(-1), ValueError, "handle"))
+        add(C(f"{fname}-2**64", lambda e, w=wrap: w(2**64), ValueError, "handle"))
+        add(C(f"{fname}-unknown", lambda e, w=wrap: w(2**62), IH, "stream handle"))
+        add(C(f"{fname}-destroyed", lambda e, w=wrap: w(e.dead_stream.id), IH, "destroyed"))
+        add(C(f"{fname}-stale", lambda e, w=wrap: w(STALE["stream"].id), IH, "stream"))
+        add(C(f"{fname}-other-device", lambda e, w=wrap: w(e.s.id, 1), ValueError, "device"))
+        add(C(f"{fname}-bad-device", lambda e, w=wrap: w(e.s.id, "gpu:0"), ValueError, "device"))
+    add(
+        C(
+            "Stream.from_external-destroy",
+            lambda e: runtime.ExternalStream(e.s.id).destroy(),
+            IO,
+            "never destroys",
+        )
+    )
     add(C("set_stream-int", lambda e: runtime.set_stream(3), TypeError, "stream"))
     add(
         C(

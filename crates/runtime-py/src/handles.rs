@@ -198,6 +198,8 @@ impl Drop for PyDeviceBuffer {
 #[pyclass(name = "Stream", module = "runtime", frozen, eq, hash, weakref)]
 pub struct PyStream {
     inner: Stream,
+    /// A wrapper of a stream made elsewhere (`Stream.from_external`): it never destroys it.
+    pub(crate) external: bool,
 }
 
 impl PartialEq for PyStream {
@@ -217,7 +219,17 @@ impl PyStream {
         &self.inner
     }
     pub fn wrap(inner: Stream) -> Self {
-        PyStream { inner }
+        PyStream {
+            inner,
+            external: false,
+        }
+    }
+    /// A wrapper of a stream made elsewhere (`Stream.from_external`).
+    pub fn wrap_external(inner: Stream) -> Self {
+        PyStream {
+            inner,
+            external: true,
+        }
     }
 }
 

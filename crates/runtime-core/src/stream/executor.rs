@@ -170,6 +170,13 @@ impl Executor {
         self.streams.lock().insert(s.id, Arc::downgrade(s));
     }
 
+    /// The live stream of this device whose id is `id` (`None`: no such stream, or it was
+    /// dropped).
+    pub(crate) fn stream(&self, id: u64) -> Option<Stream> {
+        let inner = self.streams.lock().get(&id)?.upgrade()?;
+        Some(Stream(inner))
+    }
+
     pub(crate) fn unregister(&self, id: u64) {
         if self.forked_away() {
             return; // a thread that vanished in the fork may hold the lock
