@@ -1506,6 +1506,54 @@ def build_cases():  # noqa: C901 - a table
         runtime.free_host(a)
 
     add(C("free_host-twice", double_free, IH, "free_host"))
+    # Registered host memory (host_register / host_unregister / pinned).
+    for fname, f in {
+        "host_register": runtime.host_register,
+        "host_unregister": runtime.host_unregister,
+        "host_is_registered": runtime.host_is_registered,
+    }.items():
+        add(C(f"{fname}-int", lambda e, f=f: f(3), TypeError, "arr"))
+        add(C(f"{fname}-None", lambda e, f=f: f(None), TypeError, "arr"))
+        add(C(f"{fname}-devbuf", lambda e, f=f: f(e.dst), TypeError, "arr"))
+        add(
+            C(
+                f"{fname}-non-contiguous",
+                lambda e, f=f: f(np.ones((4, 4))[:, ::2]),
+                ValueError,
+                "C-contiguous",
+            )
+        )
+    add(C("host_register-empty", lambda e: runtime.host_register(np.ones(0)), ValueError, "empty"))
+    add(
+        C(
+            "host_register-flags",
+            lambda e: runtime.host_register(np.ones(8), flags=0x10),
+            ValueError,
+            "flags",
+        )
+    )
+    add(
+        C(
+            "host_register-flags-neg",
+            lambda e: runtime.host_register(np.ones(8), flags=-1),
+            ValueError,
+            "flags",
+        )
+    )
+    add(
+        C(
+            "host_unregister-unknown",
+            lambda e: runtime.host_unregister(np.ones(8)),
+            ValueError,
+            "registered",
+        )
+    )
+
+    def pinned_bad():
+        with runtime.pinned(3):
+            pass
+
+    add(C("pinned-int", lambda e: pinned_bad(), TypeError, "arr"))
     for name in ("host_memory_stats", "host_empty_cache"):
         add(C(f"{name}-extra-arg", lambda e, n=name: getattr(runtime, n)(1), TypeError))
     managed = lambda: runtime.malloc_managed(16)  # noqa: E731
