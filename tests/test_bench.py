@@ -132,6 +132,40 @@ def test_cells_are_warmed_up_outside_the_samples_and_sampled_in_turn():
     assert log[6 + 7 * 6 :] == ["c/rt"] * (2 + 7)  # alone: no untimed call between samples
 
 
+def test_systems_set_apart_are_sampled_after_the_others():
+    """A row's ``apart`` systems (threads that spin on after each call, such as torch's
+    OpenMP pool) get a stretch of their own once the others' rounds are done."""
+    log: list[str] = []
+    fakes: dict = {}
+
+    def impl(name):
+        def make(ctx):
+            fakes[name] = _Fake(name, log, 2)
+            return fakes[name]
+
+        return make
+
+    row = Row(
+        "k",
+        "kernel row",
+        {"runtime": impl("rt"), "numpy": impl("np"), "torch": impl("torch")},
+        reps=7,
+        apart=("torch",),
+    )
+    out = run_rows(
+        [row],
+        ["runtime", "numpy", "torch"],
+        Config(quick=True),
+        NO_PEERS,
+        Progress(0, enabled=False),
+    )
+    assert all(out[0]["results"][s]["n"] == 7 for s in ("runtime", "numpy", "torch"))
+    timed = log[6:]  # after the warm-ups (2 per cell)
+    together, alone = timed[: 7 * 4], timed[7 * 4 :]
+    assert together == ["rt", "rt", "np", "np"] * 7
+    assert alone == ["torch"] * 7  # alone: no untimed call between its samples
+
+
 def test_a_failing_cell_is_an_error_and_its_group_goes_on():
     cfg = Config(quick=True)
 

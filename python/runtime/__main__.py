@@ -63,10 +63,13 @@ def _prog() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    as_program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
         from . import bench
 
+        if as_program:
+            bench.cli.exec_with_quiet_blas("runtime", argv)
         return bench.main(argv[1:])
     if argv and argv[0] == "trace-plot":
         from . import trace

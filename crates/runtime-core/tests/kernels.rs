@@ -1010,3 +1010,44 @@ proptest! {
         prop_assert_eq!(download::<f64>(&bo, len, 1), vec![0.0]);
     }
 }
+
+/// Outputs past `STREAM_BYTES` are written through an L1 buffer with streaming stores:
+/// the values are those of the plain path, at an offset that misaligns the output (head and
+/// tail around the aligned body), with an odd length, as one block and as several, and the
+/// bytes around the output stay untouched.
+#[test]
+fn streamed_outputs_match_the_plain_path() {
+    let c = Ctx::new();
+    let n = (kernel::builtin::STREAM_BYTES as usize) / 4 + 13;
+    let (a, b) = (data::<f32>(71, n), data::<f32>(72, n));
+    let (ba, bb) = (c.upload(&a), c.upload(&b));
+    // One element of slack before and after the output, which must keep its marker value.
+    let bo = c.upload(&vec![-1.0f32; n + 2]);
+    let out = || tensor::<f32>(&bo, 1, &[n]);
+    let check = |what: &str, want: &dyn Fn(usize) -> f32| {
+        let got = download::<f32>(&bo, 0, n + 2);
+        assert_eq!(got[0], -1.0, "{what}: the element before the output");
+        assert_eq!(got[n + 1], -1.0, "{what}: the element after the output");
+        for i in 0..n {
+            assert_eq!(got[i + 1], want(i), "{what} [{i}] of {n}");
+        }
+    };
+    for blocks in [1u32, 3] {
+        let run = |name: &str, args: Vec<KernelArg>| {
+            kernel::launch_blocks(&c.s, kernel::find(name).unwrap(), args, Some(blocks)).unwrap();
+            c.s.synchronize(None).unwrap();
+        };
+        let ta = || tensor::<f32>(&ba, 0, &[n]);
+        let tb = || tensor::<f32>(&bb, 0, &[n]);
+        run("add", vec![out(), ta(), tb()]);
+        check(&format!("add, {blocks} blocks"), &|i| a[i] + b[i]);
+        run("mul", vec![out(), ta(), tb()]);
+        check(&format!("mul, {blocks} blocks"), &|i| a[i] * b[i]);
+        run("scale", vec![out(), ta(), KernelArg::Float(0.5)]);
+        check(&format!("scale, {blocks} blocks"), &|i| 0.5 * a[i]);
+        run("fill", vec![out(), KernelArg::Float(2.5)]);
+        check(&format!("fill, {blocks} blocks"), &|_| 2.5);
+        run("copy", vec![out(), tb()]);
+        check(&format!("copy, {blocks} blocks"), &|i| b[i]);
+    }
+}

@@ -116,6 +116,28 @@ def _parser():
     return ap
 
 
+#: What numpy's OpenBLAS threads spin for after each call before they sleep (2**N cycles;
+#: OpenBLAS's default 2**28 is about 0.1 s, and its threads busy-spin for that long after
+#: every ``np.matmul``, taking the cores from the cell measured next: the runtime's matmul
+#: right after numpy's measured 2.0-2.5x numpy's time, 1.1x once those threads slept).
+#: 2**4 cycles: they sleep at once, and numpy's own next call wakes them (microseconds on
+#: a call of milliseconds).
+OPENBLAS_THREAD_TIMEOUT = "4"
+
+
+def exec_with_quiet_blas(module: str, argv: list[str]) -> None:
+    """For a benchmark run as a program: restart this process once with numpy's OpenBLAS
+    told not to spin after its calls (``OPENBLAS_THREAD_TIMEOUT``, read when numpy loads,
+    which ``import runtime`` already did). Returns at once when the variable is set (by the
+    user, or by the restart)."""
+    if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
+        return
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = OPENBLAS_THREAD_TIMEOUT
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", module, *argv])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["--comm"]:
@@ -291,7 +313,13 @@ def _main(argv: list[str] | None) -> int:
     print(
         f"ran in {elapsed:.1f} s ({'quick' if cfg.quick else 'full'}); load average "
         f"{machine['loadavg_start']} at start, {machine['loadavg_end']} at end (other processes "
-        "on this host add noise: compare p90 with median)"
+        "on this host add noise: compare p90 with median); numpy's OpenBLAS threads: "
+        + (
+            f"OPENBLAS_THREAD_TIMEOUT={machine['openblas_thread_timeout']} (they sleep after "
+            "each call instead of spinning into the next cell)"
+            if machine.get("openblas_thread_timeout")
+            else "spinning after each call (OpenBLAS's default; the cell after numpy's is slowed)"
+        )
     )
     print()
     print(render_targets(targets))

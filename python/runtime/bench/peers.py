@@ -128,6 +128,8 @@ def machine_info(peers: Peers) -> dict:
         "peer_info": dict(peers.info),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "loadavg_start": _loadavg(),
+        # Set by `python -m runtime bench` (see `cli.exec_with_quiet_blas`), or by the user.
+        "openblas_thread_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT"),
     }
 
 

@@ -3,7 +3,8 @@
 ``run_rows`` walks the rows a group at a time (a row and its systems, or the rows that share a
 ``group`` and are compared with each other), turns a missing peer, ``NotApplicable`` or an
 exception into that cell's status, warms every cell up outside the timed samples, then samples
-the group's cells interleaved, round by round, with the collector off, and lets background
+the group's cells interleaved, round by round, with the collector off (systems a row sets
+``apart`` in a stretch of their own after the others), and lets background
 work settle between groups. ``run_cell`` times one sample function alone; ``Progress`` is the
 stderr progress line.
 """
@@ -215,7 +216,11 @@ def run_rows(rows, systems, cfg, peers, progress) -> list[dict]:
                 progress.finish("set up and warmed")
         if cells:
             t0 = time.monotonic()
-            _interleave(cells, cfg, progress)
+            together = [c for c in cells if c.sysname not in c.row.apart]
+            apart = [c for c in cells if c.sysname in c.row.apart]
+            for stretch in (together, apart):
+                if stretch:
+                    _interleave(stretch, cfg, progress)
             for c in cells:
                 if c.error is not None:
                     results[c.row.key][c.sysname] = _error(c.error, c.t_setup)

@@ -172,7 +172,7 @@ pub(crate) fn run_blocks(
     block_num: u32,
     body: Arc<BlockBody>,
 ) -> Result<(), KernelFailure> {
-    run_blocks_on(exec, name, block_num, body, new_launch(), false)
+    run_blocks_on(exec, name, block_num, body, new_launch(), false, true)
 }
 
 /// Where the blocks of a launch queued on a stream run: its device's compute workers. An op
@@ -210,6 +210,8 @@ impl BlockRunner {
 /// [`run_blocks`], also letting host threads that wait for the stream running the launch
 /// run blocks while they wait (a thread in `synchronize()` has a core and nothing else to
 /// do with it: on a host with few cores it is the one that can run a second block at once).
+/// Without `wake`, no sleeping worker is woken: the blocks run on this thread, on workers
+/// that are awake (spinning) and on waiting host threads (`Kernel::wakes_workers`).
 pub(crate) fn run_blocks_on(
     exec: &Executor,
     name: &str,
@@ -217,6 +219,7 @@ pub(crate) fn run_blocks_on(
     body: Arc<BlockBody>,
     launch_id: u64,
     waiters_help: bool,
+    wake: bool,
 ) -> Result<(), KernelFailure> {
     if block_num <= 1 {
         return as_block(RunContext::single(), || body(RunContext::single()));
@@ -245,10 +248,18 @@ pub(crate) fn run_blocks_on(
         // A waiter spinning for the stream takes a block at once: no sleeping worker is
         // woken for that one (the wake-up would cost this thread a system call before its
         // own first block, more than a small block takes).
-        let spinning = offer
-            .as_ref()
-            .is_some_and(crate::stream::Offer::waiter_spinning);
-        engine.post_help(&help, wanted, usize::from(spinning));
+        let spinning = usize::from(
+            offer
+                .as_ref()
+                .is_some_and(crate::stream::Offer::waiter_spinning),
+        );
+        if wake {
+            engine.post_help(&help, wanted, spinning);
+        } else {
+            // Only workers that are awake find these; the spinning waiter is one helper.
+            let copies = wanted.saturating_sub(spinning);
+            engine.post_help(&help, copies, copies);
+        }
     }
     {
         let _borrowed = launch.lending.enter();

@@ -28,6 +28,7 @@
 //! exclusively and the inputs' shared ([`Kernel::access`], [`crate::memory::access`]) while
 //! the kernel runs, which is what those views require.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use half::f16;
@@ -602,28 +603,15 @@ impl Kernel for Builtin {
     /// enough to pay for waking them ([`SPLIT_BYTES`], [`SPLIT_MACS`]); the others as one
     /// block.
     fn blocks(&self, args: &Args, workers: u32) -> u32 {
-        let big = match self {
-            Builtin::Noop | Builtin::Sum => false,
-            Builtin::Matmul => {
-                let (a, b) = (t(args, 1), t(args, 2));
-                let macs = (a.shape[0] as u128) * (a.shape[1] as u128) * (b.shape[1] as u128);
-                macs >= SPLIT_MACS && a.shape[0] >= 2
-            }
-            _ => {
-                args.iter()
-                    .map(|a| match a {
-                        KernelArg::Tensor(t) => t.nbytes(),
-                        _ => 0,
-                    })
-                    .sum::<u64>()
-                    >= SPLIT_BYTES
-            }
-        };
-        if big {
+        if self.work(args) >= Work::Split {
             workers.clamp(1, super::MAX_BLOCK_DIM)
         } else {
             1
         }
+    }
+
+    fn wakes_workers(&self, args: &Args, _blocks: u32) -> bool {
+        self.work(args) >= Work::Wake
     }
 
     fn run(&self, args: &Args, cx: &RunContext) -> Result<(), KernelFailure> {
@@ -670,7 +658,13 @@ impl Builtin {
                 if d.span() != s.span() {
                     // Disjoint (checked): this block's share of the bytes.
                     let r = cx.share_aligned(d.nbytes() as usize, SHARE_ALIGN_BYTES);
-                    view_mut_part::<u8>(d, r.clone()).copy_from_slice(view_part::<u8>(s, r));
+                    let (dst, src) = (view_mut_part::<u8>(d, r.clone()), view_part::<u8>(s, r));
+                    if d.nbytes() >= STREAM_BYTES {
+                        stream_bytes(dst, src);
+                        stream_fence();
+                    } else {
+                        dst.copy_from_slice(src);
+                    }
                 }
             }
             // One block sums it all: the others have nothing to do.
@@ -680,9 +674,76 @@ impl Builtin {
     }
 }
 
+/// How much work a launch of a built-in is, for choosing its blocks when the launch names
+/// none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Work {
+    /// One block.
+    Small,
+    /// A block per compute worker, run by the op's thread and threads already awake or
+    /// waiting for the stream ([`SPLIT_BYTES`], [`SPLIT_MACS`]).
+    Split,
+    /// Worth waking sleeping workers too ([`WAKE_BYTES`], [`WAKE_MACS`]).
+    Wake,
+}
+
+impl Builtin {
+    fn work(&self, args: &Args) -> Work {
+        let (size, split, wake) = match self {
+            Builtin::Noop | Builtin::Sum => return Work::Small,
+            Builtin::Matmul => {
+                let (a, b) = (t(args, 1), t(args, 2));
+                if a.shape[0] < 2 {
+                    return Work::Small;
+                }
+                let macs = (a.shape[0] as u128) * (a.shape[1] as u128) * (b.shape[1] as u128);
+                (macs, SPLIT_MACS, WAKE_MACS)
+            }
+            _ => {
+                let bytes: u64 = args
+                    .iter()
+                    .map(|a| match a {
+                        KernelArg::Tensor(t) => t.nbytes(),
+                        _ => 0,
+                    })
+                    .sum();
+                (
+                    u128::from(bytes),
+                    u128::from(SPLIT_BYTES),
+                    u128::from(WAKE_BYTES),
+                )
+            }
+        };
+        if size >= wake {
+            Work::Wake
+        } else if size >= split {
+            Work::Split
+        } else {
+            Work::Small
+        }
+    }
+}
+
 /// Bytes of tensor data (inputs and output together) from which an element-wise kernel runs
 /// on every compute worker when the launch names no `block_dim`.
 pub const SPLIT_BYTES: u64 = 512 << 10;
+
+/// Bytes of tensor data from which an element-wise launch that runs as several blocks also
+/// wakes sleeping compute workers for them: below it the blocks take less time than a
+/// wake-up (tens of microseconds), so only threads already awake run them
+/// ([`Kernel::wakes_workers`]).
+pub const WAKE_BYTES: u64 = 4 << 20;
+
+/// Multiply-adds from which a multi-block matmul wakes sleeping compute workers (a
+/// 128 x 128 x 128 product).
+pub const WAKE_MACS: u128 = 128 * 128 * 128;
+
+/// Output bytes from which element-wise built-ins (`fill`, `copy`, `scale`, `add`, `mul` into
+/// a separate output) write with streaming stores: outputs that do not fit the caches.
+pub const STREAM_BYTES: u64 = 16 << 20;
+
+/// Elements of a streamed output computed at a time, in bytes (fits L1 beside the inputs).
+const STREAM_CHUNK: usize = 8 << 10;
 
 /// Multiply-adds from which a matmul runs on every compute worker when the launch names no
 /// `block_dim` (a 64 x 64 x 64 product).
@@ -758,13 +819,23 @@ fn typed<'a, T: Elem>(k: Builtin, args: &'a [KernelArg], cx: &RunContext) {
     );
     let part = |x: &'a Tensor| view_part::<T::Repr>(x, share.clone());
     let out_part = || view_mut_part::<T::Repr>(out, share.clone());
+    let streaming = out.nbytes() >= STREAM_BYTES;
     match k {
+        Builtin::Fill if streaming => {
+            let v = s::<T>(args, 1).store();
+            streamed(out_part(), |_, buf| buf.fill(v));
+        }
         Builtin::Fill => out_part().fill(s::<T>(args, 1).store()),
         Builtin::Scale => {
             let alpha = s::<T>(args, 2);
             let x = t(args, 1);
             if x.span() == out.span() {
                 map_in_place::<T, _>(out_part(), move |v| alpha.mul(v));
+            } else if streaming {
+                let x = part(x);
+                streamed(out_part(), |r, buf| {
+                    map_from::<T, _>(buf, &x[r], move |_, x| alpha.mul(x));
+                });
             } else {
                 map_from::<T, _>(out_part(), part(x), move |_, x| alpha.mul(x));
             }
@@ -829,8 +900,78 @@ fn binary<'a, T: Elem, F: Fn(T, T) -> T + Copy>(
         (true, true) => map_in_place::<T, _>(o, move |v| f(v, v)),
         (true, false) => map_from::<T, _>(o, part(b), f),
         (false, true) => map_from::<T, _>(o, part(a), move |o, a| f(a, o)),
+        (false, false) if out.nbytes() >= STREAM_BYTES => {
+            let (a, b) = (part(a), part(b));
+            streamed(o, |r, buf| zip_into::<T, _>(buf, &a[r.clone()], &b[r], f));
+        }
         (false, false) => zip_into::<T, _>(o, part(a), part(b), f),
     }
+}
+
+/// Write `o` through an L1-sized buffer: `compute(range, buf)` fills `buf` with the values
+/// of `o[range]`, and the buffer goes to `o` with streaming stores ([`stream_bytes`]). For
+/// an output larger than the caches this saves reading each line of `o` before writing it
+/// (a quarter of an element-wise add's memory traffic) and evicting the inputs for it.
+fn streamed<R: crate::memory::Element>(o: &mut [R], compute: impl Fn(Range<usize>, &mut [R])) {
+    let Some(&first) = o.first() else {
+        return;
+    };
+    let step = (STREAM_CHUNK / size_of::<R>()).max(1);
+    let mut buf = vec![first; step.min(o.len())];
+    let mut at = 0;
+    while at < o.len() {
+        let end = (at + step).min(o.len());
+        let chunk = &mut buf[..end - at];
+        compute(at..end, chunk);
+        stream_bytes(R::as_bytes_mut(&mut o[at..end]), R::as_bytes(chunk));
+        at = end;
+    }
+    stream_fence();
+}
+
+/// `dst = src` (equal lengths) with non-temporal stores where the CPU has AVX: the lines of
+/// `dst` are neither read first nor kept in the caches. Plain copy elsewhere. The stores
+/// are weakly ordered: call [`stream_fence`] before the op ends.
+fn stream_bytes(dst: &mut [u8], src: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU has AVX (checked just above): the one requirement of calling a
+        // `#[target_feature(enable = "avx")]` function.
+        unsafe { stream_bytes_avx(dst, src) };
+        return;
+    }
+    dst.copy_from_slice(src);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+fn stream_bytes_avx(dst: &mut [u8], src: &[u8]) {
+    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_stream_si256};
+    let n = dst.len();
+    let src = &src[..n];
+    let head = dst.as_ptr().align_offset(32).min(n);
+    let end = head + (n - head) / 32 * 32;
+    dst[..head].copy_from_slice(&src[..head]);
+    let mut i = head;
+    while i < end {
+        // SAFETY: `i..i + 32` lies inside both slices (`i + 32 <= end <= n`, and `src` has
+        // `n` bytes); the load is unaligned, the store's address is 32-byte aligned as
+        // `_mm256_stream_si256` requires (`head` aligns `dst + head`, `i` moves by 32); the
+        // slices are borrowed (one exclusively) for this call, so no other access overlaps.
+        unsafe {
+            let v = _mm256_loadu_si256(src.as_ptr().add(i).cast::<__m256i>());
+            _mm256_stream_si256(dst.as_mut_ptr().add(i).cast::<__m256i>(), v);
+        }
+        i += 32;
+    }
+    dst[end..].copy_from_slice(&src[end..]);
+}
+
+/// Order this thread's streaming stores before its later stores, so that the op's
+/// completion (which other threads read) follows them: a sequentially consistent fence,
+/// `mfence` on x86-64, which orders non-temporal stores too (a release store does not).
+fn stream_fence() {
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
 }
 
 /// This block's rows of `c = a @ b`.

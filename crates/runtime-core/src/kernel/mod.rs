@@ -337,6 +337,17 @@ pub trait Kernel: Send + Sync {
         let _ = (args, workers);
         1
     }
+    /// Whether the blocks of a launch of `blocks` blocks that the kernel chose itself
+    /// ([`Kernel::blocks`]) are worth waking sleeping compute workers for (called on the
+    /// launching thread). A wake-up costs the op's thread a system call and brings the
+    /// worker tens of microseconds later; blocks shorter than that are better run by the
+    /// op's thread, by workers already awake and by host threads waiting for the stream,
+    /// which take blocks without being woken. True by default; a launch that names its
+    /// `block_dim` always wakes them.
+    fn wakes_workers(&self, args: &Args, blocks: u32) -> bool {
+        let _ = (args, blocks);
+        true
+    }
     /// Run block `cx` of a launch, with arguments that passed a check. May panic; the
     /// executor catches it.
     fn run(&self, args: &Args, cx: &RunContext) -> Result<(), KernelFailure>;
@@ -443,6 +454,8 @@ struct KernelOp {
     accesses: AccessSet,
     /// Blocks of the launch (`1..=MAX_BLOCK_DIM`).
     blocks: u32,
+    /// Whether sleeping compute workers are woken for the blocks ([`Kernel::wakes_workers`]).
+    wake: bool,
     /// The device's executor, whose compute workers run the blocks.
     exec: Arc<Executor>,
 }
@@ -473,6 +486,7 @@ impl Op for KernelOp {
             Arc::new(move |cx| kernel.run(&args, &cx)),
             launch,
             true,
+            self.wake,
         )
     }
 }
@@ -547,17 +561,18 @@ pub fn prepare_blocks(
         _ => None,
     }));
     let exec = stream.executor();
-    let blocks = match block_dim {
-        Some(n) => n,
+    let (blocks, wake) = match block_dim {
+        Some(n) => (n, true),
         None => {
             let workers = u32::try_from(exec.compute_workers()).unwrap_or(u32::MAX);
             let n = kernel.blocks(&args, workers);
-            block::check_block_dim(i64::from(n)).map_err(|e| {
+            let n = block::check_block_dim(i64::from(n)).map_err(|e| {
                 arg_error(
                     "block_dim",
                     format!("the kernel chose {n} blocks: {}", e.message),
                 )
-            })?
+            })?;
+            (n, n > 1 && kernel.wakes_workers(&args, n))
         }
     };
     Ok(Arc::new(KernelOp {
@@ -566,6 +581,7 @@ pub fn prepare_blocks(
         args,
         accesses,
         blocks,
+        wake,
         exec: exec.clone(),
     }))
 }

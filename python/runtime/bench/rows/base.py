@@ -30,12 +30,17 @@ class Row:
         note="",
         group=None,
         references=(),
+        apart=(),
     ):
         """``group``: rows sharing one are measured together, their cells sampled in turn
         (they are compared with each other). ``references``: systems whose column is a
-        measure of the host, not a peer doing the same work (left out of "best peer")."""
+        measure of the host, not a peer doing the same work (left out of "best peer").
+        ``apart``: systems sampled in a stretch of their own after the others, because
+        their threads keep spinning after each call and would take the cores from the cell
+        measured next (torch's OpenMP threads; no target compares with them)."""
         self.key = key
         self.references = frozenset(references)
+        self.apart = frozenset(apart)
         self.title = title
         self.impls = impls
         self.ascend910_us = ascend910_us

@@ -83,8 +83,10 @@ def kernel_rows(cfg: Config) -> list[Row]:
                 },
                 nbytes=3 * 4 * n,
                 reps=None if p < 24 else (10 if cfg.quick else 21),
+                apart=("torch",),
                 note="kernels.add(out, a, b, stream=s) + s.synchronize() (block_dim chosen by the "
-                "kernel) | np.add(a, b, out=out) | torch.add(a, b, out=out)",
+                "kernel) | np.add(a, b, out=out) | torch.add(a, b, out=out) (sampled after the "
+                "others: its OpenMP threads spin on after each call)",
             )
         )
     for m in QUICK_MATMUL_SIZES if cfg.quick else MATMUL_SIZES:
@@ -132,8 +134,9 @@ def kernel_rows(cfg: Config) -> list[Row]:
                     "stdlib": _na(NO_KERNELS_STDLIB),
                 },
                 reps=None if m <= 256 else (10 if cfg.quick else 21),
+                apart=("torch",),
                 note="kernels.matmul(c, a, b, stream=s) + s.synchronize() | np.matmul(a, b, "
-                "out=c) (OpenBLAS) | torch.matmul(a, b, out=c)",
+                "out=c) (OpenBLAS) | torch.matmul(a, b, out=c) (sampled after the others)",
             )
         )
     return rows

@@ -42,7 +42,12 @@ def stream_event_rows(cfg: Config) -> list[Row]:
                 "stdlib": tq_create,
             },
             ascend910_us=ASCEND910_US["stream create"],
-            note="runtime.Stream() | cl.CommandQueue(ctx, dev) | start a worker thread with a queue.Queue",
+            # Starting and joining threads leaves work behind (stacks unmapped, other cores'
+            # TLBs flushed) that slowed the next cell's sample, the runtime's: 0.32-0.48 us
+            # beside it, 0.20-0.27 us without.
+            apart=("stdlib",),
+            note="runtime.Stream() | cl.CommandQueue(ctx, dev) | start a worker thread with a "
+            "queue.Queue (sampled after the others: its threads' start and exit)",
         )
     )
 
