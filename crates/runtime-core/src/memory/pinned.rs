@@ -585,13 +585,21 @@ impl PinnedBuffer {
 static FORK: crate::sync::ForkGuarded<crate::sync::StaticMutex<Pool>> =
     crate::sync::ForkGuarded::new(|| &POOL);
 
-/// Around `fork()`: hold the lock so that no other thread is inside it when the process is
-/// copied (see `runtime::install_fork_handlers`).
+/// The registry of registered ranges, around `fork()` as the pool (every queued copy looks
+/// it up, so a thread queueing one may hold it when another thread forks).
+static FORK_REGISTERED: crate::sync::ForkGuarded<
+    crate::sync::StaticMutex<BTreeMap<usize, Registration>>,
+> = crate::sync::ForkGuarded::new(|| &REGISTERED);
+
+/// Around `fork()`: hold the locks so that no other thread is inside them when the process
+/// is copied (see `runtime::install_fork_handlers`).
 pub(crate) fn before_fork(wait: std::time::Duration) {
     FORK.before_fork(wait);
+    FORK_REGISTERED.before_fork(wait);
 }
 
 /// After `fork()`, in the parent or the child: release what [`before_fork`] took.
 pub(crate) fn after_fork(child: bool) {
+    FORK_REGISTERED.after_fork(child);
     FORK.after_fork(child);
 }
