@@ -498,9 +498,10 @@ def test_last_error_is_per_thread_peeked_or_taken():
     assert err(acl.rt.malloc(0, 0)) == ACL_ERROR_INVALID_PARAM
     # peek leaves it, get takes it.
     assert acl.rt.peek_at_last_error(ACL_RT_THREAD_LEVEL) == ACL_ERROR_INVALID_PARAM
-    assert acl.rt.peek_at_last_error() == ACL_ERROR_INVALID_PARAM
+    with pytest.raises(TypeError):
+        acl.rt.peek_at_last_error()  # level is required, as in pyACL
     seen = []
-    t = threading.Thread(target=lambda: seen.append(acl.rt.peek_at_last_error()))
+    t = threading.Thread(target=lambda: seen.append(acl.rt.peek_at_last_error(0)))
     t.start()
     t.join()
     assert seen == [ACL_SUCCESS]  # another thread's slot
@@ -510,7 +511,7 @@ def test_last_error_is_per_thread_peeked_or_taken():
     assert acl.rt.peek_at_last_error(ACL_RT_THREAD_LEVEL) == ACL_SUCCESS
     # A failure the Python layer finds (a bad device id) is recorded too.
     assert err(acl.rt.query_device_status(10**6)) == ACL_ERROR_RT_INVALID_DEVICEID
-    assert acl.rt.get_last_error() == ACL_ERROR_RT_INVALID_DEVICEID
+    assert acl.rt.get_last_error(ACL_RT_THREAD_LEVEL) == ACL_ERROR_RT_INVALID_DEVICEID
     with pytest.raises(TypeError):
         acl.rt.peek_at_last_error("thread")
 

@@ -143,14 +143,14 @@ def get_device_utilization_rate(device_id: int) -> tuple[dict[str, int] | None, 
     return info, ret
 
 
-def peek_at_last_error(level: int = C.ACL_RT_THREAD_LEVEL) -> int:
+def peek_at_last_error(level: int) -> int:
     """This thread's last error code (0 when none), left in place: ``aclrtPeekAtLastError``.
-    Only the thread level exists."""
+    ``level`` is required, as in pyACL; only ``ACL_RT_THREAD_LEVEL`` (0) exists."""
     need_int("acl.rt.peek_at_last_error", level=level)
     return N.acl_last_error(False)
 
 
-def get_last_error(level: int = C.ACL_RT_THREAD_LEVEL) -> int:
+def get_last_error(level: int) -> int:
     """This thread's last error code (0 when none), then cleared: ``aclrtGetLastError``."""
     need_int("acl.rt.get_last_error", level=level)
     return N.acl_last_error(True)
