@@ -144,7 +144,7 @@ impl PyMemoryAsyncPool {
 
     /// CuPy's deprecated name of `free_all_blocks()` (warns `DeprecationWarning`).
     fn free_all_free(&self, py: Python<'_>) -> PyResult<()> {
-        crate::pool::deprecated_free_all_free(py)?;
+        crate::errors::deprecated_free_all_free(py)?;
         self.free_all_blocks(None)
     }
 

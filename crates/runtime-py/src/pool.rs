@@ -342,7 +342,7 @@ impl PyMemoryPool {
 
     /// CuPy's deprecated name of `free_all_blocks()` (warns `DeprecationWarning`).
     fn free_all_free(&self, py: Python<'_>) -> PyResult<()> {
-        deprecated_free_all_free(py)?;
+        crate::errors::deprecated_free_all_free(py)?;
         self.free_all_blocks(py, None)
     }
 
@@ -386,16 +386,6 @@ impl PyMemoryPool {
     fn __repr__(&self) -> String {
         format!("MemoryPool(device={})", self.device)
     }
-}
-
-/// Warn `DeprecationWarning` for a pool's `free_all_free` (CuPy's message).
-pub(crate) fn deprecated_free_all_free(py: Python<'_>) -> PyResult<()> {
-    PyErr::warn(
-        py,
-        &py.get_type::<pyo3::exceptions::PyDeprecationWarning>(),
-        c"free_all_free is deprecated. Use free_all_blocks instead.",
-        1,
-    )
 }
 
 /// The memory pool of `device` (the current device when None): the default allocator.

@@ -100,7 +100,7 @@ impl Executor {
     }
 
     /// Percent of the compute workers' time spent busy since the previous call (see
-    /// [`crate::device::Device::compute_utilization`]).
+    /// `Device::compute_utilization`).
     pub fn compute_utilization(&self) -> u32 {
         self.engines.utilization()
     }
