@@ -14,6 +14,7 @@ import pytest
 
 import runtime
 import runtime.acl as acl
+from runtime import _runtime as N
 from runtime.acl import (
     ACL_ERROR_BAD_ALLOC,
     ACL_ERROR_INVALID_PARAM,
@@ -417,6 +418,102 @@ def test_event_orders_streams():
     acl.rt.free(d)
     acl.rt.free_host(h)
     acl.rt.free_host(back)
+
+
+def test_query_event_wait_status_follows_the_waiting_streams():
+    # pyACL: status, ret = acl.rt.query_event_wait_status(event); COMPLETE (0) once every
+    # stream made to wait for the event (stream_wait_event) has received it.
+    from runtime.acl import ACL_EVENT_WAIT_STATUS_COMPLETE, ACL_EVENT_WAIT_STATUS_NOT_READY
+
+    a, _ = acl.rt.create_stream()
+    b, _ = acl.rt.create_stream()
+    ev, _ = acl.rt.create_event()
+    assert acl.rt.query_event_wait_status(ev) == (ACL_EVENT_WAIT_STATUS_COMPLETE, ACL_SUCCESS)
+    gate = runtime.UserEvent()
+    N.acl_stream(a)[0].wait_event(gate)  # a runs nothing until the gate opens
+    assert acl.rt.record_event(ev, a) == ACL_SUCCESS
+    assert acl.rt.stream_wait_event(b, ev) == ACL_SUCCESS
+    assert acl.rt.query_event_wait_status(ev) == (ACL_EVENT_WAIT_STATUS_NOT_READY, ACL_SUCCESS)
+    gate.set()
+    assert acl.rt.synchronize_stream(b) == ACL_SUCCESS
+    assert acl.rt.query_event_wait_status(ev) == (ACL_EVENT_WAIT_STATUS_COMPLETE, ACL_SUCCESS)
+    for s in (a, b):
+        acl.rt.destroy_stream(s)
+    acl.rt.destroy_event(ev)
+    status, ret = acl.rt.query_event_wait_status(ev)  # destroyed
+    assert err((status, ret)) == ACL_ERROR_INVALID_RESOURCE_HANDLE
+    with pytest.raises(TypeError):
+        acl.rt.query_event_wait_status("ev")
+
+
+def test_query_device_status():
+    from runtime.acl import ACL_RT_DEVICE_STATUS_NORMAL
+
+    n, _ = acl.rt.get_device_count()
+    for d in range(n):
+        assert acl.rt.query_device_status(d) == (ACL_RT_DEVICE_STATUS_NORMAL, ACL_SUCCESS)
+    assert err(acl.rt.query_device_status(n)) == ACL_ERROR_RT_INVALID_DEVICEID
+    assert err(acl.rt.query_device_status(-1)) == ACL_ERROR_RT_INVALID_DEVICEID
+    with pytest.raises(TypeError):
+        acl.rt.query_device_status("0")
+
+
+def test_device_utilization_rate_is_measured_from_compute_work():
+    import time
+
+    # pyACL: utilization_info, ret = acl.rt.get_device_utilization_rate(device_id), a dict
+    # of aclrtUtilizationInfo's fields; units the device lacks read -1.
+    info, ret = acl.rt.get_device_utilization_rate(1)  # opens a window on device 1
+    assert ret == ACL_SUCCESS
+    assert set(info) == {
+        "cube_utilization",
+        "vector_utilization",
+        "aicpu_utilization",
+        "memory_utilization",
+        "utilization_extend",
+    }
+    assert (info["vector_utilization"], info["aicpu_utilization"]) == (-1, -1)
+    assert info["memory_utilization"] == -1
+    s = runtime.Stream(1)
+    for _ in range(3):
+        s.launch_host_func(time.sleep, 0.03)
+    s.synchronize()
+    info, ret = acl.rt.get_device_utilization_rate(1)
+    assert ret == ACL_SUCCESS
+    assert 1 <= info["cube_utilization"] <= 100, info
+    # Nothing ran on device 1 since: the next window reads 0.
+    info, ret = acl.rt.get_device_utilization_rate(1)
+    assert (info["cube_utilization"], ret) == (0, ACL_SUCCESS)
+    n, _ = acl.rt.get_device_count()
+    assert err(acl.rt.get_device_utilization_rate(n)) == ACL_ERROR_RT_INVALID_DEVICEID
+    with pytest.raises(TypeError):
+        acl.rt.get_device_utilization_rate(None)
+
+
+def test_last_error_is_per_thread_peeked_or_taken():
+    from runtime.acl import ACL_RT_THREAD_LEVEL
+
+    acl.rt.get_last_error(ACL_RT_THREAD_LEVEL)  # start clean
+    assert acl.rt.peek_at_last_error(ACL_RT_THREAD_LEVEL) == ACL_SUCCESS
+    assert err(acl.rt.malloc(0, 0)) == ACL_ERROR_INVALID_PARAM
+    # peek leaves it, get takes it.
+    assert acl.rt.peek_at_last_error(ACL_RT_THREAD_LEVEL) == ACL_ERROR_INVALID_PARAM
+    with pytest.raises(TypeError):
+        acl.rt.peek_at_last_error()  # level is required, as in pyACL
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(acl.rt.peek_at_last_error(0)))
+    t.start()
+    t.join()
+    assert seen == [ACL_SUCCESS]  # another thread's slot
+    # A success does not clear it (CANN's rule: only get_last_error does).
+    assert acl.rt.get_device_count()[1] == ACL_SUCCESS
+    assert acl.rt.get_last_error(ACL_RT_THREAD_LEVEL) == ACL_ERROR_INVALID_PARAM
+    assert acl.rt.peek_at_last_error(ACL_RT_THREAD_LEVEL) == ACL_SUCCESS
+    # A failure the Python layer finds (a bad device id) is recorded too.
+    assert err(acl.rt.query_device_status(10**6)) == ACL_ERROR_RT_INVALID_DEVICEID
+    assert acl.rt.get_last_error(ACL_RT_THREAD_LEVEL) == ACL_ERROR_RT_INVALID_DEVICEID
+    with pytest.raises(TypeError):
+        acl.rt.peek_at_last_error("thread")
 
 
 # --------------------------------------------------------------------------- callbacks

@@ -89,6 +89,69 @@ def test_free_all_blocks(pool):
     assert (pool.n_free_blocks(), pool.total_bytes()) == (0, 0)
 
 
+# CuPy TestSingleDeviceMemoryPool.test_free_all_blocks_stream /
+# test_free_all_blocks_all_streams (tests/cupy_tests/cuda_tests/test_memory.py), on the pool
+# whose free blocks belong to streams here: the async pool. Only the blocks freed on the given
+# stream go back; the other stream's block is still that stream's to reuse.
+def test_free_all_blocks_stream(pool):
+    pool.release_threshold = 2**62  # synchronisations keep free blocks: only the call frees
+    s0, s1 = runtime.Stream(), runtime.Stream()
+    # Both live at once, so they are two blocks (s1 would otherwise reuse s0's freed one).
+    p1 = pool.malloc(4 * MiB, stream=s0)
+    p2 = pool.malloc(4 * MiB, stream=s1)
+    ptr1, ptr2 = p1.ptr, p2.ptr
+    pool.free(p1, stream=s0)
+    pool.free(p2, stream=s1)
+    del p1, p2
+    assert pool.n_free_blocks() == 2
+    pool.free_all_blocks(stream=s0)
+    assert (pool.n_free_blocks(), pool.total_bytes()) == (1, 4 * MiB)
+    p4 = pool.malloc(4 * MiB, stream=s1)
+    assert p4.ptr == ptr2 != ptr1
+    pool.free(p4, stream=s1)
+    del p4
+    pool.free_all_blocks(stream=s0)  # nothing of s0's left: a no-op
+    assert pool.n_free_blocks() == 1
+    pool.free_all_blocks(stream=s1)
+    assert (pool.n_free_blocks(), pool.total_bytes()) == (0, 0)
+
+
+def test_free_all_blocks_all_streams(pool):
+    pool.release_threshold = 2**62
+    s0, s1 = runtime.Stream(), runtime.Stream()
+    b0, b1 = pool.malloc(4 * MiB, stream=s0), pool.malloc(4 * MiB, stream=s1)
+    pool.free(b0, stream=s0)
+    pool.free(b1, stream=s1)
+    del b0, b1
+    assert pool.n_free_blocks() == 2
+    pool.free_all_blocks()
+    assert (pool.n_free_blocks(), pool.total_bytes()) == (0, 0)
+
+
+def test_free_all_blocks_stream_must_be_a_stream_of_the_pools_device(pool):
+    with pytest.raises(ValueError, match="stream"):
+        pool.free_all_blocks(stream=runtime.Stream(device=1))
+    with pytest.raises(TypeError, match="stream"):
+        pool.free_all_blocks(stream=0)
+    dead = runtime.Stream()
+    dead.destroy()
+    with pytest.raises(runtime.InvalidHandleError):
+        pool.free_all_blocks(stream=dead)
+
+
+# CuPy TestMemoryAsyncPool.test_free_all_free / test_free_all_free_without_malloc.
+def test_free_all_free(pool):
+    with pytest.warns(DeprecationWarning, match="free_all_blocks"):
+        pool.free_all_free()
+    assert pool.n_free_blocks() == 0
+    mem = pool.malloc(1)
+    del mem
+    assert pool.n_free_blocks() == 1
+    with pytest.warns(DeprecationWarning):
+        pool.free_all_free()
+    assert pool.n_free_blocks() == 0
+
+
 def test_free_all_blocks_large_chunk(pool):
     """CuPy: memory freed to the async pool is not visible to the default pool until
     ``free_all_blocks``. Here the allocator takes free blocks of the async pool back before it
@@ -208,8 +271,19 @@ def test_misuse_is_refused(pool):
     with pytest.raises(ValueError, match="device"):
         runtime.free_async(x, stream=runtime.Stream(1))
     runtime.free_async(x, stream=s)
-    with pytest.raises(runtime.InvalidHandleError):
+    # The error names how the buffer was freed.
+    with pytest.raises(runtime.InvalidHandleError, match=r"freed with free_async\(\)"):
         runtime.free_async(x, stream=s)
+    with pytest.raises(runtime.InvalidHandleError, match=r"freed with free_async\(\)"):
+        runtime.device_free(x)
+    y = pool.malloc(64, stream=s)
+    pool.free(y, stream=s)
+    with pytest.raises(runtime.InvalidHandleError, match=r"freed with MemoryAsyncPool\.free\(\)"):
+        runtime.free_async(y, stream=s)
+    z = runtime.device_malloc(0, 64)
+    runtime.device_free(z)
+    with pytest.raises(runtime.InvalidHandleError, match=r"freed with device_free\(\)"):
+        runtime.device_free(z)
     with pytest.raises(ValueError, match="size"):
         runtime.malloc_async(-1)
     with pytest.raises(runtime.OutOfMemoryError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -84,6 +85,71 @@ def test_wrong_device_types_are_type_errors(bad):
             runtime.get_device_properties(bad)
     with pytest.raises(TypeError, match="device"):
         runtime.set_device(bad)
+
+
+# Device strings, as torch.device spells them (torch: test/test_cuda.py and
+# test/test_torch.py::test_device, whose accepted forms are "cuda", "cuda:N"; here "npu" is the
+# device type and "cuda" its alias).
+def test_device_strings_name_devices_everywhere():
+    assert runtime.Device("npu:3") == runtime.Device(3)
+    assert runtime.Device("cuda:7") == runtime.Device(7)
+    assert runtime.get_device_properties("npu:2").index == 2
+    assert runtime.get_device_memory_info("cuda:1").device == 1
+    b = runtime.device_malloc("npu:5", 16)
+    assert b.device == runtime.Device(5)
+    e = runtime.empty(4, "float32", device="cuda:6")
+    assert e.device == runtime.Device(6)
+    s = runtime.Stream(device="npu:4")
+    assert s.device == runtime.Device(4)
+    assert runtime.current_stream("npu:4").device == runtime.Device(4)
+    assert runtime.get_default_memory_pool("npu:5").device == runtime.Device(5)
+    assert runtime.MemoryAsyncPool("cuda:3").device == runtime.Device(3)
+    runtime.synchronize("npu:5")
+    with runtime.Device("npu:2"):
+        assert runtime.get_device() == 2
+    assert runtime.get_device() == 0
+    del b, e
+    s.synchronize()
+
+
+def test_bare_device_type_is_the_current_device():
+    runtime.set_device("npu:3")
+    try:
+        assert runtime.get_device() == 3
+        assert runtime.Device("npu") == runtime.Device(3)
+        assert runtime.Device("cuda") == runtime.Device(3)
+        assert runtime.empty(2, "int32", device="npu").device == runtime.Device(3)
+        with runtime.Device(6):
+            assert runtime.Device("npu").index == 6
+    finally:
+        runtime.set_device(0)
+
+
+def test_device_strings_in_communicators():
+    from runtime import comm
+
+    comms = comm.init_all(["npu:1", "cuda:2"])
+    assert [c.device for c in comms] == [runtime.Device(1), runtime.Device(2)]
+    with pytest.raises(TypeError, match="devices"):
+        comm.init_all("npu:0")
+
+
+@pytest.mark.parametrize("bad", ["gpu:0", "cpu", "npu:x", "npu:-1", "npu:01", "npu:", "cuda:1.0"])
+def test_malformed_device_strings_are_value_errors_naming_argument_and_value(bad):
+    for f in (runtime.set_device, runtime.Device, lambda d: runtime.device_malloc(d, 8)):
+        with pytest.raises(ValueError, match="(device|index).*" + re.escape(repr(bad)[1:-1])):
+            f(bad)
+    with pytest.raises(ValueError, match="device"):
+        runtime.Stream(device=bad)
+
+
+@pytest.mark.parametrize("bad", ["npu:8", "cuda:8", "npu:99999999999999999999999"])
+def test_out_of_range_device_strings_are_invalid_devices(bad):
+    with pytest.raises(runtime.InvalidDeviceError, match=r"device:.*0\.\.=7"):
+        runtime.set_device(bad)
+    with pytest.raises(runtime.InvalidDeviceError, match=re.escape(bad)):
+        runtime.Device(bad)
+    assert runtime.get_device() == 0
 
 
 def test_invalid_device_is_also_runtime_error():

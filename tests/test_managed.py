@@ -93,8 +93,13 @@ def test_prefetch_refuses_device_memory_and_bad_devices():
     m = runtime.malloc_managed(64)
     with pytest.raises(runtime.InvalidDeviceError):
         runtime.prefetch(m, 5)
-    with pytest.raises(TypeError):
+    # A device string of an unknown type ("gpu") is a bad value; "npu:N" names a device.
+    with pytest.raises(ValueError, match="gpu"):
         runtime.prefetch(m, "gpu")
+    with pytest.raises(TypeError, match="device"):
+        runtime.prefetch(m, "0")
+    runtime.prefetch(m, "npu:1")
+    runtime.synchronize()
     with pytest.raises(TypeError):
         runtime.prefetch(np.zeros(4), 0)
 

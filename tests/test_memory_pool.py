@@ -128,6 +128,42 @@ def test_free_all_blocks(pool):
     assert pool.total_bytes() == pool.used_bytes() == 0
 
 
+# CuPy TestSingleDeviceMemoryPool.test_free_all_blocks_stream /
+# test_free_all_blocks_all_streams (tests/cupy_tests/cuda_tests/test_memory.py). CuPy keeps
+# one arena per stream; this pool caches a block only once no queued work uses it, so every
+# stream of the device may reuse it and the device has one arena: free_all_blocks(stream=s)
+# releases what free_all_blocks() does (CuPy's `ptr2 == p4.ptr` after releasing the null
+# stream's arena has no counterpart).
+def test_free_all_blocks_stream(pool):
+    s = runtime.Stream()
+    p1 = pool.malloc(UNIT * 4)
+    runtime.device_free(p1)
+    with s:
+        p2 = pool.malloc(UNIT * 4)
+        runtime.device_free(p2)
+    assert pool.n_free_blocks() >= 1
+    pool.free_all_blocks(stream=runtime.default_stream())
+    assert pool.n_free_blocks() == 0
+    assert pool.total_bytes() == pool.used_bytes() == 0
+    with pytest.raises(ValueError, match="stream"):
+        pool.free_all_blocks(stream=runtime.Stream(device=1))
+    with pytest.raises(TypeError, match="stream"):
+        pool.free_all_blocks(stream="s")
+
+
+# CuPy TestMemoryPool.test_free_all_free / test_free_all_free_without_malloc.
+def test_free_all_free(pool):
+    with pytest.warns(DeprecationWarning, match="free_all_blocks"):
+        pool.free_all_free()
+    assert pool.n_free_blocks() == 0
+    mem = pool.malloc(UNIT)
+    runtime.device_free(mem)
+    assert pool.n_free_blocks() == 1
+    with pytest.warns(DeprecationWarning):
+        pool.free_all_free()
+    assert pool.n_free_blocks() == 0
+
+
 def test_zero_size_alloc(pool):
     # CuPy TestMemoryPool.test_zero_size_alloc: a zero-byte allocation takes no memory.
     b = pool.malloc(0)

@@ -469,3 +469,124 @@ def test_a_queued_copy_into_zeros_pinned_is_asynchronous(stream):
     gate.set()
     stream.synchronize(WAIT)
     np.testing.assert_array_equal(dst, np.arange(1000, dtype=np.float32))
+
+
+# --------------------------------------------------------- registered memory (host_register)
+
+
+# numba: numba/cuda/tests/cudadrv/test_pinned.py::TestPinned::test_pinned (cuda.pinned(A):
+# to_device, copy_to_device and copy_to_host of A on a stream, then synchronize).
+def test_pinned_context_round_trip(stream):
+    a = np.arange(2 * 1024 * 1024 // 8, dtype=np.int64)
+    a0 = a.copy()
+    with runtime.pinned(a):
+        assert runtime.host_is_registered(a)
+        dev = runtime.to_device(a, stream=stream)
+        runtime.memcpy_host_to_device(dev, a, stream)
+        dev.copy_to_host(a, stream=stream)
+        stream.synchronize(timeout=WAIT)
+    assert not runtime.host_is_registered(a)
+    assert (a == a0).all()
+
+
+def test_registered_source_is_read_when_the_copy_runs(stream):
+    # As malloc_host memory (test_pinned_source_is_read_when_the_copy_runs): no staging.
+    src = np.ones(256, np.int32)
+    dev = runtime.zeros(256, np.int32)
+    runtime.host_register(src)
+    release = gate(stream)
+    runtime.memcpy_host_to_device(dev, src, stream)
+    src[:] = 2  # before the stream reaches the copy: the copy sees it
+    release()
+    stream.synchronize(timeout=WAIT)
+    runtime.host_unregister(src)
+    assert (dev.copy_to_host() == 2).all()
+
+
+def test_copies_into_registered_memory_stay_asynchronous(stream):
+    want = np.arange(64, dtype=np.uint8)
+    dev = runtime.to_device(want)
+    out = np.zeros(64, np.uint8)
+    with runtime.pinned(out):
+        release = gate(stream)
+        runtime.memcpy_device_to_host(out, dev, stream)  # returns at once: the stream is held
+        assert (out == 0).all() and not stream.query()
+        release()
+        stream.synchronize(timeout=WAIT)
+    assert out.tolist() == want.tolist()
+
+
+def test_unregister_is_refused_while_a_queued_copy_uses_the_memory(stream):
+    # The choice: refuse (NotReadyError, nothing changes), not wait.
+    for direction in ("h2d", "d2h"):
+        host = np.zeros(1024, np.uint8)
+        dev = runtime.zeros(1024, np.uint8)
+        runtime.host_register(host)
+        release = gate(stream)
+        if direction == "h2d":
+            runtime.memcpy_host_to_device(dev, host, stream)
+        else:
+            runtime.memcpy_device_to_host(host, dev, stream)
+        with pytest.raises(runtime.NotReadyError, match="registered host memory"):
+            runtime.host_unregister(host)
+        assert runtime.host_is_registered(host)
+        release()
+        stream.synchronize(timeout=WAIT)
+        runtime.host_unregister(host)
+        assert not runtime.host_is_registered(host)
+
+
+def test_registration_keeps_the_array_alive_until_unregistered():
+    import weakref
+
+    a = np.ones(4096, np.float32)
+    ref = weakref.ref(a)
+    runtime.host_register(a)
+    del a
+    gc.collect()
+    a = ref()
+    assert a is not None, "the registration must hold the array"
+    with pytest.raises(ValueError):
+        a.resize(8192, refcheck=False)  # exported: numpy refuses to move its memory
+    runtime.host_unregister(a)
+    del a
+    gc.collect()
+    assert ref() is None
+
+
+def test_register_misuse_is_refused_and_changes_nothing():
+    a = np.ones(64, np.uint8)
+    runtime.host_register(a)
+    with pytest.raises(ValueError, match="overlaps the registered range"):
+        runtime.host_register(a)
+    with pytest.raises(ValueError, match="overlaps the registered range"):
+        runtime.host_register(a[8:16])  # inside a registered range
+    runtime.host_unregister(a)
+    with pytest.raises(ValueError, match="no memory is registered"):
+        runtime.host_unregister(a)
+    with pytest.raises(ValueError, match="no memory is registered"):
+        runtime.host_unregister(np.ones(8))
+    with pytest.raises(ValueError, match="empty"):
+        runtime.host_register(np.ones(0))
+    p = runtime.malloc_host(64)
+    with pytest.raises(ValueError, match="malloc_host"):
+        runtime.host_register(p)
+    runtime.free_host(p)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        runtime.host_register(np.ones((4, 4))[:, ::2])
+    with pytest.raises(TypeError, match="arr"):
+        runtime.host_register(3)
+    with pytest.raises(ValueError, match="flags"):
+        runtime.host_register(np.ones(8), flags=0x100)
+    with pytest.raises(TypeError, match="flags"):
+        runtime.host_register(np.ones(8), flags="portable")
+
+
+def test_pinned_context_unregisters_what_it_registered_on_failure():
+    a, b = np.ones(16), np.ones(16)
+    runtime.host_register(b)
+    with pytest.raises(ValueError, match="overlaps"):
+        with runtime.pinned(a, b):
+            pass
+    assert not runtime.host_is_registered(a)  # undone
+    runtime.host_unregister(b)

@@ -228,6 +228,96 @@ def test_cuda_stream_protocol():
     assert runtime.default_stream().__cuda_stream__() == (0, runtime.default_stream().id)
 
 
+# cupy: tests/cupy_tests/cuda_tests/test_stream.py::TestExternalStream (test_get_and_add_callback,
+# test_launch_host_func): a stream made elsewhere (here: a runtime.Stream, by its handle),
+# used through the wrapper; the owner destroys it, the wrapper never does.
+def test_external_stream_runs_work_on_the_wrapped_stream():
+    owner = runtime.Stream()
+    stream = runtime.ExternalStream(owner.id)
+    assert stream.is_external and not owner.is_external
+    assert stream == owner and stream.id == owner.id and stream.device == owner.device
+    n = 100
+    bufs = [runtime.to_device(np.full((2, 3), float(i))) for i in range(n)]
+    out, hosts = [], []
+    for i in range(n):
+        host = np.empty((2, 3))
+        runtime.memcpy_device_to_host_async(host, bufs[i], stream)
+        hosts.append(host)
+        stream.add_callback(lambda _, __, t: out.append(t[0]), (i, host))
+    stream.synchronize(WAIT)
+    assert out == list(range(n))
+    assert [h[0, 0] for h in hosts] == [float(i) for i in range(n)]
+    out.clear()
+    for i in range(n):
+        stream.launch_host_func(lambda t: out.append(t[0]), (i, None))
+    stream.synchronize(WAIT)
+    assert out == list(range(n))
+    with pytest.raises(runtime.InvalidOperationError, match="never destroys"):
+        stream.destroy()
+    owner.destroy()
+
+
+def test_external_stream_is_the_same_queue():
+    owner = runtime.Stream(1)
+    gate = threading.Event()
+    log = []
+    gate_on(owner, gate, log, "owner")
+    ext = runtime.Stream.from_external(owner, device="npu:1")
+    ext.launch_host_func(log.append, "wrapper")
+    # Queued behind the owner's held work on the one stream: nothing ran yet.
+    assert not ext.query() and not owner.query()
+    gate.set()
+    owner.synchronize(WAIT)
+    assert log == ["owner", "wrapper"]
+    assert ext.query()
+    # CuPy's Stream.from_external(obj) with the __cuda_stream__ protocol.
+    assert runtime.Stream.from_external(owner).id == owner.id
+
+    class Foreign:
+        def __cuda_stream__(self):
+            return (0, owner.id)
+
+    assert runtime.Stream.from_external(Foreign()) == owner
+    owner.destroy()
+
+
+# cupy: tests/cupy_tests/cuda_tests/test_stream.py::TestCUDAStreamProtocol
+# (test_from_external_without_protocol, test_from_external_invalid_returns)
+@pytest.mark.parametrize(
+    "bad_return, match",
+    [
+        (123, "must return a 2-tuple"),
+        ((0,), "must return a 2-tuple"),
+        (("not_an_int", 0), r"must return \(int, int\)"),
+        ((0, "not_an_int"), r"must return \(int, int\)"),
+        ((1, 12345), "unsupported version"),
+        ((-1, 12345), "unsupported version"),
+    ],
+)
+def test_from_external_invalid_protocol_returns(bad_return, match):
+    class Bad:
+        def __cuda_stream__(self):
+            return bad_return
+
+    with pytest.raises(TypeError, match=match):
+        runtime.Stream.from_external(Bad())
+
+
+def test_from_external_refuses_unknown_handles_and_wrong_devices():
+    with pytest.raises(TypeError, match="does not implement"):
+        runtime.Stream.from_external(object())
+    with pytest.raises(runtime.InvalidHandleError, match="no live stream"):
+        runtime.ExternalStream(2**62)
+    dead = runtime.Stream()
+    dead.destroy()
+    with pytest.raises(runtime.InvalidHandleError):
+        runtime.ExternalStream(dead.id)
+    s = runtime.Stream(0)
+    with pytest.raises(ValueError, match="device"):
+        runtime.ExternalStream(s.id, device=1)
+    assert runtime.ExternalStream(s.id, device=0) == s
+
+
 # cupy: tests/cupy_tests/cuda_tests/test_stream.py::TestStream::test_get_and_add_callback
 def test_add_callback_runs_in_order_with_stream_and_status():
     n = 100

@@ -23,6 +23,7 @@ from ._pinned import (
     PinnedArray,
     empty_like_pinned,
     malloc_host,
+    pinned,
     pinned_empty,
     zeros_like_pinned,
     zeros_pinned,
@@ -74,7 +75,10 @@ from ._runtime import (
     get_option,
     get_per_process_memory_fraction,
     host_empty_cache,
+    host_is_registered,
     host_memory_stats,
+    host_register,
+    host_unregister,
     init,
     ipc_open,
     is_current_stream_capturing,
@@ -105,6 +109,14 @@ from ._summary import memory_summary
 from .trace import profile
 
 __version__ = "0.1.0"
+
+
+def ExternalStream(handle, device=None) -> Stream:  # noqa: N802 - CuPy's and torch's name
+    """A stream made elsewhere, wrapped from its handle (a ``Stream.id``, or the ``Stream``):
+    CuPy's ``cupy.cuda.ExternalStream(ptr)``, torch's ``torch.cuda.ExternalStream(stream_ptr)``.
+    Work queued through it goes to that stream; it never destroys the stream. The same as
+    ``Stream.from_external(handle, device)`` (a ``Stream``, with ``is_external`` True)."""
+    return Stream.from_external(handle, device)
 
 
 def zeros(shape, dtype="float32", device=None) -> DeviceBuffer:
@@ -199,6 +211,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "MAX_QUEUED",
+    "ExternalStream",
     "comm",
     "ComputeInfo",
     "Device",
@@ -273,6 +286,10 @@ __all__ = [
     "PinnedMemory",
     "free_host",
     "get_per_process_memory_fraction",
+    "host_register",
+    "host_unregister",
+    "host_is_registered",
+    "pinned",
     "host_empty_cache",
     "host_memory_stats",
     "malloc_host",

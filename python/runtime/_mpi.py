@@ -556,8 +556,8 @@ def init_mpi(devices=None, mpi_comm=None, timeout: float | None = 300.0) -> list
     if devices is None:
         devs = [_rt.Device(_rt.get_device())]
     else:
-        if isinstance(devices, (int, _rt.Device)):
-            raise TypeError("devices must be a list of devices, e.g. [0, 1]")
+        if isinstance(devices, (int, str, _rt.Device)):
+            raise TypeError(f"devices must be a list of devices, e.g. [0, 1], got {devices!r}")
         devs = list(devices)
     if not MPI.Is_initialized() or MPI.Is_finalized():
         raise _rt.InvalidOperationError("MPI is not initialised (or already finalised)")

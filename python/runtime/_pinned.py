@@ -11,14 +11,16 @@ are staged when queued, so those arrays may be reused as soon as the call return
 
 from __future__ import annotations
 
+import contextlib
 import math
 import resource
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from ._runtime import PinnedMemory, _malloc_host
+from ._runtime import PinnedMemory, _malloc_host, host_register, host_unregister
 
 
 class PinnedArray(np.ndarray):
@@ -146,3 +148,21 @@ def zeros_like_pinned(
     out = empty_like_pinned(a, dtype, order, shape)
     out.fill(0)
     return out
+
+
+@contextlib.contextmanager
+def pinned(*arrays: Any) -> Iterator[None]:
+    """Register ``arrays`` as pinned memory for the block (numba's ``cuda.pinned(*arrays)``):
+    :func:`host_register` on entry, :func:`host_unregister` on exit, in reverse order. Copies
+    queued from or to them inside the block read or write them when the stream runs them, so
+    the block's end refuses (``NotReadyError``) while one is still queued: synchronize first.
+    An array that cannot be registered unregisters the ones before it."""
+    done: list[Any] = []
+    try:
+        for a in arrays:
+            host_register(a)
+            done.append(a)
+        yield
+    finally:
+        for a in reversed(done):
+            host_unregister(a)

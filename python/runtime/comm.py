@@ -57,12 +57,17 @@ __all__ = [
 ]
 
 
-def init_all(devices: Iterable[Device | int], timeout: float = 300.0) -> list[Communicator]:
+def init_all(devices: Iterable[Device | int | str], timeout: float = 300.0) -> list[Communicator]:
     """One communicator per device, rank ``i`` on ``devices[i]`` (``ncclCommInitAll``).
 
     ``timeout`` is how many seconds a collective waits for the other ranks before it fails
     with :class:`runtime.WaitTimeoutError`.
     """
+    if isinstance(devices, str):
+        # A str is iterable, but its characters are no devices.
+        raise TypeError(
+            f"devices must be a list of devices, e.g. ['npu:0', 'npu:1'], got {devices!r}"
+        )
     return comm_init_all(list(devices), timeout)
 
 

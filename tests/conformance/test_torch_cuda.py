@@ -336,8 +336,10 @@ def test_synchronize():
     runtime.synchronize()
     runtime.synchronize(0)
     runtime.synchronize(runtime.Device(1))
-    with pytest.raises(TypeError):
+    # torch raises ValueError ("Expected a cuda device, but got: cpu") from _get_device_index.
+    with pytest.raises(ValueError, match="cpu"):
         runtime.synchronize("cpu")
+    runtime.synchronize("cuda:0")
     with pytest.raises(runtime.InvalidDeviceError):
         runtime.synchronize(runtime.get_device_count())
 

@@ -167,6 +167,18 @@ BAD_DEV_TYPE = [
     ("bytes", b"0"),
     ("object", object()),
 ]
+# Device strings ("npu:N", "cuda:N"): malformed ones are ValueErrors, out-of-range ones
+# InvalidDeviceErrors; both name the argument and the string.
+BAD_DEV_STRING = [
+    ("gpu:0", "gpu:0", ValueError),
+    ("npu:x", "npu:x", ValueError),
+    ("npu:-1", "npu:-1", ValueError),
+    ("npu:01", "npu:01", ValueError),
+    ("npu-empty", "npu:", ValueError),
+    ("npu-count", f"npu:{DEVICES}", "ID"),
+    ("cuda-count", f"cuda:{DEVICES}", "ID"),
+    ("npu-2**64", "npu:18446744073709551616", "ID"),
+]
 BAD_TIMEOUT_VALUE = [
     ("-1", -1),
     ("-1e-9", -1e-9),
@@ -244,6 +256,15 @@ def build_cases():  # noqa: C901 - a table
             add(C(f"{name}-device-{vid}", lambda e, f=f, v=v: f(v), ID, "device|index"))
         for vid, v in BAD_DEV_TYPE:
             add(C(f"{name}-device-type-{vid}", lambda e, f=f, v=v: f(v), TypeError, "device|index"))
+        for vid, v, exc in BAD_DEV_STRING:
+            add(
+                C(
+                    f"{name}-device-string-{vid}",
+                    lambda e, f=f, v=v: f(v),
+                    ID if exc == "ID" else exc,
+                    rf"(device|index).*{re.escape(v)}",
+                )
+            )
     for name, f in dev_required.items():
         # Regression: device_malloc(None, n) and Device(None) used to take None as the current
         # device, unlike every other required device argument and the stubs.
@@ -1222,6 +1243,29 @@ def build_cases():  # noqa: C901 - a table
         )
     )
     add(C("Stream.use-destroyed", use_destroyed, IH, "destroyed"))
+    # Wrapping a stream made elsewhere (Stream.from_external / ExternalStream).
+    for fname, wrap in {
+        "Stream.from_external": runtime.Stream.from_external,
+        "ExternalStream": runtime.ExternalStream,
+    }.items():
+        add(C(f"{fname}-str", lambda e, w=wrap: w("1"), TypeError, "handle"))
+        add(C(f"{fname}-float", lambda e, w=wrap: w(1.0), TypeError, "handle"))
+        add(C(f"{fname}-bool", lambda e, w=wrap: w(True), TypeError, "handle"))
+        add(C(f"{fname}-negative", lambda e, w=wrap: w(-1), ValueError, "handle"))
+        add(C(f"{fname}-2**64", lambda e, w=wrap: w(2**64), ValueError, "handle"))
+        add(C(f"{fname}-unknown", lambda e, w=wrap: w(2**62), IH, "stream handle"))
+        add(C(f"{fname}-destroyed", lambda e, w=wrap: w(e.dead_stream.id), IH, "destroyed"))
+        add(C(f"{fname}-stale", lambda e, w=wrap: w(STALE["stream"].id), IH, "stream"))
+        add(C(f"{fname}-other-device", lambda e, w=wrap: w(e.s.id, 1), ValueError, "device"))
+        add(C(f"{fname}-bad-device", lambda e, w=wrap: w(e.s.id, "gpu:0"), ValueError, "device"))
+    add(
+        C(
+            "Stream.from_external-destroy",
+            lambda e: runtime.ExternalStream(e.s.id).destroy(),
+            IO,
+            "never destroys",
+        )
+    )
     add(C("set_stream-int", lambda e: runtime.set_stream(3), TypeError, "stream"))
     add(
         C(
@@ -1462,6 +1506,54 @@ def build_cases():  # noqa: C901 - a table
         runtime.free_host(a)
 
     add(C("free_host-twice", double_free, IH, "free_host"))
+    # Registered host memory (host_register / host_unregister / pinned).
+    for fname, f in {
+        "host_register": runtime.host_register,
+        "host_unregister": runtime.host_unregister,
+        "host_is_registered": runtime.host_is_registered,
+    }.items():
+        add(C(f"{fname}-int", lambda e, f=f: f(3), TypeError, "arr"))
+        add(C(f"{fname}-None", lambda e, f=f: f(None), TypeError, "arr"))
+        add(C(f"{fname}-devbuf", lambda e, f=f: f(e.dst), TypeError, "arr"))
+        add(
+            C(
+                f"{fname}-non-contiguous",
+                lambda e, f=f: f(np.ones((4, 4))[:, ::2]),
+                ValueError,
+                "C-contiguous",
+            )
+        )
+    add(C("host_register-empty", lambda e: runtime.host_register(np.ones(0)), ValueError, "empty"))
+    add(
+        C(
+            "host_register-flags",
+            lambda e: runtime.host_register(np.ones(8), flags=0x10),
+            ValueError,
+            "flags",
+        )
+    )
+    add(
+        C(
+            "host_register-flags-neg",
+            lambda e: runtime.host_register(np.ones(8), flags=-1),
+            ValueError,
+            "flags",
+        )
+    )
+    add(
+        C(
+            "host_unregister-unknown",
+            lambda e: runtime.host_unregister(np.ones(8)),
+            ValueError,
+            "registered",
+        )
+    )
+
+    def pinned_bad():
+        with runtime.pinned(3):
+            pass
+
+    add(C("pinned-int", lambda e: pinned_bad(), TypeError, "arr"))
     for name in ("host_memory_stats", "host_empty_cache"):
         add(C(f"{name}-extra-arg", lambda e, n=name: getattr(runtime, n)(1), TypeError))
     managed = lambda: runtime.malloc_managed(16)  # noqa: E731
@@ -1693,6 +1785,16 @@ def build_cases():  # noqa: C901 - a table
                 "devices",
             )
         )
+    for vid, v, exc in BAD_DEV_STRING:
+        add(
+            C(
+                f"comm-init_all-device-string-{vid}",
+                lambda e, v=v: comm.init_all([v]),
+                runtime.InvalidDeviceError if exc == "ID" else exc,
+                rf"devices\[0\].*{re.escape(v)}",
+            )
+        )
+    add(C("comm-init_all-str", lambda e: comm.init_all("npu:0"), TypeError, "devices"))
     for vid, v in [*BAD_TIMEOUT_VALUE, ("0", 0)]:
         add(
             C(

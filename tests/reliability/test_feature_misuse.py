@@ -688,7 +688,10 @@ def test_plugged_allocator_misuse(case, _unraisable):
         refused(lambda: pool.free(np.zeros(4)), TypeError)
     elif case == "allocator-pool-malloc-bad-device":
         refused(lambda: pool.malloc(64, 5), runtime.InvalidDeviceError)
-        refused(lambda: pool.malloc(64, "x"), TypeError)
+        # A string is a device string now: "x" is an unknown device type (ValueError); a
+        # plain "0" stays a type error.
+        refused(lambda: pool.malloc(64, "x"), ValueError)
+        refused(lambda: pool.malloc(64, "0"), TypeError)
     elif case == "allocator-pool-malloc-bad-stream":
         refused(lambda: pool.malloc(64, 0, "stream"), TypeError)
     elif case == "allocator-returns-freed":

@@ -10,7 +10,6 @@
 
 #![allow(non_snake_case)]
 
-use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::catch_unwind;
 
@@ -22,14 +21,8 @@ use crate::{lifecycle, report, state};
 /// An `aclrtCallback`.
 pub type AclrtCallback = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
 
-thread_local! {
-    /// This thread's latest failure code (`aclrtGetLastError`).
-    static LAST: Cell<i32> = const { Cell::new(0) };
-}
-
 fn fail(e: &AclError) -> c_int {
     error::record(e);
-    let _ = LAST.try_with(|l| l.set(e.code()));
     e.code()
 }
 
@@ -100,11 +93,11 @@ unsafe extern "C" fn aclGetRecentErrMsg() -> *const c_char {
 }
 
 unsafe extern "C" fn aclrtGetLastError(_level: c_int) -> c_int {
-    LAST.try_with(|l| l.replace(0)).unwrap_or(0)
+    error::last_code(true)
 }
 
 unsafe extern "C" fn aclrtPeekAtLastError(_level: c_int) -> c_int {
-    LAST.try_with(Cell::get).unwrap_or(0)
+    error::last_code(false)
 }
 
 unsafe extern "C" fn aclrtGetVersion(major: *mut i32, minor: *mut i32, patch: *mut i32) -> c_int {

@@ -110,6 +110,19 @@ pub const ACL_EVENT_STATUS_RESERVED: i32 = 2;
 pub const ACL_EVENT_RECORDED_STATUS_NOT_READY: i32 = 0;
 pub const ACL_EVENT_RECORDED_STATUS_COMPLETE: i32 = 1;
 
+// aclrtEventWaitStatus (aclrtQueryEventWaitStatus)
+pub const ACL_EVENT_WAIT_STATUS_COMPLETE: i32 = 0;
+pub const ACL_EVENT_WAIT_STATUS_NOT_READY: i32 = 1;
+pub const ACL_EVENT_WAIT_STATUS_RESERVED: i32 = 0xFFFF;
+
+// aclrtDeviceStatus (aclrtQueryDeviceStatus)
+pub const ACL_RT_DEVICE_STATUS_NORMAL: i32 = 0;
+pub const ACL_RT_DEVICE_STATUS_ABNORMAL: i32 = 1;
+pub const ACL_RT_DEVICE_STATUS_END: i32 = 0xFFFF;
+
+// aclrtLastErrLevel
+pub const ACL_RT_THREAD_LEVEL: i32 = 0;
+
 // aclrtStreamStatus
 pub const ACL_STREAM_STATUS_COMPLETE: i32 = 0;
 pub const ACL_STREAM_STATUS_NOT_READY: i32 = 1;

@@ -1,7 +1,7 @@
 //! Failures as CANN reports them: a return code and a message, the message kept per thread for
 //! `aclGetRecentErrMsg`, and the one mapping from `runtime-core` errors to return codes.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, CString};
 
 use runtime_core::error::{DeviceError, Error, MemoryError, StreamError};
@@ -117,10 +117,29 @@ thread_local! {
     static RETURNED: RefCell<Option<CString>> = const { RefCell::new(None) };
 }
 
-/// Keep `e`'s message (with its code) as this thread's recent error.
+thread_local! {
+    /// This thread's latest failure code (`aclrtGetLastError` / `aclrtPeekAtLastError`).
+    static LAST: Cell<i32> = const { Cell::new(0) };
+}
+
+/// Keep `e`'s message (with its code) as this thread's recent error, and its code as the
+/// thread's last error.
 pub fn record(e: &AclError) {
     let text = e.to_string();
     let _ = RECENT.try_with(|r| *r.borrow_mut() = Some(text));
+    record_code(e.code());
+}
+
+/// Keep `code` as this thread's last error code.
+pub fn record_code(code: i32) {
+    let _ = LAST.try_with(|l| l.set(code));
+}
+
+/// This thread's last error code (0 when none): `aclrtGetLastError` (`clear`: then cleared)
+/// or `aclrtPeekAtLastError`.
+pub fn last_code(clear: bool) -> i32 {
+    LAST.try_with(|l| if clear { l.replace(0) } else { l.get() })
+        .unwrap_or(0)
 }
 
 /// Keep `text` as this thread's recent error message, as is.

@@ -93,6 +93,9 @@ pub struct StreamRec {
 pub struct EventRec {
     ev: Mutex<Event>,
     flag: u32,
+    /// The streams made to wait for the event (`aclrtStreamWaitEvent`) whose wait is not
+    /// known to be passed yet: each with its submission count just after the wait.
+    waits: Mutex<Vec<(Stream, u64)>>,
 }
 
 impl EventRec {
@@ -536,6 +539,7 @@ pub fn create_event(flag: u32) -> AclResult<Handle> {
     Ok(insert(Obj::Event(Arc::new(EventRec {
         ev: Mutex::new(Event::new()),
         flag,
+        waits: Mutex::new(Vec::new()),
     }))))
 }
 
@@ -587,8 +591,43 @@ pub fn query_event(name: &str, event: Handle) -> AclResult<bool> {
 pub fn stream_wait_event(stream_h: Handle, event: Handle) -> AclResult<()> {
     const NAME: &str = "aclrtStreamWaitEvent";
     let s = stream(NAME, stream_h)?;
-    let e = event_rec(NAME, "event", event)?.event();
-    s.wait_event(&e).map_err(|e| AclError::core(NAME, &e))
+    let rec = event_rec(NAME, "event", event)?;
+    s.wait_event(&rec.event())
+        .map_err(|e| AclError::core(NAME, &e))?;
+    // The wait is passed once the stream has completed everything submitted up to it.
+    let target = s.counters().0;
+    let mut waits = rec.waits.lock();
+    waits.retain(|(w, t)| w.counters().1 < *t);
+    waits.push((s, target));
+    Ok(())
+}
+
+/// `aclrtQueryEventWaitStatus`: whether every stream made to wait for the event
+/// (`aclrtStreamWaitEvent`) has passed its wait, i.e. received the event (`true` also when
+/// no stream waits for it).
+pub fn query_event_wait_status(event: Handle) -> AclResult<bool> {
+    const NAME: &str = "aclrtQueryEventWaitStatus";
+    let rec = event_rec(NAME, "event", event)?;
+    let mut waits = rec.waits.lock();
+    waits.retain(|(w, t)| w.counters().1 < *t);
+    Ok(waits.is_empty())
+}
+
+/// `aclrtQueryDeviceStatus`: whether device `id` is usable (`false` once its runtime is gone,
+/// as in a forked child or after a shutdown).
+pub fn query_device_status(id: i32) -> AclResult<bool> {
+    const NAME: &str = "aclrtQueryDeviceStatus";
+    check_init(NAME)?;
+    Ok(device(NAME, id)?.check_alive().is_ok())
+}
+
+/// `aclrtGetDeviceUtilizationRate`'s cube utilisation of device `id`: the percent of its
+/// compute workers' time spent running compute work since the previous query of the device
+/// (`Device::compute_utilization`, measured by the engines).
+pub fn device_utilization(id: i32) -> AclResult<u32> {
+    const NAME: &str = "aclrtGetDeviceUtilizationRate";
+    check_init(NAME)?;
+    Ok(device(NAME, id)?.compute_utilization())
 }
 
 /// `aclrtSynchronizeEvent[WithTimeout]`: wait for the event's latest record. `Ok(false)` when

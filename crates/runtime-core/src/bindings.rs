@@ -73,6 +73,39 @@ pub fn device(rt: &Runtime, index: i64) -> Result<&Device> {
     }
 }
 
+/// The live stream of `rt` whose id is `id` ([`Stream::id`], the handle a dynamic language
+/// shows), for wrapping a stream made elsewhere (CUDA's external streams); `device`, when
+/// given, must be its device. The stream is the same one: work queued through the result is
+/// queued on it.
+///
+/// # Errors
+/// `InvalidHandle` when no live stream of `rt` has that id or it was destroyed; `ArgError`
+/// (argument `device`) when it is on another device.
+pub fn stream_by_id(rt: &Runtime, id: u64, device: Option<&Device>) -> Result<Stream> {
+    let found = rt.devices().iter().find_map(|d| d.executor().stream(id));
+    let Some(s) = found else {
+        return Err(DeviceError::InvalidHandle {
+            what: format!("stream handle {id}"),
+            why: "no live stream of this runtime has it".into(),
+        }
+        .into());
+    };
+    s.check()?;
+    if let Some(d) = device {
+        if d.index() != s.device_index() {
+            return Err(crate::error::arg_error(
+                "device",
+                format!(
+                    "stream handle {id} is a stream of device {}, not of device {}",
+                    s.device_index(),
+                    d.index()
+                ),
+            ));
+        }
+    }
+    Ok(s)
+}
+
 /// [`crate::runtime::init`] that waits at most `timeout` for a shutdown in progress
 /// (`Ok(None)` when the time ran out first; call again to keep waiting). A shutdown that was
 /// begun but not finished (its caller was interrupted) is finished first.

@@ -189,6 +189,52 @@ fn a_lease_dropped_without_free_async_is_free_for_any_stream() {
     clean(&r, 0);
 }
 
+/// CuPy's `free_all_blocks(stream=)` (tests/cupy_tests/cuda_tests/test_memory.py,
+/// `TestSingleDeviceMemoryPool::test_free_all_blocks_stream`): only the blocks freed on that
+/// stream go back to the device; a later allocation on the other stream still reuses its own.
+#[test]
+fn releasing_one_streams_free_blocks_keeps_the_other_streams() {
+    let _s = serial();
+    let r = rt();
+    clean(&r, 0);
+    let m = r.devices()[0].memory().clone();
+    m.set_async_release_threshold(u64::MAX);
+    let s = Stream::new(&r.devices()[0], 0).unwrap();
+    let t = Stream::new(&r.devices()[0], 0).unwrap();
+    let (a, b) = (
+        s.malloc_async(4 * MIB).unwrap(),
+        t.malloc_async(4 * MIB).unwrap(),
+    );
+    let pb = b.as_ptr();
+    s.free_async(&a).unwrap();
+    t.free_async(&b).unwrap();
+    drop((a, b));
+    let st = stats(&r, 0);
+    assert_eq!(
+        (st.free_blocks, st.free, st.reserved),
+        (2, 8 * MIB, 8 * MIB)
+    );
+    assert_eq!(s.release_async_free_blocks().unwrap(), 1);
+    let st = stats(&r, 0);
+    assert_eq!(
+        (st.free_blocks, st.free, st.reserved),
+        (1, 4 * MIB, 4 * MIB)
+    );
+    // Nothing more of s's to release; t's block is still t's to reuse.
+    assert_eq!(s.release_async_free_blocks().unwrap(), 0);
+    let c = t.malloc_async(4 * MIB).unwrap();
+    assert_eq!(c.as_ptr(), pb);
+    t.free_async(&c).unwrap();
+    drop(c);
+    assert_eq!(t.release_async_free_blocks().unwrap(), 1);
+    assert_eq!(stats(&r, 0).reserved, 0);
+    // A destroyed stream is refused.
+    let u = Stream::new(&r.devices()[0], 0).unwrap();
+    u.destroy().unwrap();
+    assert!(u.release_async_free_blocks().is_err());
+    clean(&r, 0);
+}
+
 #[test]
 fn the_release_threshold_is_applied_at_synchronisation() {
     let _s = serial();

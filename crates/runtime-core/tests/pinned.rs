@@ -189,3 +189,33 @@ fn pinned_buffers_are_shared_handles() {
     assert_eq!(p.id(), q.id());
     assert!(format!("{p:?}").contains("10 bytes"));
 }
+
+/// Registered host memory (`cudaHostRegister`): one registration per range, found for any
+/// sub-range, and not given back while a holder of its keep-alive (a queued copy) is left.
+#[test]
+fn registered_ranges_are_found_refused_twice_and_held_by_their_users() {
+    let mem: Arc<Vec<u8>> = Arc::new(vec![0u8; 4096]);
+    let p = mem.as_ptr();
+    let keep: pinned::KeepAlive = mem.clone();
+    assert!(pinned::find_registered(p, 16).is_none());
+    pinned::register(p, 4096, keep).unwrap();
+    assert!(pinned::is_registered(p));
+    // Any range inside is registered memory; one running past the end is not.
+    assert!(pinned::find_registered(p.wrapping_add(100), 200).is_some());
+    assert!(pinned::find_registered(p.wrapping_add(4000), 200).is_none());
+    // Registering it, or part of it, again is refused.
+    let again: pinned::KeepAlive = mem.clone();
+    assert!(pinned::register(p.wrapping_add(8), 8, again).is_err());
+    // A holder (what a queued copy keeps) makes unregister refuse; without it, it goes.
+    let held = pinned::find_registered(p, 4096).unwrap();
+    assert!(pinned::unregister(p).is_err());
+    assert!(pinned::is_registered(p));
+    drop(held);
+    pinned::unregister(p).unwrap();
+    assert!(!pinned::is_registered(p));
+    assert!(pinned::unregister(p).is_err());
+    let empty: pinned::KeepAlive = mem.clone();
+    assert!(pinned::register(p, 0, empty).is_err());
+    // Only `mem` and this test's handle are left: the registry let go of its clone.
+    assert_eq!(Arc::strong_count(&mem), 1);
+}

@@ -131,6 +131,21 @@ pub fn acl_record_err_msg(text: String) {
     acl_error::record_text(text);
 }
 
+/// Keep `text` as this thread's recent error message and `code` as its last error code (a
+/// failure the Python layer found itself).
+#[pyfunction]
+pub fn acl_record_error(code: i32, text: String) {
+    acl_error::record_text(text);
+    acl_error::record_code(code);
+}
+
+/// This thread's last error code, shared with the C library: `acl.rt.get_last_error`
+/// (`clear`) or `acl.rt.peek_at_last_error`.
+#[pyfunction]
+pub fn acl_last_error(clear: bool) -> i32 {
+    acl_error::last_code(clear)
+}
+
 /// A handle number never used (for the Python layer's own objects).
 #[pyfunction]
 pub fn acl_new_handle() -> u64 {
@@ -344,6 +359,50 @@ pub fn acl_query_event(py: Python<'_>, event: u64, recorded: bool) -> (i32, i32)
         (false, true) => ACL_EVENT_STATUS_COMPLETE,
         (false, false) => ACL_EVENT_STATUS_NOT_READY,
     });
+    pair(r, 0)
+}
+
+/// `acl.rt.query_event_wait_status`: `(ACL_EVENT_WAIT_STATUS_COMPLETE (0) or _NOT_READY
+/// (1), ret)`.
+#[pyfunction]
+pub fn acl_query_event_wait_status(py: Python<'_>, event: u64) -> (i32, i32) {
+    let r = call(py, "aclrtQueryEventWaitStatus", || {
+        state::query_event_wait_status(event)
+    })
+    .map(|done| {
+        if done {
+            ACL_EVENT_WAIT_STATUS_COMPLETE
+        } else {
+            ACL_EVENT_WAIT_STATUS_NOT_READY
+        }
+    });
+    pair(r, 0)
+}
+
+/// `acl.rt.query_device_status`: `(ACL_RT_DEVICE_STATUS_NORMAL (0) or _ABNORMAL (1), ret)`.
+#[pyfunction]
+pub fn acl_query_device_status(py: Python<'_>, device_id: i32) -> (i32, i32) {
+    let r = call(py, "aclrtQueryDeviceStatus", || {
+        state::query_device_status(device_id)
+    })
+    .map(|ok| {
+        if ok {
+            ACL_RT_DEVICE_STATUS_NORMAL
+        } else {
+            ACL_RT_DEVICE_STATUS_ABNORMAL
+        }
+    });
+    pair(r, 0)
+}
+
+/// `acl.rt.get_device_utilization_rate`'s measured part: `(cube utilisation in percent,
+/// ret)` (the Python layer builds pyACL's dict).
+#[pyfunction]
+pub fn acl_device_utilization(py: Python<'_>, device_id: i32) -> (i32, i32) {
+    let r = call(py, "aclrtGetDeviceUtilizationRate", || {
+        state::device_utilization(device_id)
+    })
+    .map(|u| u as i32);
     pair(r, 0)
 }
 
@@ -660,6 +719,11 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         acl_is_initialized,
         acl_recent_err_msg,
         acl_record_err_msg,
+        acl_record_error,
+        acl_last_error,
+        acl_query_event_wait_status,
+        acl_query_device_status,
+        acl_device_utilization,
         acl_new_handle,
         acl_set_device,
         acl_reset_device,

@@ -31,6 +31,18 @@ impl PyMemoryAsyncPool {
             .clone())
     }
 
+    /// A `ValueError` unless `s` is on the pool's device.
+    fn check_stream(&self, s: &runtime_core::stream::Stream) -> PyResult<()> {
+        if s.device_index() != self.device {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "stream: {s:?} is on device {}, this pool on device {}",
+                s.device_index(),
+                self.device
+            )));
+        }
+        Ok(())
+    }
+
     /// `stream`, or the current stream of the pool's device.
     fn stream(
         &self,
@@ -72,13 +84,7 @@ impl PyMemoryAsyncPool {
     ) -> PyResult<PyDeviceBuffer> {
         let size = nonneg(size, "size")?;
         let s = self.stream(py, stream)?;
-        if s.device_index() != self.device {
-            return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                "stream: {s:?} is on device {}, this pool on device {}",
-                s.device_index(),
-                self.device
-            )));
-        }
+        self.check_stream(&s)?;
         let b = py.detach(|| s.malloc_async(size)).map_err(RtErr)?;
         Ok(PyDeviceBuffer::raw(b))
     }
@@ -94,7 +100,7 @@ impl PyMemoryAsyncPool {
     ) -> PyResult<()> {
         let h = crate::convert::buffer_arg(buf, "buf")?.get();
         let s = self.stream(py, stream)?;
-        h.free_with(py, |b| s.free_async(b))
+        h.free_with(py, "MemoryAsyncPool.free()", |b| s.free_async(b))
     }
 
     /// Bytes of blocks handed out and not freed (`cudaMemPoolAttrUsedMemCurrent`).
@@ -118,14 +124,28 @@ impl PyMemoryAsyncPool {
         Ok(self.dev()?.memory().async_pool_stats().free_blocks)
     }
 
-    /// Give every free block back to the device (`cudaMemPoolTrimTo(pool, 0)`); never waits
-    /// (a block still used by work queued before its free stays mapped until that work ran).
-    /// `stream` is accepted for CuPy's signature.
+    /// Give free blocks back to the device; never waits (a block still used by work queued
+    /// before its free stays mapped until that work ran). `stream=None`: every free block
+    /// (`cudaMemPoolTrimTo(pool, 0)`); a stream: only the blocks freed on it (CuPy's
+    /// `free_all_blocks(stream=)`, that stream's arena), those of other streams stay pooled.
     #[pyo3(signature = (stream=None))]
     fn free_all_blocks(&self, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-        stream_arg(stream)?;
-        self.dev()?.memory().trim_async_pool_to(0);
+        match stream_arg(stream)? {
+            None => {
+                self.dev()?.memory().trim_async_pool_to(0);
+            }
+            Some(s) => {
+                self.check_stream(&s)?;
+                s.release_async_free_blocks().map_err(RtErr)?;
+            }
+        }
         Ok(())
+    }
+
+    /// CuPy's deprecated name of `free_all_blocks()` (warns `DeprecationWarning`).
+    fn free_all_free(&self, py: Python<'_>) -> PyResult<()> {
+        crate::errors::deprecated_free_all_free(py)?;
+        self.free_all_blocks(None)
     }
 
     /// Give free blocks back until at most `min_bytes_to_keep` free bytes remain

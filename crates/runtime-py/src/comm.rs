@@ -187,6 +187,13 @@ fn finish_forming(py: Python<'_>, f: Forming) -> PyResult<Py<PyCommunicator>> {
 }
 
 fn devices_arg(devices: &Bound<'_, PyAny>) -> PyResult<Vec<runtime_core::device::Device>> {
+    if devices.is_instance_of::<pyo3::types::PyString>() {
+        // A str is iterable, but its characters are no devices.
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "devices must be a list of devices, e.g. [0, 1] or ['npu:0', 'npu:1'], got str {:?}",
+            devices.to_string()
+        )));
+    }
     let mut devs = Vec::new();
     for (i, d) in devices.try_iter()?.enumerate() {
         devs.push(device_at(device_arg(&d?, &format!("devices[{i}]"))?)?);

@@ -255,16 +255,88 @@ pub fn timeout_arg(timeout: Option<f64>) -> PyResult<Option<std::time::Duration>
     }
 }
 
-/// Read a device argument: a `Device` or an int (not a bool). Out-of-range ints are invalid
-/// devices (the core's `InvalidDeviceError`), not type errors.
+/// What a device argument must be, for `TypeError` messages.
+const DEVICE_KINDS: &str = "a runtime.Device, an int or a device string ('npu:0', 'npu', 'cuda:0')";
+
+/// A device string, as `torch.device` spells one: `"npu:N"` / `"npu"` (the current device),
+/// with `"cuda"` an alias of `"npu"`. `Ok(None)` is the current device. The index is decimal
+/// without sign or leading zeros (torch's rule); errors say what is wrong with `s`. A string
+/// that does not start with a type name (`"0"`, `""`) is `Err(None)`: not a device string at
+/// all (a `TypeError`, as before device strings existed).
+fn parse_device_string(s: &str) -> Result<Option<u64>, Option<String>> {
+    let (kind, index) = match s.split_once(':') {
+        Some((k, i)) => (k, Some(i)),
+        None => (s, None),
+    };
+    if kind.is_empty() || !kind.bytes().all(|b| b.is_ascii_alphabetic() || b == b'_') {
+        return Err(None);
+    }
+    if kind != "npu" && kind != "cuda" {
+        return Err(Some(format!(
+            "unknown device type {kind:?} (expected 'npu' or its alias 'cuda', as in 'npu:0')"
+        )));
+    }
+    let Some(index) = index else {
+        return Ok(None);
+    };
+    let canonical = !index.is_empty()
+        && index.bytes().all(|b| b.is_ascii_digit())
+        && (index == "0" || !index.starts_with('0'));
+    if !canonical {
+        return Err(Some(format!(
+            "{index:?} is not a device index (expected a non-negative decimal integer, as in '{kind}:0')"
+        )));
+    }
+    // More digits than any u64: out of range like any too-large index.
+    Ok(Some(index.parse::<u64>().unwrap_or(u64::MAX)))
+}
+
+/// The device index a device string names (see [`parse_device_string`]), checked against the
+/// installed runtime's devices so that the error names the string as given.
+fn device_string_arg(obj: &Bound<'_, PyAny>, s: &str, arg: &str) -> PyResult<i64> {
+    match parse_device_string(s) {
+        Ok(None) => {
+            rt::get().map_err(RtErr)?;
+            Ok(context::device_index(obj.py())? as i64)
+        }
+        Ok(Some(i)) => {
+            let count = rt::get().map_err(RtErr)?.devices().len();
+            if i >= count as u64 {
+                return Err(crate::errors::invalid_device(
+                    obj.py(),
+                    format!(
+                        "{arg}: {s:?} names device {i}, out of range: valid devices are 0..={} ({count} devices)",
+                        count.saturating_sub(1)
+                    ),
+                ));
+            }
+            Ok(i as i64)
+        }
+        Err(Some(why)) => Err(PyValueError::new_err(format!(
+            "{arg}: bad device string {s:?}: {why}"
+        ))),
+        Err(None) => Err(PyTypeError::new_err(format!(
+            "{arg} must be {DEVICE_KINDS}, got str {s:?}"
+        ))),
+    }
+}
+
+/// Read a device argument: a `Device`, an int (not a bool) or a device string (`"npu:0"`,
+/// `"npu"` for the current device, `"cuda:0"` / `"cuda"` as aliases): the one place where a
+/// device argument of the bindings is converted. Out-of-range ints are invalid devices (the
+/// core's `InvalidDeviceError`), not type errors; so are out-of-range device strings, while a
+/// malformed one (`"gpu:0"`, `"npu:x"`, `"npu:-1"`) is a `ValueError` and a string that is
+/// no device string at all (`"0"`) a `TypeError`.
 pub fn device_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<i64> {
     if let Ok(d) = obj.cast::<PyDevice>() {
         return Ok(d.get().index() as i64);
     }
-    if obj.is_instance_of::<PyBool>() || obj.is_instance_of::<PyString>() {
+    if let Ok(s) = obj.cast::<PyString>() {
+        return device_string_arg(obj, &s.to_cow()?, arg);
+    }
+    if obj.is_instance_of::<PyBool>() {
         return Err(PyTypeError::new_err(format!(
-            "{arg} must be a runtime.Device or an int, got {}",
-            obj.get_type().name()?
+            "{arg} must be {DEVICE_KINDS}, got bool"
         )));
     }
     if obj.is_instance_of::<PyInt>() {
@@ -272,7 +344,7 @@ pub fn device_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<i64> {
     }
     obj.extract::<i64>().map_err(|_| {
         PyTypeError::new_err(format!(
-            "{arg} must be a runtime.Device or an int, got {}",
+            "{arg} must be {DEVICE_KINDS}, got {}",
             type_name(obj)
         ))
     })
@@ -300,7 +372,7 @@ pub fn resolve(py: Python<'_>, obj: Option<&Bound<'_, PyAny>>, arg: &str) -> PyR
 pub fn resolve_required(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Device> {
     if obj.is_none() {
         return Err(PyTypeError::new_err(format!(
-            "{arg} must be a runtime.Device or an int, got None"
+            "{arg} must be {DEVICE_KINDS}, got None"
         )));
     }
     resolve(obj.py(), Some(obj), arg)

@@ -204,6 +204,22 @@ pub fn invalid_handle(py: Python<'_>, what: String, why: &str) -> PyErr {
     )
 }
 
+/// `InvalidDeviceError` with a message of the bindings' own (one naming the argument as
+/// given, e.g. a device string).
+pub fn invalid_device(py: Python<'_>, msg: String) -> PyErr {
+    err_of(py, &classes(py).invalid_device, msg)
+}
+
+/// Warn `DeprecationWarning` for a pool's `free_all_free` (CuPy's message), for both pools.
+pub fn deprecated_free_all_free(py: Python<'_>) -> PyResult<()> {
+    PyErr::warn(
+        py,
+        &py.get_type::<pyo3::exceptions::PyDeprecationWarning>(),
+        c"free_all_free is deprecated. Use free_all_blocks instead.",
+        1,
+    )
+}
+
 /// `InvalidOperationError`.
 pub fn invalid_operation(py: Python<'_>, msg: String) -> PyErr {
     err_of(py, &classes(py).invalid_operation, msg)

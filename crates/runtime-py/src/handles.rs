@@ -36,7 +36,9 @@ impl PyDevice {
 /// A device memory handle: raw bytes from `device_malloc`, or a typed, shaped view.
 #[pyclass(name = "DeviceBuffer", module = "runtime", frozen, weakref)]
 pub struct PyDeviceBuffer {
-    slot: Mutex<Option<Buffer>>,
+    /// The buffer while the handle is live; once freed, the call that freed it (for the
+    /// error of a later use).
+    slot: Mutex<Result<Buffer, &'static str>>,
     pub(crate) id: u64,
     pub(crate) device: usize,
     pub(crate) offset: u64,
@@ -66,7 +68,7 @@ impl PyDeviceBuffer {
         PyDeviceBuffer {
             id: buffer.id(),
             device: buffer.device(),
-            slot: Mutex::new(Some(buffer)),
+            slot: Mutex::new(Ok(buffer)),
             offset,
             dtype,
             shape: shape.iter().map(|&d| d as isize).collect(),
@@ -84,8 +86,8 @@ impl PyDeviceBuffer {
 
     /// The live core buffer, or `InvalidHandleError`.
     pub fn buffer(&self, py: Python<'_>) -> PyResult<Buffer> {
-        let b = self.slot.lock().clone().ok_or_else(|| {
-            errors::invalid_handle(py, self.what(), "it was freed with device_free()")
+        let b = self.slot.lock().clone().map_err(|how| {
+            errors::invalid_handle(py, self.what(), &format!("it was freed with {how}"))
         })?;
         // The core knows whether the runtime it was allocated under is still the live one.
         b.check().map_err(RtErr)?;
@@ -114,18 +116,7 @@ impl PyDeviceBuffer {
     /// Let go of the handle's memory whether or not its runtime is still the live one (a
     /// plugged allocator's `free` after a shutdown); only a handle freed already is refused.
     pub fn release(&self, py: Python<'_>) -> PyResult<()> {
-        let taken = self.slot.lock().take();
-        match taken {
-            Some(b) => {
-                runtime_core::memory::defer::release(b);
-                Ok(())
-            }
-            None => Err(errors::invalid_handle(
-                py,
-                self.what(),
-                "it was freed with device_free()",
-            )),
-        }
+        self.take_freed_by(py, "MemoryPool.free()")
     }
 
     /// Free the handle (`device_free`).
@@ -133,18 +124,7 @@ impl PyDeviceBuffer {
         self.buffer(py)?;
         // Take under the lock: of two racing frees exactly one succeeds. The buffer is dropped
         // after the lock is released (dropping may return the block to the allocator).
-        let taken = self.slot.lock().take();
-        match taken {
-            Some(b) => {
-                runtime_core::memory::defer::release(b);
-                Ok(())
-            }
-            None => Err(errors::invalid_handle(
-                py,
-                self.what(),
-                "it was freed with device_free()",
-            )),
-        }
+        self.take_freed_by(py, "device_free()")
     }
 }
 
@@ -154,6 +134,7 @@ impl PyDeviceBuffer {
     pub fn free_with(
         &self,
         py: Python<'_>,
+        how: &'static str,
         free: impl FnOnce(&Buffer) -> runtime_core::Result<()>,
     ) -> PyResult<()> {
         let b = self.buffer(py)?;
@@ -166,18 +147,48 @@ impl PyDeviceBuffer {
         }
         free(&b).map_err(RtErr)?;
         drop(b);
-        let taken = self.slot.lock().take();
-        if let Some(b) = taken {
+        let taken = {
+            let mut slot = self.slot.lock();
+            match &*slot {
+                Ok(_) => std::mem::replace(&mut *slot, Err(how)),
+                Err(before) => Err(*before),
+            }
+        };
+        if let Ok(b) = taken {
             runtime_core::memory::defer::release(b);
         }
         Ok(())
+    }
+
+    /// Take the buffer out, noting `how` it was freed; of two racing frees exactly one
+    /// succeeds. The buffer is dropped after the lock is released (dropping may return the
+    /// block to the allocator).
+    fn take_freed_by(&self, py: Python<'_>, how: &'static str) -> PyResult<()> {
+        let taken = {
+            let mut slot = self.slot.lock();
+            match &*slot {
+                Ok(_) => std::mem::replace(&mut *slot, Err(how)),
+                Err(before) => Err(*before),
+            }
+        };
+        match taken {
+            Ok(b) => {
+                runtime_core::memory::defer::release(b);
+                Ok(())
+            }
+            Err(before) => Err(errors::invalid_handle(
+                py,
+                self.what(),
+                &format!("it was freed with {before}"),
+            )),
+        }
     }
 }
 
 impl Drop for PyDeviceBuffer {
     /// The handle's reference goes through the defer scope (`defer_cleanup`).
     fn drop(&mut self) {
-        if let Some(b) = self.slot.get_mut().take() {
+        if let Ok(b) = std::mem::replace(self.slot.get_mut(), Err("drop")) {
             runtime_core::memory::defer::release(b);
         }
     }
@@ -187,6 +198,8 @@ impl Drop for PyDeviceBuffer {
 #[pyclass(name = "Stream", module = "runtime", frozen, eq, hash, weakref)]
 pub struct PyStream {
     inner: Stream,
+    /// A wrapper of a stream made elsewhere (`Stream.from_external`): it never destroys it.
+    pub(crate) external: bool,
 }
 
 impl PartialEq for PyStream {
@@ -206,7 +219,17 @@ impl PyStream {
         &self.inner
     }
     pub fn wrap(inner: Stream) -> Self {
-        PyStream { inner }
+        PyStream {
+            inner,
+            external: false,
+        }
+    }
+    /// A wrapper of a stream made elsewhere (`Stream.from_external`).
+    pub fn wrap_external(inner: Stream) -> Self {
+        PyStream {
+            inner,
+            external: true,
+        }
     }
 }
 

@@ -139,6 +139,9 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stats::get_per_process_memory_fraction, m)?)?;
     m.add_function(wrap_pyfunction!(pinned::_malloc_host, m)?)?;
     m.add_function(wrap_pyfunction!(pinned::free_host, m)?)?;
+    m.add_function(wrap_pyfunction!(pinned::host_register, m)?)?;
+    m.add_function(wrap_pyfunction!(pinned::host_unregister, m)?)?;
+    m.add_function(wrap_pyfunction!(pinned::host_is_registered, m)?)?;
     m.add_function(wrap_pyfunction!(pinned::host_memory_stats, m)?)?;
     m.add_function(wrap_pyfunction!(pinned::host_empty_cache, m)?)?;
     m.add_function(wrap_pyfunction!(managed::malloc_managed, m)?)?;

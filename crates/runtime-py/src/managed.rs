@@ -30,7 +30,8 @@ pub fn malloc_managed(
     Ok(PyDeviceBuffer::raw(b))
 }
 
-/// A location argument: None (the current device), a Device or device index, or -1 / "cpu"
+/// A location argument: None (the current device), a Device, device index or device string
+/// (`"npu:0"`), or -1 / "cpu"
 /// for the host (`cudaCpuDeviceId`).
 fn location(py: Python<'_>, obj: Option<&Bound<'_, PyAny>>) -> PyResult<Location> {
     if let Some(o) = obj {
@@ -39,9 +40,6 @@ fn location(py: Python<'_>, obj: Option<&Bound<'_, PyAny>>) -> PyResult<Location
             if s == "cpu" || s == "host" {
                 return Ok(Location::Host);
             }
-            return Err(PyTypeError::new_err(format!(
-                "device must be a runtime.Device, an int, -1 or \"cpu\" (the host), or None, got {s:?}"
-            )));
         }
         if o.is_instance_of::<PyInt>() && o.extract::<i64>().ok() == Some(-1) {
             return Ok(Location::Host);

@@ -70,7 +70,7 @@ pub fn free_async(
             crate::context::stream(py, &d)?
         }
     };
-    h.free_with(py, |b| s.free_async(b))
+    h.free_with(py, "free_async()", |b| s.free_async(b))
 }
 
 /// Allocate a typed buffer of `shape` and `dtype` on `device` (zeroed).

@@ -185,6 +185,49 @@ pub fn free_host(arr: &Bound<'_, PyAny>) -> PyResult<()> {
     Ok(())
 }
 
+/// `cudaHostRegister` flag bits accepted (Default 0, Portable 1, Mapped 2, IoMemory 4,
+/// ReadOnly 8): every virtual device reaches host memory directly, so they change nothing.
+const HOST_REGISTER_FLAGS: u64 = 0xF;
+
+/// Register the memory of `arr` (a C-contiguous buffer, e.g. a numpy array) as
+/// pinned memory (`cudaHostRegister`): copies queued on a stream from or to it then read or
+/// write it when the stream runs them, as with `malloc_host` memory. The registration holds
+/// the array's buffer export (so the array stays alive and cannot be resized) until
+/// `host_unregister`. Registering memory twice, or `malloc_host` memory, is a `ValueError`.
+#[pyfunction]
+#[pyo3(signature = (arr, flags=None))]
+pub fn host_register(arr: &Bound<'_, PyAny>, flags: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+    let f = crate::convert::opt_nonneg(flags, "flags")?.unwrap_or(0);
+    if f & !HOST_REGISTER_FLAGS != 0 {
+        return Err(PyValueError::new_err(format!(
+            "flags: {f:#x} has bits that are no cudaHostRegister flag (known: {HOST_REGISTER_FLAGS:#x})"
+        )));
+    }
+    let h = HostBuf::get(arr, "arr", false)?;
+    let (ptr, len) = (h.as_ptr(), h.len());
+    pinned::register(ptr, len, std::sync::Arc::new(h)).map_err(RtErr)?;
+    Ok(())
+}
+
+/// Unregister `arr`'s memory (`cudaHostUnregister`), releasing the registration's hold on it.
+/// Refused with `NotReadyError` while a copy queued on a stream still uses it (synchronize
+/// that stream first); memory that is not registered is a `ValueError`.
+#[pyfunction]
+pub fn host_unregister(arr: &Bound<'_, PyAny>) -> PyResult<()> {
+    let ptr = HostBuf::get(arr, "arr", false)?.as_ptr();
+    // The registration's export is released in here (this thread holds the GIL).
+    pinned::unregister(ptr).map_err(RtErr)?;
+    Ok(())
+}
+
+/// Whether `arr`'s memory is registered (`host_register`) at its first byte.
+#[pyfunction]
+pub fn host_is_registered(arr: &Bound<'_, PyAny>) -> PyResult<bool> {
+    Ok(pinned::is_registered(
+        HostBuf::get(arr, "arr", false)?.as_ptr(),
+    ))
+}
+
 /// Statistics of the pinned host allocator, keyed as `torch.cuda.host_memory_stats`.
 #[pyfunction]
 pub fn host_memory_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {

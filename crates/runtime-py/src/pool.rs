@@ -318,11 +318,32 @@ impl PyMemoryPool {
         Ok(self.mem(py)?.stats().free_blocks)
     }
 
-    /// Release every cached block (as `empty_cache` for this device).
-    fn free_all_blocks(&self, py: Python<'_>) -> PyResult<()> {
+    /// Release every cached block (as `empty_cache` for this device). With `stream`, CuPy
+    /// releases that stream's arena only; this pool has one arena per device (a block is
+    /// cached only once no queued work uses it, so every stream of the device may reuse
+    /// it), so a stream of the pool's device releases the same blocks as None. A stream of
+    /// another device is a `ValueError`.
+    #[pyo3(signature = (stream=None))]
+    fn free_all_blocks(&self, py: Python<'_>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        if let Some(s) = crate::convert::stream_arg(stream)? {
+            if s.device_index() != self.device {
+                return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "stream: {s:?} is on device {}, this pool on device {}",
+                    s.device_index(),
+                    self.device
+                )));
+            }
+            s.check().map_err(RtErr)?;
+        }
         let m = self.mem(py)?;
         py.detach(|| m.empty_cache());
         Ok(())
+    }
+
+    /// CuPy's deprecated name of `free_all_blocks()` (warns `DeprecationWarning`).
+    fn free_all_free(&self, py: Python<'_>) -> PyResult<()> {
+        crate::errors::deprecated_free_all_free(py)?;
+        self.free_all_blocks(py, None)
     }
 
     /// Limit the bytes the pool may hold (`total_bytes`): `size` in bytes, or `fraction` of

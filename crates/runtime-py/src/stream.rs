@@ -26,6 +26,37 @@ pub fn clear_thread_state() {
     });
 }
 
+/// The handle in what a `__cuda_stream__()` returned: `(0, handle)` (CuPy's checks and
+/// messages for the protocol).
+fn cuda_stream_handle(r: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let t = r
+        .cast::<PyTuple>()
+        .ok()
+        .filter(|t| t.len() == 2)
+        .ok_or_else(|| {
+            PyTypeError::new_err(format!(
+                "handle: __cuda_stream__() must return a 2-tuple (version, handle), got {}",
+                crate::convert::repr(r)
+            ))
+        })?;
+    let (v, h) = (t.get_item(0)?, t.get_item(1)?);
+    let is_int =
+        |o: &Bound<'_, PyAny>| o.is_instance_of::<PyInt>() && !o.is_instance_of::<PyBool>();
+    if !is_int(&v) || !is_int(&h) {
+        return Err(PyTypeError::new_err(format!(
+            "handle: __cuda_stream__() must return (int, int), got {}",
+            crate::convert::repr(r)
+        )));
+    }
+    if v.extract::<i64>().ok() != Some(0) {
+        return Err(PyTypeError::new_err(format!(
+            "handle: __cuda_stream__() returned unsupported version {} (only 0 is known)",
+            crate::convert::repr(&v)
+        )));
+    }
+    crate::convert::nonneg(&h, "handle")
+}
+
 #[pymethods]
 impl PyStream {
     #[new]
@@ -162,6 +193,45 @@ impl PyStream {
         self.inner().id()
     }
 
+    /// A stream made elsewhere, wrapped from its handle (`id`), as CuPy's
+    /// `ExternalStream(ptr)` / torch's `ExternalStream(stream_ptr)`: `handle` is a stream's
+    /// `id` (an int) or a `Stream`. Work queued through the wrapper goes to that same stream;
+    /// the wrapper never destroys it (`destroy()` refuses). `device`, when given, must be the
+    /// stream's device. An unknown or destroyed handle is an `InvalidHandleError`.
+    #[staticmethod]
+    #[pyo3(signature = (handle, device=None))]
+    fn from_external(
+        py: Python<'_>,
+        handle: &Bound<'_, PyAny>,
+        device: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyStream> {
+        let id = if let Ok(s) = handle.cast::<PyStream>() {
+            s.get().inner().id()
+        } else if handle.is_instance_of::<PyInt>() && !handle.is_instance_of::<PyBool>() {
+            crate::convert::nonneg(handle, "handle")?
+        } else if let Ok(f) = handle.getattr("__cuda_stream__") {
+            cuda_stream_handle(&f.call0()?)?
+        } else {
+            return Err(PyTypeError::new_err(format!(
+                "handle must be a stream handle (Stream.id, an int), a runtime.Stream or an object implementing __cuda_stream__; {} does not implement __cuda_stream__",
+                type_name(handle)
+            )));
+        };
+        let r = rt::get().map_err(RtErr)?;
+        let d = match device.filter(|d| !d.is_none()) {
+            Some(d) => Some(resolve(py, Some(d), "device")?),
+            None => None,
+        };
+        let s = runtime_core::bindings::stream_by_id(&r, id, d.as_ref()).map_err(RtErr)?;
+        Ok(PyStream::wrap_external(s))
+    }
+
+    /// Whether this object wraps a stream made elsewhere (`Stream.from_external`).
+    #[getter]
+    fn is_external(&self) -> bool {
+        self.external
+    }
+
     #[getter]
     fn is_default(&self) -> bool {
         self.inner().is_default()
@@ -270,6 +340,14 @@ impl PyStream {
     /// Let queued work finish, then invalidate the stream (raises a pending kernel error).
     fn destroy(&self, py: Python<'_>) -> PyResult<()> {
         let s = self.inner();
+        if self.external {
+            return Err(crate::errors::invalid_operation(
+                py,
+                format!(
+                    "{s:?} is wrapped from a handle (Stream.from_external): the wrapper never destroys it; destroy it through the Stream that made it"
+                ),
+            ));
+        }
         s.check().map_err(RtErr)?;
         wait::stream_reached(py, s, None)?;
         py.detach(|| s.destroy()).map_err(RtErr)?;

@@ -82,7 +82,8 @@ def code_of(e: BaseException) -> int:
 def fail(name: str, e: BaseException) -> int:
     code = code_of(e)
     msg = str(e) if isinstance(e, AclError) else f"{name}: {type(e).__name__}: {e}"
-    record_msg(f"{msg} (error code {code})")
+    # The message for get_recent_err_msg, the code for get_last_error / peek_at_last_error.
+    N.acl_record_error(code, f"{msg} (error code {code})")
     return code
 
 

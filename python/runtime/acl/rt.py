@@ -42,6 +42,8 @@ __all__ = [
     "get_context",
     "get_device",
     "get_device_count",
+    "get_device_utilization_rate",
+    "get_last_error",
     "get_mem_info",
     "get_run_mode",
     "launch_callback",
@@ -53,9 +55,12 @@ __all__ = [
     "memcpy_async",
     "memset",
     "memset_async",
+    "peek_at_last_error",
     "process_report",
+    "query_device_status",
     "query_event",
     "query_event_status",
+    "query_event_wait_status",
     "record_event",
     "reset_device",
     "reset_device_force",
@@ -107,6 +112,48 @@ def get_device() -> tuple[int, int]:
 
 def get_device_count() -> tuple[int, int]:
     return N.acl_get_device_count()
+
+
+@api("acl.rt.query_device_status", 1)
+def query_device_status(device_id: int) -> tuple[int, int]:
+    """``(ACL_RT_DEVICE_STATUS_NORMAL (0) or _ABNORMAL (1), ret)``: abnormal once the device's
+    runtime is gone (a forked child, after a shutdown)."""
+    need_int("acl.rt.query_device_status", device_id=device_id)
+    return N.acl_query_device_status(device_id)
+
+
+@api("acl.rt.get_device_utilization_rate", 1, None)
+def get_device_utilization_rate(device_id: int) -> tuple[dict[str, int] | None, int]:
+    """``(utilization_info, ret)``: pyACL's ``aclrtUtilizationInfo`` dict. ``cube_utilization``
+    is measured: the percent of the device's compute workers' time spent running kernels and
+    host functions since the previous query of that device (the first: since it started).
+    The device has no separate vector or AI CPU units and no memory utilisation, so those
+    read -1, as CANN reports units a device lacks; ``utilization_extend`` is reserved (0)."""
+    need_int("acl.rt.get_device_utilization_rate", device_id=device_id)
+    cube, ret = N.acl_device_utilization(device_id)
+    if ret != C.ACL_SUCCESS:
+        return None, ret
+    info = {
+        "cube_utilization": cube,
+        "vector_utilization": -1,
+        "aicpu_utilization": -1,
+        "memory_utilization": -1,
+        "utilization_extend": 0,
+    }
+    return info, ret
+
+
+def peek_at_last_error(level: int) -> int:
+    """This thread's last error code (0 when none), left in place: ``aclrtPeekAtLastError``.
+    ``level`` is required, as in pyACL; only ``ACL_RT_THREAD_LEVEL`` (0) exists."""
+    need_int("acl.rt.peek_at_last_error", level=level)
+    return N.acl_last_error(False)
+
+
+def get_last_error(level: int) -> int:
+    """This thread's last error code (0 when none), then cleared: ``aclrtGetLastError``."""
+    need_int("acl.rt.get_last_error", level=level)
+    return N.acl_last_error(True)
 
 
 def get_run_mode() -> tuple[int, int]:
@@ -261,6 +308,15 @@ def query_event(event: int) -> tuple[int, int]:
     """Deprecated: ``(ACL_EVENT_STATUS_COMPLETE (0) or _NOT_READY (1), ret)``."""
     need_int("acl.rt.query_event", event=event)
     return N.acl_query_event(event, False)
+
+
+@api("acl.rt.query_event_wait_status", 1)
+def query_event_wait_status(event: int) -> tuple[int, int]:
+    """``(ACL_EVENT_WAIT_STATUS_COMPLETE (0) or _NOT_READY (1), ret)``: whether every stream
+    made to wait for ``event`` (``stream_wait_event``) has received it (passed its wait);
+    COMPLETE when no stream waits for it."""
+    need_int("acl.rt.query_event_wait_status", event=event)
+    return N.acl_query_event_wait_status(event)
 
 
 @api("acl.rt.synchronize_event")

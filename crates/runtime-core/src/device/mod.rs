@@ -217,6 +217,23 @@ impl Device {
         }
     }
 
+    /// Time this device has spent running compute work (kernels, host functions, and the
+    /// blocks of launches), summed over its compute workers; work still running counts once
+    /// it finishes.
+    pub fn compute_busy(&self) -> std::time::Duration {
+        self.0.exec.compute_busy()
+    }
+
+    /// Utilisation in percent (0..=100): the share of the compute workers' time spent
+    /// running compute work since the previous call on this device (the first call: since
+    /// the device was made), measured from [`Device::compute_busy`]. What
+    /// `aclrtGetDeviceUtilizationRate` reports as the cube utilisation and
+    /// `torch.cuda.utilization` as the device's. The window is per device, shared by every
+    /// caller.
+    pub fn compute_utilization(&self) -> u32 {
+        self.0.exec.compute_utilization()
+    }
+
     /// The device's memory.
     pub fn memory(&self) -> &Arc<DeviceMemory> {
         &self.0.memory

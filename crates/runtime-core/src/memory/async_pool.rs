@@ -213,6 +213,38 @@ impl AsyncPool {
             .store(st.stats.free_blocks > 0, Ordering::Release);
         out
     }
+
+    /// Take out every free block freed on the stream with fence id `stream` (CuPy's
+    /// `free_all_blocks(stream=)`: that stream's arena); they are dropped by the caller
+    /// outside the lock.
+    fn trim_of(&self, stream: u64) -> Vec<Free> {
+        let mut st = self.state.lock();
+        let mut out = Vec::new();
+        let mut released = 0u64;
+        for (&size, list) in st.free.iter_mut() {
+            let mut i = 0;
+            while i < list.len() {
+                if list[i]
+                    .freed_on
+                    .as_ref()
+                    .is_some_and(|(s, _)| s.fence_id() == stream)
+                {
+                    out.push(list.remove(i));
+                    released += size;
+                } else {
+                    i += 1;
+                }
+            }
+        }
+        st.free.retain(|_, l| !l.is_empty());
+        st.stats.free -= released;
+        st.stats.free_blocks -= out.len() as u64;
+        st.stats.reserved -= released;
+        st.stats.released += out.len() as u64;
+        self.any_free
+            .store(st.stats.free_blocks > 0, Ordering::Release);
+        out
+    }
 }
 
 impl DeviceMemory {
@@ -341,6 +373,18 @@ impl DeviceMemory {
     /// still held by work queued before its free stays mapped until that work has run.
     pub fn trim_async_pool_to(&self, keep: u64) -> usize {
         let out = self.async_pool.trim(keep);
+        let n = out.len();
+        drop(out);
+        n
+    }
+
+    /// Give back to the allocator every free block of the async pool that was freed on the
+    /// stream whose fence id is `stream` (the stream layer's
+    /// `Stream::release_async_free_blocks`); returns how many blocks went. Blocks freed on
+    /// other streams, and those no stream holds, stay. Never waits, as
+    /// [`DeviceMemory::trim_async_pool_to`].
+    pub(crate) fn trim_async_pool_of(&self, stream: u64) -> usize {
+        let out = self.async_pool.trim_of(stream);
         let n = out.len();
         drop(out);
         n

@@ -28,6 +28,14 @@
 //! a block still alive then (a numpy array over it) stays valid memory, is unmapped when its
 //! last clone goes, and counts in no later statistics.
 //!
+//! **Registered memory** (`cudaHostRegister`): a range of host memory made elsewhere (a numpy
+//! array) can be [`register`]ed; copies then treat it as pinned ([`find_registered`]): a
+//! stream-ordered copy reads or writes it when the stream runs, holding a clone of the
+//! registration's keep-alive until then. The registration holds whatever the caller gave to
+//! keep the memory valid (the Python bindings: the array's buffer export). [`unregister`]
+//! refuses (`NotReady`) while a queued copy still holds the registration, so the memory is
+//! never given back under a copy; registrations outlive a shutdown, as host memory does.
+//!
 //! The `unsafe` here is the mapping itself (mmap/mlock/munlock/munmap) and the raw reads and
 //! writes of a block, each checked against the block's length.
 
@@ -320,6 +328,117 @@ pub fn find(ptr: *const u8, len: usize) -> Option<PinnedBuffer> {
     inside.then_some(PinnedBuffer(b))
 }
 
+/// What keeps registered memory valid while it is registered (and while queued copies use
+/// it).
+pub type KeepAlive = Arc<dyn std::any::Any + Send + Sync>;
+
+/// One registered range. `held` is the registry's own handle on the registrant's keep-alive:
+/// its clones are the copies using the range (the registrant's other references to what it
+/// gave do not count).
+struct Registration {
+    len: usize,
+    held: Arc<KeepAlive>,
+}
+
+/// Registered ranges by start address.
+static REGISTERED: crate::sync::StaticMutex<BTreeMap<usize, Registration>> =
+    crate::sync::StaticMutex::new(BTreeMap::new());
+
+/// Register `[ptr, ptr + len)` as pinned memory (`cudaHostRegister`), holding `keep` (which
+/// must keep the range valid) until [`unregister`].
+///
+/// # Errors
+/// `ArgError` (argument `arr`) for an empty range, one that overlaps a registered range
+/// (registering twice), or memory of this allocator's own pinned blocks (`malloc_host`).
+pub fn register(ptr: *const u8, len: usize, keep: KeepAlive) -> Result<()> {
+    let start = ptr as usize;
+    if len == 0 {
+        return Err(crate::error::arg_error(
+            "arr",
+            "is empty: there is no memory to register",
+        ));
+    }
+    let Some(end) = start.checked_add(len) else {
+        return Err(crate::error::arg_error(
+            "arr",
+            "its range overflows the address space",
+        ));
+    };
+    if find(ptr, 1).is_some() {
+        return Err(crate::error::arg_error(
+            "arr",
+            format!("{start:#x} is pinned memory already (malloc_host)"),
+        ));
+    }
+    let mut reg = REGISTERED.lock();
+    let before = reg.range(..end).next_back().map(|(&s, r)| (s, r.len));
+    if let Some((s, l)) = before.filter(|&(s, l)| s + l > start) {
+        return Err(crate::error::arg_error(
+            "arr",
+            format!(
+                "[{start:#x}, {end:#x}) overlaps the registered range [{s:#x}, {:#x}): memory is registered once (host_unregister first)",
+                s + l
+            ),
+        ));
+    }
+    reg.insert(
+        start,
+        Registration {
+            len,
+            held: Arc::new(keep),
+        },
+    );
+    Ok(())
+}
+
+/// Unregister the range registered at `ptr` (`cudaHostUnregister`); its keep-alive is dropped
+/// here, outside the registry's lock.
+///
+/// # Errors
+/// `ArgError` (argument `arr`) when no range is registered at `ptr`; `NotReady` while a
+/// queued copy still uses the range (synchronize its stream first; nothing changes).
+pub fn unregister(ptr: *const u8) -> Result<()> {
+    let start = ptr as usize;
+    let mut reg = REGISTERED.lock();
+    let Some(r) = reg.get(&start) else {
+        return Err(crate::error::arg_error(
+            "arr",
+            format!("no memory is registered at {start:#x} (host_register it first)"),
+        ));
+    };
+    if Arc::strong_count(&r.held) > 1 {
+        return Err(crate::error::StreamError::NotReady {
+            what: format!(
+                "a copy queued on the registered host memory at {start:#x} ({} bytes)",
+                r.len
+            ),
+        }
+        .into());
+    }
+    let gone = reg.remove(&start);
+    drop(reg);
+    drop(gone);
+    Ok(())
+}
+
+/// The keep-alive of the registered range holding all of `[ptr, ptr + len)`, if any (`len`
+/// > 0): a copy that holds it keeps [`unregister`] from giving the memory back under it.
+pub fn find_registered(ptr: *const u8, len: usize) -> Option<KeepAlive> {
+    if len == 0 {
+        return None;
+    }
+    let start = ptr as usize;
+    let end = start.checked_add(len)?;
+    let reg = REGISTERED.lock();
+    let (&s, r) = reg.range(..=start).next_back()?;
+    (end <= s + r.len).then(|| r.held.clone() as KeepAlive)
+}
+
+/// Whether a range is registered at exactly `ptr`.
+pub fn is_registered(ptr: *const u8) -> bool {
+    REGISTERED.lock().contains_key(&(ptr as usize))
+}
+
 /// Counters of the pinned allocator.
 pub fn stats() -> HostMemoryStats {
     POOL.lock().stats
@@ -466,13 +585,21 @@ impl PinnedBuffer {
 static FORK: crate::sync::ForkGuarded<crate::sync::StaticMutex<Pool>> =
     crate::sync::ForkGuarded::new(|| &POOL);
 
-/// Around `fork()`: hold the lock so that no other thread is inside it when the process is
-/// copied (see `runtime::install_fork_handlers`).
+/// The registry of registered ranges, around `fork()` as the pool (every queued copy looks
+/// it up, so a thread queueing one may hold it when another thread forks).
+static FORK_REGISTERED: crate::sync::ForkGuarded<
+    crate::sync::StaticMutex<BTreeMap<usize, Registration>>,
+> = crate::sync::ForkGuarded::new(|| &REGISTERED);
+
+/// Around `fork()`: hold the locks so that no other thread is inside them when the process
+/// is copied (see `runtime::install_fork_handlers`).
 pub(crate) fn before_fork(wait: std::time::Duration) {
     FORK.before_fork(wait);
+    FORK_REGISTERED.before_fork(wait);
 }
 
 /// After `fork()`, in the parent or the child: release what [`before_fork`] took.
 pub(crate) fn after_fork(child: bool) {
+    FORK_REGISTERED.after_fork(child);
     FORK.after_fork(child);
 }

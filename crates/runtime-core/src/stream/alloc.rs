@@ -73,6 +73,18 @@ impl Stream {
         let mem = self.device_memory()?;
         mem.free_async(buf, Arc::new(self.clone()))
     }
+
+    /// Give the free blocks of the device's async pool that were freed on this stream back to
+    /// the device (CuPy's `free_all_blocks(stream=)`: this stream's arena only); returns how
+    /// many went. Blocks freed on other streams stay pooled. Never waits: a block still used
+    /// by work queued before its free stays mapped until that work has run.
+    ///
+    /// # Errors
+    /// `InvalidHandle` for a destroyed stream or after shutdown.
+    pub fn release_async_free_blocks(&self) -> Result<usize> {
+        self.check()?;
+        Ok(self.device_memory()?.trim_async_pool_of(self.id()))
+    }
 }
 
 /// Zero a reused block in stream order (as the scrubber zeroes cached blocks).

@@ -8,7 +8,9 @@
 //!
 //! Host-to-device copies queued on a stream follow CUDA's rule ([`h2d_async`],
 //! [`h2d_2d_async`]): from pinned memory ([`crate::memory::pinned`]) the command reads the host
-//! bytes when it runs, holding the pinned block until it is done; from any other (pageable)
+//! bytes when it runs, holding the pinned block until it is done (registered host memory,
+//! [`pinned::register`], is pinned memory here too: the copy holds the registration); from
+//! any other (pageable)
 //! host memory the bytes are staged when the copy is queued, so the caller may reuse the
 //! source as soon as the call returns. Blocking copies read the source directly (the caller
 //! waits for them).
@@ -30,7 +32,7 @@ use std::sync::Arc;
 use crate::error::{arg_error, KernelFailure, MemoryError, Result};
 use crate::memory::access::{Access, AccessSet};
 use crate::memory::managed::{self, Location};
-use crate::memory::pinned::{self, PinnedBuffer};
+use crate::memory::pinned::{self, KeepAlive, PinnedBuffer};
 use crate::memory::{Buffer, Element};
 use crate::stream::{FnOp, Op, OpKind, Stream};
 
@@ -102,16 +104,42 @@ pub fn h2d(
     ))
 }
 
-/// The pinned block holding `count` bytes of `src` at `src_off`, if `src` is pinned memory.
+/// What keeps the pinned memory holding `count` bytes of `src` at `src_off` valid, if it is
+/// pinned memory: its block of the pinned allocator, or its registration
+/// ([`pinned::register`]).
 ///
 /// # Errors
 /// The block was freed with `free_host`.
-fn pinned_source(src: &dyn HostMemory, src_off: u64, count: u64) -> Result<Option<PinnedBuffer>> {
+fn pinned_source(src: &dyn HostMemory, src_off: u64, count: u64) -> Result<Option<KeepAlive>> {
     let start = (src.as_ptr() as usize).wrapping_add(src_off as usize) as *const u8;
     match pinned::find(start, count as usize) {
-        Some(p) => p.check().map(|()| Some(p)),
-        None => Ok(None),
+        Some(p) => p.check().map(|()| Some(Arc::new(p) as KeepAlive)),
+        None => Ok(pinned::find_registered(start, count as usize)),
     }
+}
+
+/// The registration of host memory `dst` at `dst_off` for `count` bytes, if it is registered
+/// memory: a queued copy into it holds this until it ran.
+fn registered_dest(dst: &End, dst_off: u64, count: u64) -> Option<KeepAlive> {
+    match dst {
+        End::Host(h) => {
+            let start = (h.as_ptr() as usize).wrapping_add(dst_off as usize) as *const u8;
+            pinned::find_registered(start, count as usize)
+        }
+        _ => None,
+    }
+}
+
+/// `op`, holding `keep` until it has run (and been dropped).
+fn holding(op: Arc<dyn Op>, keep: Option<KeepAlive>) -> Arc<dyn Op> {
+    let Some(keep) = keep else {
+        return op;
+    };
+    let (name, kind, accesses) = (op.name().to_string(), op.kind(), op.accesses().clone());
+    FnOp::with_accesses(name, kind, accesses, move || {
+        let _keep = &keep;
+        op.run()
+    })
 }
 
 /// Copy `count` bytes of `src` at `src_off` into a staging buffer now: a block of the pinned
@@ -181,6 +209,7 @@ pub fn completes_before_return(dst: &dyn HostMemory, dst_off: u64, count: u64) -
     }
     let start = (dst.as_ptr() as usize).wrapping_add(dst_off as usize) as *const u8;
     pinned::find(start, count as usize).is_none()
+        && pinned::find_registered(start, count as usize).is_none()
 }
 
 /// A device-to-host copy as a stream op. The host memory must be writable.
@@ -625,6 +654,9 @@ pub fn copy(
     )?;
     let finish = submit == Submit::Queued
         && matches!(&dst, End::Host(h) if completes_before_return(h.as_ref(), dst_off, count));
+    let dst_keep = (submit == Submit::Queued)
+        .then(|| registered_dest(&dst, dst_off, count))
+        .flatten();
     let planned = match (dst, src) {
         (End::Device(d), End::Host(h)) if submit == Submit::Queued => Planned {
             op: h2d_async(&d, dst_off, h, src_off, count)?,
@@ -667,7 +699,12 @@ pub fn copy(
             }
         }
     };
-    Ok(Planned { finish, ..planned })
+    // A queued copy into registered memory holds the registration until it ran.
+    Ok(Planned {
+        op: holding(planned.op, dst_keep),
+        finish,
+        ..planned
+    })
 }
 
 /// A 2-D (pitched) copy of `rect` from `src` to `dst`, either end host or device memory, as
@@ -699,6 +736,9 @@ pub fn copy_2d(dst: End, src: End, rect: Rect, submit: Submit) -> Result<Planned
     let finish = submit == Submit::Queued
         && matches!(&dst, End::Host(h)
             if completes_before_return(h.as_ref(), rect.dst_off, span(rect.dpitch)));
+    let dst_keep = (submit == Submit::Queued)
+        .then(|| registered_dest(&dst, rect.dst_off, span(rect.dpitch)))
+        .flatten();
     let planned = match (dst, src) {
         (End::Device(d), End::Host(h)) if submit == Submit::Queued => Planned {
             op: h2d_2d_async(&d, h, rect)?,
@@ -731,7 +771,12 @@ pub fn copy_2d(dst: End, src: End, rect: Rect, submit: Submit) -> Result<Planned
             finish: false,
         },
     };
-    Ok(Planned { finish, ..planned })
+    // A queued copy into registered memory holds the registration until it ran.
+    Ok(Planned {
+        op: holding(planned.op, dst_keep),
+        finish,
+        ..planned
+    })
 }
 
 /// The stream-ordered prefetch of managed buffer `buf` to `location`

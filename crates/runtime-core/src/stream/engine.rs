@@ -15,7 +15,7 @@
 //! workers is spinning. Ready streams wait in one
 //! queue per priority level; workers always take the highest level first.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -221,14 +221,23 @@ pub(crate) struct Engine {
     started: AtomicBool,
     /// The wake-up protocol of this engine's idle workers.
     idle: Idle,
+    /// The device's compute busy time (shared with [`Engines`]), which this engine's workers
+    /// add their helping time to.
+    busy_ns: Arc<AtomicU64>,
 }
 
 impl Engine {
-    fn new(kind: EngineKind, device: usize, workers: usize) -> Arc<Engine> {
+    fn new(
+        kind: EngineKind,
+        device: usize,
+        workers: usize,
+        busy_ns: Arc<AtomicU64>,
+    ) -> Arc<Engine> {
         Arc::new(Engine {
             kind,
             device,
             workers,
+            busy_ns,
             queues: (0..PRIORITY_LEVELS)
                 .map(|_| crossbeam_channel::unbounded())
                 .collect(),
@@ -427,10 +436,21 @@ impl Engine {
             match msg {
                 Msg::Stop => return,
                 Msg::Run(s) => run_stream(&s, Runner::Engine(self.kind)),
-                Msg::Help(h) => h.help(),
+                Msg::Help(h) => {
+                    // Blocks of a launch: compute time on this worker.
+                    let t = Instant::now();
+                    h.help();
+                    add_busy(&self.busy_ns, t);
+                }
             }
         }
     }
+}
+
+/// Add the time since `since` to a busy-time counter.
+fn add_busy(busy_ns: &AtomicU64, since: Instant) {
+    let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    busy_ns.fetch_add(ns, Ordering::Relaxed);
 }
 
 /// The engines of one device.
@@ -438,6 +458,11 @@ pub(crate) struct Engines {
     compute: Arc<Engine>,
     copy: Arc<Engine>,
     serial: Arc<Engine>,
+    /// Nanoseconds the device's workers (and callers running its work inline) spent running
+    /// compute work: kernels, host functions, and the blocks of a launch they helped with.
+    busy_ns: Arc<AtomicU64>,
+    /// The last [`Engines::utilization`] sample: when, and `busy_ns` then.
+    sample: Mutex<(Instant, u64)>,
     /// Every engine started: what each submission reads. Kept apart from the engines' own
     /// flags, which share a cache line with the counters idle workers write as they spin.
     all_started: AtomicBool,
@@ -445,16 +470,55 @@ pub(crate) struct Engines {
 
 impl Engines {
     pub(crate) fn new(device: usize, compute_workers: usize) -> Engines {
+        let busy_ns = Arc::new(AtomicU64::new(0));
         Engines {
-            compute: Engine::new(EngineKind::Compute, device, compute_workers),
-            copy: Engine::new(EngineKind::Copy, device, 2),
-            serial: Engine::new(EngineKind::Serial, device, 1),
+            compute: Engine::new(
+                EngineKind::Compute,
+                device,
+                compute_workers,
+                busy_ns.clone(),
+            ),
+            copy: Engine::new(EngineKind::Copy, device, 2, busy_ns.clone()),
+            serial: Engine::new(EngineKind::Serial, device, 1, busy_ns.clone()),
+            busy_ns,
+            sample: Mutex::new((Instant::now(), 0)),
             all_started: AtomicBool::new(false),
         }
     }
 
     pub(crate) fn compute_workers(&self) -> usize {
         self.compute.workers
+    }
+
+    /// Count the time since `since` as compute busy time (an op of kind `Compute` ran).
+    pub(crate) fn add_compute_busy(&self, since: Instant) {
+        add_busy(&self.busy_ns, since);
+    }
+
+    /// Compute busy time so far (work still running counts once it finishes).
+    pub(crate) fn compute_busy(&self) -> Duration {
+        Duration::from_nanos(self.busy_ns.load(Ordering::Relaxed))
+    }
+
+    /// Percent (0..=100) of the compute workers' time spent running compute work since the
+    /// previous call (the first call: since the engines were made): busy time over the
+    /// window's length times the number of compute workers. Work still running at the call
+    /// counts in the window in which it finishes, so a window can read high; it is capped
+    /// at 100.
+    pub(crate) fn utilization(&self) -> u32 {
+        let now = Instant::now();
+        let busy = self.busy_ns.load(Ordering::Relaxed);
+        let (then, before) = {
+            let mut s = self.sample.lock();
+            std::mem::replace(&mut *s, (now, busy))
+        };
+        let window = now.saturating_duration_since(then).as_nanos() as f64;
+        let capacity = window * self.compute.workers.max(1) as f64;
+        if capacity <= 0.0 {
+            return 0;
+        }
+        let pct = busy.saturating_sub(before) as f64 * 100.0 / capacity;
+        pct.round().clamp(0.0, 100.0) as u32
     }
 
     /// The compute engine: where the blocks of a launch run.

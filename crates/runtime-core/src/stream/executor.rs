@@ -93,6 +93,18 @@ impl Executor {
         self.engines.compute_workers()
     }
 
+    /// Time the device has spent running compute work (kernels, host functions), summed
+    /// over its workers.
+    pub fn compute_busy(&self) -> Duration {
+        self.engines.compute_busy()
+    }
+
+    /// Percent of the compute workers' time spent busy since the previous call (see
+    /// `Device::compute_utilization`).
+    pub fn compute_utilization(&self) -> u32 {
+        self.engines.utilization()
+    }
+
     /// The process options this device runs under.
     pub fn options(&self) -> &Arc<Options> {
         &self.options
@@ -156,6 +168,13 @@ impl Executor {
 
     pub(crate) fn register(&self, s: &Arc<StreamInner>) {
         self.streams.lock().insert(s.id, Arc::downgrade(s));
+    }
+
+    /// The live stream of this device whose id is `id` (`None`: no such stream, or it was
+    /// dropped).
+    pub(crate) fn stream(&self, id: u64) -> Option<Stream> {
+        let inner = self.streams.lock().get(&id)?.upgrade()?;
+        Some(Stream(inner))
     }
 
     pub(crate) fn unregister(&self, id: u64) {

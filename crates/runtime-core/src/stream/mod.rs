@@ -1218,7 +1218,11 @@ fn run_held(s: &StreamInner, op: &dyn Op) {
         return;
     }
     let t0 = trace::enabled().then(now_ns);
+    let compute = (op.kind() == OpKind::Compute).then(Instant::now);
     let result = panics::run_caught(op.name(), || op.run());
+    if let Some(since) = compute {
+        s.exec.engines.add_compute_busy(since);
+    }
     if let Some(t0) = t0 {
         trace::push(trace::Record {
             name: op.name().to_string(),
