@@ -3,7 +3,7 @@
 # Usage: bash scripts/test.sh [extra pytest args]
 #
 # It installs into the Python that `python3` runs (the active virtualenv, if any): the test
-# tools (maturin, numpy, pytest, hypothesis), the optional atheris and numba, the required
+# tools (maturin, numpy, pytest, hypothesis), the optional atheris, numba and ml_dtypes, the required
 # mpi4py and mpich, and this package's wheel (runtime-vdev, replacing any installed one).
 # Activate a virtualenv first to keep them out of the system Python:
 # python3 -m venv .venv && . .venv/bin/activate.
@@ -28,6 +28,9 @@ python3 -m pip install -q pytest-timeout matplotlib
 python3 -m pip install -q atheris 2>/dev/null || echo "atheris not installable: its fuzz test will be skipped"
 # Optional: numba (the [numba] extra) runs the @cfunc kernel tests; without it they are skipped.
 python3 -m pip install -q numba 2>/dev/null || echo "numba not installable: the @cfunc kernel tests will be skipped"
+# Optional: ml_dtypes (the [bfloat16] extra, a small wheel) gives numpy bfloat16; without it
+# tests/test_bfloat16.py is skipped.
+python3 -m pip install -q ml_dtypes 2>/dev/null || echo "ml_dtypes not installable: the bfloat16 tests will be skipped"
 # Required: mpi4py and the mpich wheel (its mpiexec) run the MPI tests under mpiexec -n 1/2/3
 # (runtime._mpi is tested nowhere else), so a failed install fails the run, and
 # RUNTIME_REQUIRE_MPI makes those tests fail rather than skip if MPI is still missing.

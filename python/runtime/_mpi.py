@@ -56,7 +56,7 @@ __all__ = ["MPICommunicator", "init_mpi"]
 _SMALL = 256 << 10
 
 # dtypes MPI reduces itself (every operator; complex numbers only sum and prod). Others
-# (float16) the core gathers and reduces; booleans arrive as uint8 with max/min.
+# (float16, bfloat16) the core gathers and reduces; booleans arrive as uint8 with max/min.
 _REDUCES = frozenset(
     (dt, op)
     for dt in (

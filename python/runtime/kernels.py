@@ -17,10 +17,13 @@ kernel      arguments        effect
 ``matmul``  c, a, b          ``c = a @ b`` (2-D)
 ==========  ===============  ================================
 
-dtypes: every numpy number type (bool, int8-64, uint8-64, float16-64, complex64/128), one
-per launch; ``scale``, ``axpy`` and ``sum`` refuse bool, where numpy's result is an integer
-(bool ``add``/``mul`` are or/and). Integers wrap; float16 is computed in float32 and rounded
-per result; scalars for integer and bool buffers must fit the dtype. Launch with ``stream.launch_kernel(kernels.add,
+dtypes: every numpy number type (bool, int8-64, uint8-64, float16-64, complex64/128) and
+bfloat16 (``ml_dtypes.bfloat16``, with the ``bfloat16`` extra), one per launch; ``scale``,
+``axpy`` and ``sum`` refuse bool, where numpy's result is an integer (bool ``add``/``mul``
+are or/and). Integers wrap; float16 and bfloat16 are computed in float32 and rounded per
+result (as numpy's float16 and ml_dtypes' bfloat16 loops); ``sum`` accumulates floats in
+float64, ``matmul`` float16/bfloat16 in float32; scalars for integer and bool buffers must fit
+the dtype. Launch with ``stream.launch_kernel(kernels.add,
 (out, a, b))`` or call the kernel: ``kernels.add(out, a, b, stream=s)``. Kernels registered
 from Rust by other crates are found with :func:`get`.
 """

@@ -12,7 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use half::f16;
+use half::{bf16, f16};
 use num_complex::Complex;
 use runtime_core::comm::{
     self, Communicator, Exchange, Pending, ReduceOp, Region, Transport, TransportError,
@@ -468,6 +468,7 @@ fn encode(dtype: DType, vals: &[V]) -> Vec<u8> {
             DType::I64 => out.extend((re as i64).to_le_bytes()),
             DType::F64 => out.extend(re.to_le_bytes()),
             DType::F16 => out.extend(f16::from_f64(re).to_le_bytes()),
+            DType::BF16 => out.extend(bf16::from_f64(re).to_le_bytes()),
             DType::C64 => out.extend(
                 [Complex::new(re as f32, im as f32)]
                     .iter()
@@ -489,6 +490,7 @@ fn decode(dtype: DType, bytes: &[u8]) -> Vec<V> {
             DType::I64 => (i64::from_le_bytes(b.try_into().unwrap()) as f64, 0.0),
             DType::F64 => (f64::from_le_bytes(b.try_into().unwrap()), 0.0),
             DType::F16 => (f16::from_le_bytes(b.try_into().unwrap()).to_f64(), 0.0),
+            DType::BF16 => (bf16::from_le_bytes(b.try_into().unwrap()).to_f64(), 0.0),
             DType::C64 => (
                 f32::from_le_bytes(b[..4].try_into().unwrap()) as f64,
                 f32::from_le_bytes(b[4..].try_into().unwrap()) as f64,
@@ -568,6 +570,7 @@ fn premul(r: usize) -> ReduceOp {
 fn close(dtype: DType, got: &[V], want: &[V], what: &str) {
     let tol = match dtype {
         DType::F16 => 1e-2,
+        DType::BF16 => 5e-2, // 8 significant bits, rounded at each step
         DType::C64 => 1e-5,
         _ => 0.0,
     };
@@ -1135,13 +1138,20 @@ fn every_collective_across_processes_with_the_transport_reducing() {
     every_collective(true, &[DType::I64, DType::F64]);
 }
 
-/// The transport reduces nothing: the core gathers and reduces (float16, complex, booleans:
-/// what MPI cannot reduce), and moves every dtype as bytes.
+/// The transport reduces nothing: the core gathers and reduces (float16, bfloat16, complex,
+/// booleans: what MPI cannot reduce), and moves every dtype as bytes.
 #[test]
 fn every_collective_and_dtype_across_processes_with_the_core_reducing() {
     every_collective(
         false,
-        &[DType::I64, DType::F16, DType::C64, DType::Bool, DType::U8],
+        &[
+            DType::I64,
+            DType::F16,
+            DType::BF16,
+            DType::C64,
+            DType::Bool,
+            DType::U8,
+        ],
     );
 }
 

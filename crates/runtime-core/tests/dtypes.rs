@@ -1,13 +1,14 @@
 //! Every dtype through the core: `DType`'s names, kinds and ranges, numpy's `view(dtype)` rule
 //! (against a byte-level model), and the built-in kernels on the dtypes beyond float32/64 and
-//! int32/64 (wrapping integers, bool's or/and, float16 rounded per result, complex products),
+//! int32/64 (wrapping integers, bool's or/and, float16 and bfloat16 rounded per result, complex
+//! products),
 //! with the scalar range checks.
 //!
 //! All tests share one runtime (same settings, never shut down).
 
 mod common;
 
-use half::f16;
+use half::{bf16, f16};
 use num_complex::Complex;
 use proptest::prelude::*;
 use runtime_core::error::Error;
@@ -72,22 +73,27 @@ fn names_sizes_and_kinds() {
         ("uint32", 4, 'u'),
         ("uint64", 8, 'u'),
         ("float16", 2, 'f'),
+        ("bfloat16", 2, 'f'),
         ("float32", 4, 'f'),
         ("float64", 8, 'f'),
         ("complex64", 8, 'c'),
         ("complex128", 16, 'c'),
     ];
+    assert_eq!(DType::ALL.len(), want.len());
     for (d, (name, size, kind)) in DType::ALL.into_iter().zip(want) {
         assert_eq!((d.name(), d.size(), d.kind()), (name, size, kind));
         assert_eq!(DType::parse(name), Some(d));
-        assert_eq!(DType::from_kind(kind, size), Some(d));
-        let code = if kind == 'b' {
-            "b1".to_string()
-        } else {
-            format!("{kind}{size}")
-        };
-        assert_eq!(DType::parse(&code), Some(d), "{code}");
-        assert_eq!(DType::parse(&format!("<{code}")), Some(d), "<{code}");
+        // bfloat16 has no type code: 'f', 2 bytes is float16, as in numpy.
+        if d != DType::BF16 {
+            assert_eq!(DType::from_kind(kind, size), Some(d));
+            let code = if kind == 'b' {
+                "b1".to_string()
+            } else {
+                format!("{kind}{size}")
+            };
+            assert_eq!(DType::parse(&code), Some(d), "{code}");
+            assert_eq!(DType::parse(&format!("<{code}")), Some(d), "<{code}");
+        }
         assert_eq!(d.to_string(), name);
         assert_eq!(d.is_float(), kind == 'f');
         assert_eq!(d.is_complex(), kind == 'c');
@@ -108,6 +114,8 @@ fn names_sizes_and_kinds() {
     ] {
         assert_eq!(DType::parse(code), Some(d), "{code}");
     }
+    assert_eq!(DType::from_kind('f', 2), Some(DType::F16));
+    assert_eq!(DType::parse("bf16"), None);
     assert_eq!(DType::parse("float128"), None);
     assert_eq!(DType::from_kind('f', 16), None);
 }
@@ -123,6 +131,7 @@ fn integer_ranges() {
     );
     assert_eq!(DType::U64.int_range(), Some((0, u64::MAX.into())));
     assert_eq!(DType::F16.int_range(), None);
+    assert_eq!(DType::BF16.int_range(), None);
     assert_eq!(DType::C128.int_range(), None);
 }
 
@@ -444,6 +453,90 @@ fn float16_rounds_each_result() {
             let g = got[i * p + j].to_f32();
             assert!(
                 (g - want).abs() <= 1e-3 * want.abs().max(1.0),
+                "{g} vs {want}"
+            );
+        }
+    }
+}
+
+/// bfloat16 as ml_dtypes computes it (its ufuncs widen to float32 and round each result to
+/// nearest even): add, mul, scale and fill bit-exact against that model, overflow past
+/// bfloat16's largest finite value (about 3.39e38) to infinity, sum through float64 and matmul
+/// with float32 accumulation.
+#[test]
+fn bfloat16_rounds_each_result() {
+    let s = stream();
+    let mut r = Rng(17);
+    let n = 64;
+    // Random bit patterns of finite bfloat16 values of moderate size (exponent 2^-8..2^8),
+    // so that sums and products need rounding to 8 significant bits.
+    let gen = |r: &mut Rng| {
+        let bits = r.next() as u16;
+        let exp = 119 + (bits >> 7) % 16; // biased exponent
+        bf16::from_bits((bits & 0x807f) | (exp << 7))
+    };
+    let a: Vec<bf16> = (0..n).map(|_| gen(&mut r)).collect();
+    let b: Vec<bf16> = (0..n).map(|_| gen(&mut r)).collect();
+    let (ab, bb, ob) = (upload(&a), upload(&b), upload(&vec![bf16::ZERO; n]));
+    let h = DType::BF16;
+    let op = |f: fn(f32, f32) -> f32| -> Vec<bf16> {
+        a.iter()
+            .zip(&b)
+            .map(|(x, y)| bf16::from_f32(f(x.to_f32(), y.to_f32())))
+            .collect()
+    };
+    let args = |o: &Buffer| vec![t(o, h, &[n]), t(&ab, h, &[n]), t(&bb, h, &[n])];
+    run(&s, "add", args(&ob));
+    let sum = op(|x, y| x + y);
+    assert_eq!(read::<bf16>(&ob, h, n), sum);
+    // The model does round: some sums are not exact in bfloat16.
+    assert!(a
+        .iter()
+        .zip(&b)
+        .zip(&sum)
+        .any(|((x, y), z)| x.to_f32() + y.to_f32() != z.to_f32()));
+    run(&s, "mul", args(&ob));
+    assert_eq!(read::<bf16>(&ob, h, n), op(|x, y| x * y));
+    run(
+        &s,
+        "scale",
+        vec![t(&ob, h, &[n]), t(&ab, h, &[n]), KernelArg::Float(0.1)],
+    );
+    // The scalar is rounded to bfloat16 first (as `np.asarray(0.1, bfloat16) * x`).
+    let alpha = bf16::from_f64(0.1).to_f32();
+    let want: Vec<bf16> = a
+        .iter()
+        .map(|x| bf16::from_f32(alpha * x.to_f32()))
+        .collect();
+    assert_eq!(read::<bf16>(&ob, h, n), want);
+    run(&s, "fill", vec![t(&ob, h, &[n]), KernelArg::Float(0.1)]);
+    assert!(read::<bf16>(&ob, h, n)
+        .iter()
+        .all(|&v| v.to_bits() == 0x3dcd)); // 0.1 rounded to nearest: 0x3dcccccd -> 0x3dcd
+    run(&s, "fill", vec![t(&ob, h, &[n]), KernelArg::Float(1e39)]);
+    assert!(read::<bf16>(&ob, h, n).iter().all(|v| v.is_infinite()));
+    run(&s, "fill", vec![t(&ob, h, &[n]), KernelArg::Float(3e38)]);
+    assert!(read::<bf16>(&ob, h, n).iter().all(|v| v.is_finite()));
+    run(&s, "sum", vec![t(&ob, h, &[1]), t(&ab, h, &[n])]);
+    let total: f64 = a.iter().map(|x| x.to_f64()).sum();
+    assert_eq!(read::<bf16>(&ob, h, 1), [bf16::from_f64(total)]);
+    let (m, k, p) = (4, 8, 8);
+    let cb = upload(&vec![bf16::ZERO; m * p]);
+    run(
+        &s,
+        "matmul",
+        vec![t(&cb, h, &[m, p]), t(&ab, h, &[m, k]), t(&bb, h, &[k, p])],
+    );
+    let got = read::<bf16>(&cb, h, m * p);
+    for i in 0..m {
+        for j in 0..p {
+            let (want, mag): (f32, f32) = (0..k)
+                .map(|q| a[i * k + q].to_f32() * b[q * p + j].to_f32())
+                .fold((0.0, 0.0), |(s, m), v| (s + v, m + v.abs()));
+            let g = got[i * p + j].to_f32();
+            // one bfloat16 rounding (2^-8 relative) of the float32 sum
+            assert!(
+                (g - want).abs() <= 2f32.powi(-8) * mag + 1e-6,
                 "{g} vs {want}"
             );
         }

@@ -21,7 +21,7 @@ use crate::dlpack;
 use crate::errors::RtErr;
 use crate::handles::{PyDevice, PyDeviceBuffer};
 use crate::host;
-use runtime_core::kernel::Tensor;
+use runtime_core::kernel::{DType, Tensor};
 
 #[pymethods]
 impl PyDeviceBuffer {
@@ -49,7 +49,7 @@ impl PyDeviceBuffer {
 
     /// The numpy dtype.
     #[getter(dtype)]
-    fn dtype_<'py>(&self, py: Python<'py>) -> Bound<'py, PyArrayDescr> {
+    fn dtype_<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArrayDescr>> {
         numpy_dtype(py, self.dtype)
     }
 
@@ -162,7 +162,7 @@ impl PyDeviceBuffer {
         let py = slf.py();
         let me = slf.get();
         let np = numpy(py)?;
-        let want = numpy_dtype(py, me.dtype);
+        let want = numpy_dtype(py, me.dtype)?;
         let out = match out.filter(|o| !o.is_none()) {
             Some(o) => {
                 check_out(o, &want, me.shape.iter().product::<isize>())?;
@@ -253,13 +253,25 @@ impl PyDeviceBuffer {
         let py = slf.py();
         slf.get().buffer(py)?;
         let np = numpy(py)?;
-        let arr = np
-            .getattr("asarray")?
-            .call1((pyo3::types::PyMemoryView::from(slf.as_any())?,))?;
+        let asarray = np.getattr("asarray")?;
+        let me = slf.get();
+        let arr = if me.dtype == DType::BF16 {
+            // bfloat16 has no buffer-protocol format (numpy's own bfloat16 arrays export
+            // none): the same bytes as uint16, seen as bfloat16.
+            let bits = Bound::new(
+                py,
+                me.derive(me.buffer(py)?, me.offset, DType::U16, me.shape_usize()),
+            )?;
+            asarray
+                .call1((pyo3::types::PyMemoryView::from(bits.as_any())?,))?
+                .call_method1("view", (numpy_dtype(py, DType::BF16)?,))?
+        } else {
+            asarray.call1((pyo3::types::PyMemoryView::from(slf.as_any())?,))?
+        };
         match dtype {
             Some(t) if !t.is_none() => {
                 let want = PyArrayDescr::new(py, t)?;
-                if want.is_equiv_to(&numpy_dtype(py, slf.get().dtype)) {
+                if want.is_equiv_to(&numpy_dtype(py, slf.get().dtype)?) {
                     if copy == Some(true) {
                         return arr.call_method0("copy");
                     }

@@ -1,6 +1,7 @@
 //! Argument conversion: Python objects to the values the core takes, with `TypeError` /
 //! `ValueError` naming the argument. Sizes and offsets, shapes, dtypes (numpy descriptors
-//! through the `numpy` crate), timeouts, and the handle arguments (device, stream, event,
+//! through the `numpy` crate; bfloat16 is `ml_dtypes.bfloat16`, imported here only, when
+//! first named), timeouts, and the handle arguments (device, stream, event,
 //! buffer); `None` for a device or stream is the current one of the calling context
 //! (`context`). Depends on no domain file.
 
@@ -117,27 +118,69 @@ pub fn shape_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Vec<usize>> {
         .collect()
 }
 
-/// A user-given `dtype` argument (anything `numpy.dtype` takes) as a device dtype; see
-/// [`device_dtype`].
+static BFLOAT16: PyOnceLock<Py<PyArrayDescr>> = PyOnceLock::new();
+
+/// numpy's bfloat16 dtype: `ml_dtypes.bfloat16`, the optional dependency that gives numpy
+/// the type (as JAX and torch users have it). Imported on first use; without it, a
+/// `TypeError` saying how to install it (the `ImportError` as its cause).
+pub fn bfloat16(py: Python<'_>) -> PyResult<Bound<'_, PyArrayDescr>> {
+    let d = BFLOAT16.get_or_try_init(py, || {
+        let ml = py.import("ml_dtypes").map_err(|e| {
+            let err = PyTypeError::new_err(
+                "dtype: bfloat16 needs the ml_dtypes package, which gives numpy its bfloat16 type: pip install ml_dtypes (or the runtime[bfloat16] extra)",
+            );
+            err.set_cause(py, Some(e));
+            err
+        })?;
+        Ok::<_, PyErr>(PyArrayDescr::new(py, &ml.getattr("bfloat16")?)?.unbind())
+    })?;
+    Ok(d.bind(py).clone())
+}
+
+/// A user-given `dtype` argument (anything `numpy.dtype` takes, and the name `"bfloat16"`
+/// with ml_dtypes installed) as a device dtype; see [`device_dtype`].
 pub fn parse_dtype(py: Python<'_>, dtype: &Bound<'_, PyAny>) -> PyResult<DType> {
     if dtype.is_none() {
         return Ok(DType::F64); // as `numpy.dtype(None)`
+    }
+    // numpy knows the name only once ml_dtypes is imported.
+    if let Ok(name) = dtype.cast::<PyString>() {
+        if DType::parse(&name.to_cow()?) == Some(DType::BF16) {
+            bfloat16(py)?;
+            return Ok(DType::BF16);
+        }
     }
     // numpy's message ("Cannot interpret '3' as a data type") does not name the argument.
     let dt = PyArrayDescr::new(py, dtype).map_err(|e| naming(py, "dtype", e))?;
     device_dtype(&dt)
 }
 
+/// Whether `dt` is ml_dtypes' bfloat16 (an extension dtype of kind 'V', item size 2, named
+/// "bfloat16"; only then is ml_dtypes imported to compare, so it is already loaded).
+fn is_bfloat16(dt: &Bound<'_, PyArrayDescr>) -> PyResult<bool> {
+    if dt.kind() != b'V' || dt.itemsize() != 2 || dt.has_fields() || dt.has_subarray() {
+        return Ok(false);
+    }
+    if dt.getattr("name")?.extract::<String>()? != "bfloat16" {
+        return Ok(false);
+    }
+    Ok(bfloat16(dt.py()).is_ok_and(|b| b.is_equiv_to(dt)))
+}
+
 /// The device dtype of a numpy dtype (by numpy's kind and item size: every fixed-size number
-/// type). Device memory is in native byte order, so a non-native one (`">f4"` on a
-/// little-endian host) is a `ValueError` rather than a silent reinterpretation of the bytes.
+/// type, and ml_dtypes' bfloat16). Device memory is in native byte order, so a non-native one
+/// (`">f4"` on a little-endian host) is a `ValueError` rather than a silent reinterpretation
+/// of the bytes.
 pub fn device_dtype(dt: &Bound<'_, PyArrayDescr>) -> PyResult<DType> {
-    // Structured, subarray and extension dtypes (kind 'V', ml_dtypes' bfloat16, ...) have no
-    // device counterpart even where their kind and size match one.
+    if is_bfloat16(dt)? {
+        return Ok(DType::BF16);
+    }
+    // Structured, subarray and other extension dtypes (kind 'V', ml_dtypes' float8 types,
+    // ...) have no device counterpart even where their kind and size match one.
     let plain = !dt.has_fields() && !dt.has_subarray();
     let Some(parsed) = DType::from_kind(dt.kind() as char, dt.itemsize()).filter(|_| plain) else {
         return Err(PyTypeError::new_err(format!(
-            "dtype {} is not supported; use bool, int8/16/32/64, uint8/16/32/64, float16/32/64, complex64 or complex128",
+            "dtype {} is not supported; use bool, int8/16/32/64, uint8/16/32/64, float16/32/64, complex64, complex128 or bfloat16 (ml_dtypes)",
             dt.str()?
         )));
     };
@@ -153,10 +196,10 @@ pub fn device_dtype(dt: &Bound<'_, PyArrayDescr>) -> PyResult<DType> {
     Ok(parsed)
 }
 
-/// The numpy dtype of a device dtype.
-pub fn numpy_dtype(py: Python<'_>, d: DType) -> Bound<'_, PyArrayDescr> {
+/// The numpy dtype of a device dtype (bfloat16 needs ml_dtypes: [`bfloat16`]).
+pub fn numpy_dtype(py: Python<'_>, d: DType) -> PyResult<Bound<'_, PyArrayDescr>> {
     use num_complex::Complex;
-    match d {
+    Ok(match d {
         DType::Bool => dtype::<bool>(py),
         DType::I8 => dtype::<i8>(py),
         DType::I16 => dtype::<i16>(py),
@@ -167,11 +210,12 @@ pub fn numpy_dtype(py: Python<'_>, d: DType) -> Bound<'_, PyArrayDescr> {
         DType::U32 => dtype::<u32>(py),
         DType::U64 => dtype::<u64>(py),
         DType::F16 => dtype::<half::f16>(py),
+        DType::BF16 => return bfloat16(py),
         DType::F32 => dtype::<f32>(py),
         DType::F64 => dtype::<f64>(py),
         DType::C64 => dtype::<Complex<f32>>(py),
         DType::C128 => dtype::<Complex<f64>>(py),
-    }
+    })
 }
 
 /// Read a Python `timeout` argument (seconds, or None) as a float. An int beyond the float

@@ -190,8 +190,12 @@ fn tensor<M: ManagedTensorBase>(
 }
 
 /// The DLPack type of a device dtype: bool is `kDLBool` (8 bits), complex `kDLComplex` with
-/// the bits of the whole number (64, 128), as numpy and torch export them.
+/// the bits of the whole number (64, 128), bfloat16 `kDLBfloat` (16 bits), as numpy, torch
+/// and JAX export them.
 pub fn dl_dtype(dtype: DType) -> DLDataType {
+    if dtype == DType::BF16 {
+        return DLDataType::scalar(DLDataTypeCode::BFLOAT, 16);
+    }
     let code = match dtype.kind() {
         'b' => DLDataTypeCode::BOOL,
         'i' => DLDataTypeCode::INT,

@@ -39,14 +39,27 @@ impl HostBuf {
         }
         // SAFETY: Py_buffer is plain data; zeroed is a valid "empty" state before export.
         let mut view: Box<ffi::Py_buffer> = Box::new(unsafe { std::mem::zeroed() });
-        // SAFETY: valid object and a writable Py_buffer to fill.
-        let rc = unsafe {
-            ffi::PyObject_GetBuffer(
-                obj.as_ptr(),
-                &mut *view,
-                ffi::PyBUF_C_CONTIGUOUS | ffi::PyBUF_FORMAT,
-            )
+        let mut export = |flags: c_int| {
+            // SAFETY: valid object and a writable Py_buffer to fill; called again only after
+            // a failed export, which leaves the view unfilled (nothing to release).
+            unsafe { ffi::PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) }
         };
+        let mut rc = export(ffi::PyBUF_C_CONTIGUOUS | ffi::PyBUF_FORMAT);
+        // numpy exports no format for extension dtypes (ml_dtypes' bfloat16: "cannot include
+        // dtype 'E' in a buffer") but gives their bytes when no format is asked for; an
+        // ndarray whose dtype holds no objects is plain bytes, so take them that way.
+        if rc != 0 {
+            let first = PyErr::fetch(py);
+            if plain_ndarray(obj) {
+                rc = export(ffi::PyBUF_C_CONTIGUOUS);
+                if rc != 0 {
+                    drop(PyErr::take(py));
+                }
+            }
+            if rc != 0 {
+                first.restore(py); // the first error is the one to report
+            }
+        }
         if rc != 0 {
             let e = PyErr::fetch(py);
             // SAFETY: `obj` is a valid, live object; the check only reads its type slots.
@@ -79,6 +92,17 @@ impl HostBuf {
         }
         Ok(hb)
     }
+}
+
+/// Whether `obj` is a numpy array whose dtype holds no Python objects (`dtype.hasobject`).
+fn plain_ndarray(obj: &Bound<'_, PyAny>) -> bool {
+    use numpy::PyUntypedArrayMethods;
+    obj.cast::<numpy::PyUntypedArray>().is_ok_and(|a| {
+        a.dtype()
+            .getattr("hasobject")
+            .and_then(|h| h.extract::<bool>())
+            .is_ok_and(|h| !h)
+    })
 }
 
 /// Whether a struct-module format string has an object field (`O`), field names (`:name:`)
@@ -117,9 +141,10 @@ unsafe impl HostMemory for HostBuf {
 }
 
 /// The buffer-protocol format of a dtype (native byte order; struct-module codes, `Zf` / `Zd`
-/// for complex as PEP 3118 and numpy write them).
-fn c_format(d: DType) -> &'static CStr {
-    match d {
+/// for complex as PEP 3118 and numpy write them). bfloat16 has none, as for numpy's own
+/// bfloat16 arrays.
+fn c_format(d: DType) -> Option<&'static CStr> {
+    Some(match d {
         DType::Bool => c"?",
         DType::I8 => c"b",
         DType::I16 => c"h",
@@ -134,7 +159,8 @@ fn c_format(d: DType) -> &'static CStr {
         DType::F64 => c"d",
         DType::C64 => c"Zf",
         DType::C128 => c"Zd",
-    }
+        DType::BF16 => return None,
+    })
 }
 
 /// Fill `view` for the buffer-protocol export of `slf` (`__getbuffer__`). The view keeps a
@@ -154,6 +180,14 @@ pub unsafe fn export_view(
     if view.is_null() {
         return Err(PyBufferError::new_err("view is null"));
     }
+    let format = c_format(me.dtype);
+    let want_format = flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT;
+    if want_format && format.is_none() {
+        return Err(PyBufferError::new_err(format!(
+            "a {0} DeviceBuffer has no buffer-protocol format (nor have numpy's {0} arrays); use numpy.asarray(buf), copy_to_host() or buf.view(\"uint16\")",
+            me.dtype.name()
+        )));
+    }
     let ptr = buffer.as_ptr() as usize + me.offset as usize;
     let keep = Box::into_raw(Box::new(buffer));
     // SAFETY: `view` is the non-null Py_buffer Python passed in; the pointers stored in it
@@ -164,10 +198,9 @@ pub unsafe fn export_view(
         (*view).len = me.nbytes as isize;
         (*view).readonly = 0;
         (*view).itemsize = me.dtype.size() as isize;
-        (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
-            c_format(me.dtype).as_ptr().cast_mut()
-        } else {
-            std::ptr::null_mut()
+        (*view).format = match format {
+            Some(f) if want_format => f.as_ptr().cast_mut(),
+            _ => std::ptr::null_mut(),
         };
         (*view).ndim = me.shape.len() as c_int;
         (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {

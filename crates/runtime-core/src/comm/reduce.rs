@@ -20,7 +20,7 @@
 //! Memory access goes through [`Buffer::slice`](crate::memory::Buffer::slice) views, one tile
 //! at a time, never a shared and an exclusive view of the same bytes at once.
 
-use half::f16;
+use half::{bf16, f16};
 use num_complex::Complex;
 
 use std::sync::Arc;
@@ -100,34 +100,40 @@ macro_rules! float_num {
 }
 float_num!(f32, f64);
 
-/// float16: each step computed in f32 and rounded to f16, as numpy's float16 loops.
-impl Num for f16 {
-    #[inline(always)]
-    fn add(a: Self, b: Self) -> Self {
-        f16::from_f32(a.to_f32() + b.to_f32())
-    }
-    #[inline(always)]
-    fn mul(a: Self, b: Self) -> Self {
-        f16::from_f32(a.to_f32() * b.to_f32())
-    }
-    #[inline(always)]
-    fn div_count(a: Self, n: usize) -> Self {
-        f16::from_f32(a.to_f32() / n as f32)
-    }
-    #[inline(always)]
-    fn pick(a: Self, b: Self, max: bool) -> Self {
-        let (x, y) = (a.to_f32(), b.to_f32());
-        if (max && y > x) || (!max && y < x) {
-            b
-        } else {
-            a
+/// float16 and bfloat16: each step computed in f32 and rounded to the type, as numpy's float16
+/// loops (and ml_dtypes' bfloat16 loops).
+macro_rules! half_num {
+    ($($t:ty),*) => {$(
+        impl Num for $t {
+            #[inline(always)]
+            fn add(a: Self, b: Self) -> Self {
+                <$t>::from_f32(a.to_f32() + b.to_f32())
+            }
+            #[inline(always)]
+            fn mul(a: Self, b: Self) -> Self {
+                <$t>::from_f32(a.to_f32() * b.to_f32())
+            }
+            #[inline(always)]
+            fn div_count(a: Self, n: usize) -> Self {
+                <$t>::from_f32(a.to_f32() / n as f32)
+            }
+            #[inline(always)]
+            fn pick(a: Self, b: Self, max: bool) -> Self {
+                let (x, y) = (a.to_f32(), b.to_f32());
+                if (max && y > x) || (!max && y < x) {
+                    b
+                } else {
+                    a
+                }
+            }
+            #[inline(always)]
+            fn factor(f: f64) -> Self {
+                <$t>::from_f64(f)
+            }
         }
-    }
-    #[inline(always)]
-    fn factor(f: f64) -> Self {
-        f16::from_f64(f)
-    }
+    )*};
 }
+half_num!(f16, bf16);
 
 macro_rules! complex_num {
     ($($t:ty),*) => {$(
@@ -249,6 +255,7 @@ pub(crate) fn run(dtype: DType, share: &Share<'_>) {
         DType::U32 => typed::<u32>(s),
         DType::U64 => typed::<u64>(s),
         DType::F16 => typed::<f16>(s),
+        DType::BF16 => typed::<bf16>(s),
         DType::C64 => typed::<Complex<f32>>(s),
         DType::C128 => typed::<Complex<f64>>(s),
     }
@@ -537,6 +544,7 @@ pub(crate) fn reduce_tensors(
         DType::U32 => go!(u32),
         DType::U64 => go!(u64),
         DType::F16 => go!(f16),
+        DType::BF16 => go!(bf16),
         DType::C64 => go!(Complex<f32>),
         DType::C128 => go!(Complex<f64>),
     }
@@ -597,6 +605,7 @@ pub(crate) fn divide(dtype: DType, t: &Tensor, at: usize, count: usize, n: usize
         DType::U32 => go!(u32),
         DType::U64 => go!(u64),
         DType::F16 => go!(f16),
+        DType::BF16 => go!(bf16),
         DType::C64 => go!(Complex<f32>),
         DType::C128 => go!(Complex<f64>),
     }

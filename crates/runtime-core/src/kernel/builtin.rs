@@ -15,12 +15,13 @@
 //! Element-wise kernels need equal element counts and one dtype. Every kernel takes every
 //! dtype ([`DType`]) except where numpy's result would have another type: `scale`, `axpy` and
 //! `sum` refuse bool (numpy gives an integer); for bool, `add` is logical or and `mul` logical
-//! and, as in numpy. Integers wrap on overflow as in numpy; float16 is computed in float32 and
-//! each stored result rounded to float16 (numpy's float16 loops do the same); complex uses the
-//! textbook product. Scalars for integer and bool tensors must be integers in the dtype's range;
+//! and, as in numpy. Integers wrap on overflow as in numpy; float16 and bfloat16 are computed in
+//! float32 and each stored result rounded to the type (numpy's float16 loops and ml_dtypes'
+//! bfloat16 loops do the same); complex uses the textbook product. Scalars for integer and bool tensors must be integers in the dtype's range;
 //! float tensors take any real number, complex tensors any number (`KernelArg::Complex` too). An output may be exactly one of its inputs
-//! (in place) but must not partly overlap one. float32/float64 (and float16, widened) matrix
-//! products use the `matrixmultiply` crate (blocked, SIMD); the others a plain i-k-j loop.
+//! (in place) but must not partly overlap one. float32/float64 (and float16 and bfloat16,
+//! widened) matrix products use the `matrixmultiply` crate (blocked, SIMD); the others a plain
+//! i-k-j loop.
 //!
 //! Memory access: kernels read and write device memory through typed views
 //! ([`Buffer::slice_unsynchronized`](crate::memory::Buffer::slice_unsynchronized)); `check`
@@ -31,7 +32,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use half::f16;
+use half::{bf16, f16};
 use num_complex::Complex;
 
 use crate::error::{ArgError, KernelFailure};
@@ -62,8 +63,8 @@ enum Builtin {
 
 /// How the arithmetic kernels compute on one dtype: values of `Self`, stored in memory as
 /// `Self::Repr`. For most types the two are the same; `bool` is stored as a byte (any nonzero
-/// byte reads as true, results are written as 0 or 1) and float16 is computed in float32
-/// ([`Half`]), each result rounded to float16 when stored, as numpy's float16 loops do.
+/// byte reads as true, results are written as 0 or 1) and float16 and bfloat16 are computed in
+/// float32 ([`Half`], [`BHalf`]), each result rounded when stored, as numpy's float16 loops do.
 trait Elem: Copy + Send + Sync + 'static {
     type Repr: crate::memory::Element;
     fn load(r: Self::Repr) -> Self;
@@ -95,6 +96,10 @@ trait Elem: Copy + Send + Sync + 'static {
 /// float16 computed in float32.
 #[derive(Clone, Copy)]
 struct Half(f32);
+
+/// bfloat16 computed in float32.
+#[derive(Clone, Copy)]
+struct BHalf(f32);
 
 /// Eight f64 lanes: accurate and vectorisable.
 fn sum_f64(xs: impl ExactSizeIterator<Item = f64>) -> f64 {
@@ -172,43 +177,52 @@ macro_rules! float_elem {
 float_elem!(f32, matrixmultiply::sgemm);
 float_elem!(f64, matrixmultiply::dgemm);
 
-impl Elem for Half {
-    type Repr = f16;
-    fn load(r: f16) -> Self {
-        Half(r.to_f32())
-    }
-    fn store(self) -> f16 {
-        f16::from_f32(self.0)
-    }
-    fn from_f64(v: f64) -> Self {
-        // Round once, from the double, to the float16 that numpy would store.
-        Half(f16::from_f64(v).to_f32())
-    }
-    fn from_i64(v: i64) -> Self {
-        Half::from_f64(v as f64)
-    }
-    fn add(self, o: Self) -> Self {
-        Half(self.0 + o.0)
-    }
-    fn mul(self, o: Self) -> Self {
-        Half(self.0 * o.0)
-    }
-    fn zero() -> Self {
-        Half(0.0)
-    }
-    fn sum(xs: &[f16]) -> f16 {
-        f16::from_f64(sum_f64(xs.iter().map(|x| x.to_f64())))
-    }
-    /// As numpy's float16 matmul: products summed in float32, each result rounded once.
-    fn gemm(m: usize, k: usize, n: usize, a: &[f16], b: &[f16], c: &mut [f16]) {
-        let widen = |x: &[f16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
-        let mut out = vec![0f32; c.len()];
-        <f32 as Elem>::gemm(m, k, n, &widen(a), &widen(b), &mut out);
-        c.iter_mut()
-            .zip(out)
-            .for_each(|(c, v)| *c = f16::from_f32(v));
-    }
+/// The 16-bit floats: computed in float32 ([`Half`], [`BHalf`]), rounded to the type once per
+/// stored result (numpy's float16 loops and ml_dtypes' bfloat16 loops do the same).
+macro_rules! half_elem {
+    ($name:ident, $t:ty) => {
+        impl Elem for $name {
+            type Repr = $t;
+            fn load(r: $t) -> Self {
+                $name(r.to_f32())
+            }
+            fn store(self) -> $t {
+                <$t>::from_f32(self.0)
+            }
+            fn from_f64(v: f64) -> Self {
+                // Round once, from the double, to the value numpy would store.
+                $name(<$t>::from_f64(v).to_f32())
+            }
+            fn from_i64(v: i64) -> Self {
+                $name::from_f64(v as f64)
+            }
+            fn add(self, o: Self) -> Self {
+                $name(self.0 + o.0)
+            }
+            fn mul(self, o: Self) -> Self {
+                $name(self.0 * o.0)
+            }
+            fn zero() -> Self {
+                $name(0.0)
+            }
+            fn sum(xs: &[$t]) -> $t {
+                <$t>::from_f64(sum_f64(xs.iter().map(|x| x.to_f64())))
+            }
+            /// As numpy's float16 matmul: products summed in float32, each result rounded
+            /// once.
+            fn gemm(m: usize, k: usize, n: usize, a: &[$t], b: &[$t], c: &mut [$t]) {
+                let widen = |x: &[$t]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+                let mut out = vec![0f32; c.len()];
+                <f32 as Elem>::gemm(m, k, n, &widen(a), &widen(b), &mut out);
+                c.iter_mut()
+                    .zip(out)
+                    .for_each(|(c, v)| *c = <$t>::from_f32(v));
+            }
+        }
+    };
 }
+half_elem!(Half, f16);
+half_elem!(BHalf, bf16);
 
 macro_rules! complex_elem {
     ($t:ty) => {
@@ -781,6 +795,7 @@ fn dispatch(k: Builtin, args: &[KernelArg], cx: &RunContext) {
         DType::U32 => typed::<u32>(k, args, cx),
         DType::U64 => typed::<u64>(k, args, cx),
         DType::F16 => typed::<Half>(k, args, cx),
+        DType::BF16 => typed::<BHalf>(k, args, cx),
         DType::F32 => typed::<f32>(k, args, cx),
         DType::F64 => typed::<f64>(k, args, cx),
         DType::C64 => typed::<Complex<f32>>(k, args, cx),

@@ -3,8 +3,10 @@
 //! ([`DType::view_shape`], numpy's `ndarray.view(dtype)`).
 //!
 //! Storage is native byte order. `bool` is one byte (0 or 1 when written by this runtime; any
-//! nonzero byte reads as true), `float16` is IEEE binary16, `complex64` / `complex128` are a
-//! real and an imaginary float32 / float64, as numpy lays them out.
+//! nonzero byte reads as true), `float16` is IEEE binary16, `bfloat16` the upper half of an
+//! IEEE binary32 (8 exponent bits, 7 mantissa bits: `ml_dtypes.bfloat16`, torch's and JAX's
+//! `bfloat16`), `complex64` / `complex128` are a real and an imaginary float32 / float64, as
+//! numpy lays them out.
 
 use crate::error::ArgError;
 
@@ -31,6 +33,10 @@ pub enum DType {
     U64,
     /// 16-bit IEEE float (kernels compute in float32 and round each result).
     F16,
+    /// 16-bit brain float (`ml_dtypes.bfloat16`; kernels compute in float32 and round each
+    /// result). Its kind here is `f`: numpy reports ml_dtypes' extension type as kind `V`, but
+    /// it is a real float for every rule of this runtime (scalars, reductions, DLPack).
+    BF16,
     /// 32-bit float.
     F32,
     /// 64-bit float.
@@ -42,8 +48,9 @@ pub enum DType {
 }
 
 impl DType {
-    /// Every dtype, in numpy's kind order (bool, signed, unsigned, float, complex).
-    pub const ALL: [DType; 14] = [
+    /// Every dtype, in numpy's kind order (bool, signed, unsigned, float, complex); float16
+    /// comes before bfloat16, so [`DType::from_kind`]`('f', 2)` is float16, as in numpy.
+    pub const ALL: [DType; 15] = [
         DType::Bool,
         DType::I8,
         DType::I16,
@@ -54,6 +61,7 @@ impl DType {
         DType::U32,
         DType::U64,
         DType::F16,
+        DType::BF16,
         DType::F32,
         DType::F64,
         DType::C64,
@@ -64,7 +72,7 @@ impl DType {
     pub fn size(self) -> usize {
         match self {
             DType::Bool | DType::I8 | DType::U8 => 1,
-            DType::I16 | DType::U16 | DType::F16 => 2,
+            DType::I16 | DType::U16 | DType::F16 | DType::BF16 => 2,
             DType::I32 | DType::U32 | DType::F32 => 4,
             DType::I64 | DType::U64 | DType::F64 | DType::C64 => 8,
             DType::C128 => 16,
@@ -84,6 +92,7 @@ impl DType {
             DType::U32 => "uint32",
             DType::U64 => "uint64",
             DType::F16 => "float16",
+            DType::BF16 => "bfloat16",
             DType::F32 => "float32",
             DType::F64 => "float64",
             DType::C64 => "complex64",
@@ -97,12 +106,13 @@ impl DType {
             DType::Bool => 'b',
             DType::I8 | DType::I16 | DType::I32 | DType::I64 => 'i',
             DType::U8 | DType::U16 | DType::U32 | DType::U64 => 'u',
-            DType::F16 | DType::F32 | DType::F64 => 'f',
+            DType::F16 | DType::BF16 | DType::F32 | DType::F64 => 'f',
             DType::C64 | DType::C128 => 'c',
         }
     }
 
-    /// The dtype of numpy kind `kind` (see [`DType::kind`]) and `size` bytes, if there is one.
+    /// The dtype of numpy kind `kind` (see [`DType::kind`]) and `size` bytes, if there is one
+    /// (`('f', 2)` is float16: bfloat16 is only ever named).
     pub fn from_kind(kind: char, size: usize) -> Option<DType> {
         DType::ALL
             .into_iter()
@@ -112,7 +122,8 @@ impl DType {
     /// Parse a numpy-style name: the full name (`"float32"`, `"uint16"`, `"bool"`), the
     /// type code with its size (`"f4"`, `"u2"`, `"c8"`, `"b1"`, optionally with `<`, `|` or
     /// `=` in front) or the one-letter C code (`"f"`, `"H"`, `"F"`, `"?"`). Codes name native
-    /// byte order, as the device holds it.
+    /// byte order, as the device holds it. bfloat16 has only its name (`"bfloat16"`), as in
+    /// ml_dtypes.
     pub fn parse(s: &str) -> Option<DType> {
         let s = s.strip_prefix(['<', '|', '=']).unwrap_or(s);
         Some(match s {
@@ -126,6 +137,7 @@ impl DType {
             "uint32" | "u4" | "I" => DType::U32,
             "uint64" | "u8" | "Q" | "L" => DType::U64,
             "float16" | "f2" | "e" | "half" => DType::F16,
+            "bfloat16" => DType::BF16,
             "float32" | "f4" | "f" => DType::F32,
             "float64" | "f8" | "d" | "float" => DType::F64,
             "complex64" | "c8" | "F" => DType::C64,
@@ -134,7 +146,7 @@ impl DType {
         })
     }
 
-    /// Whether this is a real float type (float16, float32, float64).
+    /// Whether this is a real float type (float16, bfloat16, float32, float64).
     pub fn is_float(self) -> bool {
         self.kind() == 'f'
     }

@@ -1,12 +1,13 @@
 //! Element types of typed views: plain numbers, valid for every bit pattern and without
 //! padding, so a slice of them can be seen as bytes and bytes as a slice of them.
 //!
-//! float16 is `half::f16` (a `u16` bit pattern with IEEE binary16 conversions); complex
+//! float16 is `half::f16` (a `u16` bit pattern with IEEE binary16 conversions), bfloat16
+//! `half::bf16` (likewise, the upper half of a binary32); complex
 //! numbers are `num_complex::Complex<f32>` / `Complex<f64>` (`#[repr(C)]` real then imaginary,
 //! numpy's layout). `bool` is not an element: not every byte is a valid Rust `bool`, so
 //! boolean memory is viewed as `u8`.
 
-use half::f16;
+use half::{bf16, f16};
 use num_complex::Complex;
 
 /// Element types a typed view of device memory may have. Sealed: the list is the crate's.
@@ -33,7 +34,7 @@ mod sealed {
 }
 
 // Every type listed is plain data valid for any bit pattern, without padding: the integers
-// and floats; `f16` (`#[repr(transparent)]` over `u16`); `Complex<T>` (`#[repr(C)]` of two
+// and floats; `f16` and `bf16` (each `#[repr(transparent)]` over `u16`); `Complex<T>` (`#[repr(C)]` of two
 // `T`, same-size fields, so no padding).
 macro_rules! elements {
     ($($t:ty),*) => {$(
@@ -51,6 +52,7 @@ elements!(
     u64,
     i64,
     f16,
+    bf16,
     f32,
     f64,
     Complex<f32>,

@@ -16,6 +16,8 @@
  *   Python float                     a double
  *   Python complex                   two doubles: real, imaginary
  *   numpy scalar (numpy.float32(1))  a value of that dtype
+ *                                    (ml_dtypes.bfloat16: 2 bytes, the upper half of
+ *                                    a float32's bits, rounded to nearest even)
  *
  * Return 0 on success. Any other value fails the launch: the stream's next synchronize()
  * raises runtime.KernelError with .code set to it and .block to the (lowest) failing block.
