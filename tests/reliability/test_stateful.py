@@ -40,6 +40,7 @@ from __future__ import annotations
 import faulthandler
 import gc
 import os
+import signal
 import subprocess
 import time
 
@@ -1533,8 +1534,12 @@ class Machine(RuleBasedStateMachine):
             try:
                 os.close(r)
                 # a hang dumps the child's Python stacks into the pipe (the parent adds the
-                # native ones, then fails)
-                faulthandler.dump_traceback_later(15, exit=False, file=w)
+                # native ones, then fails). A signal handler, not dump_traceback_later: that
+                # first cancels the parent's timer (the conftest's fallback without
+                # pytest-timeout), whose lock the parent's watchdog thread held at the fork,
+                # and the child hung on it.
+                faulthandler.register(signal.SIGALRM, file=w, all_threads=True)
+                signal.alarm(15)
                 os.write(w, fork_child(buf, s, ev, graph, seed).encode()[:4000])
                 status = 0
             except BaseException as e:
