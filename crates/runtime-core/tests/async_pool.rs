@@ -60,7 +60,7 @@ fn stats(r: &Runtime, d: usize) -> AsyncPoolStats {
     r.devices()[d].memory().async_pool_stats()
 }
 
-/// Empty the pool of device `d` and reset its marks, so each test starts from nothing.
+/// Empty the pool of device `d` and reset its marks.
 fn clean(r: &Runtime, d: usize) {
     let m = r.devices()[d].memory();
     m.set_async_release_threshold(0);
@@ -68,11 +68,25 @@ fn clean(r: &Runtime, d: usize) {
     m.reset_async_pool_peaks();
 }
 
+/// What each test starts with: the work an earlier test left queued has run (a reused
+/// block's zeroing op holds its lease until a worker has run and dropped it, and until then
+/// the lease counts as used), then [`clean`].
+fn fresh(r: &Runtime, d: usize) {
+    r.devices()[d]
+        .synchronize(Some(Duration::from_secs(60)))
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while stats(r, d).used > 0 && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    clean(r, d);
+}
+
 #[test]
 fn a_block_freed_on_a_stream_is_reused_by_that_stream_without_waiting() {
     let _s = serial();
     let r = rt();
-    clean(&r, 0);
+    fresh(&r, 0);
     let before = stats(&r, 0);
     let (s, gate) = held(&r, 0);
     let x = s.malloc_async(MIB).unwrap();
@@ -114,7 +128,7 @@ fn a_block_freed_on_a_stream_is_reused_by_that_stream_without_waiting() {
 fn other_streams_reuse_a_block_only_once_the_freeing_stream_passed_the_free() {
     let _s = serial();
     let r = rt();
-    clean(&r, 0);
+    fresh(&r, 0);
     let before = stats(&r, 0).reuse_other_stream;
     let (s, gate) = held(&r, 0);
     let t = Stream::new(&r.devices()[0], 0).unwrap();
@@ -147,7 +161,7 @@ fn other_streams_reuse_a_block_only_once_the_freeing_stream_passed_the_free() {
 fn host_access_of_a_reused_block_waits_for_the_work_queued_under_the_old_lease() {
     let _s = serial();
     let r = rt();
-    clean(&r, 0);
+    fresh(&r, 0);
     let (s, gate) = held(&r, 0);
     let x = s.malloc_async(64 * 1024).unwrap();
     s.launch(fill_op(&x, 5)).unwrap();
@@ -173,7 +187,7 @@ fn host_access_of_a_reused_block_waits_for_the_work_queued_under_the_old_lease()
 fn a_lease_dropped_without_free_async_is_free_for_any_stream() {
     let _s = serial();
     let r = rt();
-    clean(&r, 0);
+    fresh(&r, 0);
     let s = Stream::new(&r.devices()[0], 0).unwrap();
     let t = Stream::new(&r.devices()[0], 0).unwrap();
     r.devices()[0]
@@ -186,6 +200,7 @@ fn a_lease_dropped_without_free_async_is_free_for_any_stream() {
     assert_eq!(stats(&r, 0).free, 3 * MIB);
     let y = t.malloc_async(3 * MIB).unwrap();
     assert_eq!(y.as_ptr(), p);
+    drop(y);
     clean(&r, 0);
 }
 
@@ -196,7 +211,7 @@ fn a_lease_dropped_without_free_async_is_free_for_any_stream() {
 fn releasing_one_streams_free_blocks_keeps_the_other_streams() {
     let _s = serial();
     let r = rt();
-    clean(&r, 0);
+    fresh(&r, 0);
     let m = r.devices()[0].memory().clone();
     m.set_async_release_threshold(u64::MAX);
     let s = Stream::new(&r.devices()[0], 0).unwrap();
@@ -239,7 +254,7 @@ fn releasing_one_streams_free_blocks_keeps_the_other_streams() {
 fn the_release_threshold_is_applied_at_synchronisation() {
     let _s = serial();
     let r = rt();
-    clean(&r, 0);
+    fresh(&r, 0);
     let m = r.devices()[0].memory().clone();
     let s = Stream::new(&r.devices()[0], 0).unwrap();
     let reserved_before = m.stats().reserved;
@@ -277,7 +292,7 @@ fn the_release_threshold_is_applied_at_synchronisation() {
 fn free_blocks_go_back_before_an_allocation_fails() {
     let _s = serial();
     let r = rt();
-    clean(&r, 1);
+    fresh(&r, 1);
     let m = r.devices()[1].memory().clone();
     m.set_async_release_threshold(u64::MAX);
     let s = Stream::new(&r.devices()[1], 0).unwrap();
@@ -299,7 +314,7 @@ fn free_blocks_go_back_before_an_allocation_fails() {
 fn misuse_is_refused() {
     let _s = serial();
     let r = rt();
-    clean(&r, 0);
+    fresh(&r, 0);
     let s = Stream::new(&r.devices()[0], 0).unwrap();
     let other = Stream::new(&r.devices()[1], 0).unwrap();
     let x = s.malloc_async(4096).unwrap();
@@ -341,7 +356,7 @@ fn misuse_is_refused() {
 fn random_sequences_keep_the_numbers_and_never_share_a_live_block() {
     let _s = serial();
     let r = rt();
-    clean(&r, 0);
+    fresh(&r, 0);
     let m = r.devices()[0].memory().clone();
     let mut rng = common::Rng(0x5eed);
     let sizes = [4096u64, 40 * 1024, MIB, 3 * MIB];
