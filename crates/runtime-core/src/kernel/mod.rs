@@ -268,11 +268,16 @@ impl Args {
     /// # Errors
     /// The check's `ArgError`.
     pub fn check(kernel: &Arc<dyn Kernel>, args: Vec<KernelArg>) -> Result<Args, ArgError> {
+        Args::check_owned(kernel.clone(), args)
+    }
+
+    /// [`Args::check`], keeping the caller's handle on `kernel` (no second count on it).
+    fn check_owned(kernel: Arc<dyn Kernel>, args: Vec<KernelArg>) -> Result<Args, ArgError> {
         kernel.check(&args)?;
         Ok(Args {
             args,
             launch: 0,
-            checked_by: kernel.clone(),
+            checked_by: kernel,
         })
     }
 
@@ -445,8 +450,10 @@ impl OpName {
     }
 }
 
+/// A launch as its stream queues it. Built on the launching thread and dropped by the
+/// worker that ran it, so it holds as few shared counters as it can: the kernel once (in
+/// `args`), the executor only for a launch of several blocks.
 struct KernelOp {
-    kernel: Arc<dyn Kernel>,
     /// The kernel's name, asked once on the launching thread (`Kernel::name` is user code:
     /// the engines never call it).
     name: OpName,
@@ -456,8 +463,8 @@ struct KernelOp {
     blocks: u32,
     /// Whether sleeping compute workers are woken for the blocks ([`Kernel::wakes_workers`]).
     wake: bool,
-    /// The device's executor, whose compute workers run the blocks.
-    exec: Arc<Executor>,
+    /// The device's executor, whose compute workers run the blocks (`blocks > 1` only).
+    exec: Option<Arc<Executor>>,
 }
 
 impl crate::stream::command::sealed::Sealed for KernelOp {}
@@ -473,17 +480,20 @@ impl Op for KernelOp {
         &self.accesses
     }
     fn run(&self) -> Result<(), KernelFailure> {
-        if self.blocks == 1 {
-            let cx = RunContext::single();
-            return block::as_block(cx, || self.kernel.run(&self.args, &cx));
-        }
+        let exec = match &self.exec {
+            Some(exec) if self.blocks > 1 => exec,
+            _ => {
+                let cx = RunContext::single();
+                return block::as_block(cx, || self.args.checked_by.run(&self.args, &cx));
+            }
+        };
         let launch = block::new_launch();
-        let (kernel, args) = (self.kernel.clone(), self.args.for_launch(launch));
+        let args = self.args.for_launch(launch);
         block::run_blocks_on(
-            &self.exec,
+            exec,
             self.name.as_str(),
             self.blocks,
-            Arc::new(move |cx| kernel.run(&args, &cx)),
+            Arc::new(move |cx| args.checked_by.run(&args, &cx)),
             launch,
             true,
             self.wake,
@@ -540,7 +550,8 @@ pub fn prepare_blocks(
     if let Some(n) = block_dim {
         block::check_block_dim(i64::from(n))?;
     }
-    let args = Args::check(&kernel, args)?;
+    let args = Args::check_owned(kernel, args)?;
+    let kernel = &args.checked_by;
     for a in args.iter() {
         if let KernelArg::Tensor(t) = a {
             if t.buffer.device() != stream.device_index() {
@@ -577,12 +588,11 @@ pub fn prepare_blocks(
     };
     Ok(Arc::new(KernelOp {
         name: OpName::new(kernel.name()),
-        kernel,
         args,
         accesses,
         blocks,
         wake,
-        exec: exec.clone(),
+        exec: (blocks > 1).then(|| exec.clone()),
     }))
 }
 

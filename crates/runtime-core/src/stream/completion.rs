@@ -70,6 +70,12 @@ impl Completion {
             == current_cpu()
     }
 
+    /// Whether a thread waits for this stream now (spinning or asleep).
+    pub(crate) fn awaited(&self) -> bool {
+        self.spinning.load(std::sync::atomic::Ordering::Relaxed) > 0
+            || self.waiters.load(Ordering::Relaxed) > 0
+    }
+
     /// Count one more submitted command; returns the new total.
     pub(crate) fn submit(&self) -> u64 {
         self.submit

@@ -37,6 +37,53 @@ pub const LINGER: Duration = Duration::from_micros(20);
 /// to [`LINGER_PAUSE_MAX`].
 const LINGER_PAUSE_MIN: u32 = 8;
 const LINGER_PAUSE_MAX: u32 = 512;
+/// The longest first pause [`Linger`] chooses for a stream fed one command at a time.
+const LINGER_PAUSE_BATCH: u32 = 64;
+
+/// How long a runner's linger waits before its first look, chosen from the batches the run
+/// has seen so far. A worker faster than the launcher feeding it found the stream empty after
+/// every command and looked again at once; each look took the launcher's cache lines (the
+/// submission count, the queue's lock) from it, so the launcher paid several cache misses
+/// per launch (a phase of about 1.1 us per no-op launch instead of 0.3, lasting seconds).
+/// So while the batches it takes are of one or two commands and nobody waits for the
+/// stream, the first look comes later (doubling up to [`LINGER_PAUSE_BATCH`] hints), and the
+/// launcher queues a few commands in between; a batch of 16 or more halves it again, and a
+/// thread waiting in the stream's `synchronize` sets it back to the shortest.
+pub(crate) struct Linger {
+    first_pause: u32,
+    /// Commands run since the last linger.
+    batch: u32,
+}
+
+impl Linger {
+    pub(crate) fn new() -> Linger {
+        Linger {
+            first_pause: LINGER_PAUSE_MIN,
+            batch: 0,
+        }
+    }
+
+    /// One more command ran.
+    pub(crate) fn ran(&mut self) {
+        self.batch = self.batch.saturating_add(1);
+    }
+
+    /// The stream ran dry: the first pause of the linger that follows. `awaited`: a thread
+    /// waits for the stream now.
+    pub(crate) fn first_pause(&mut self, awaited: bool) -> u32 {
+        self.first_pause = if awaited {
+            LINGER_PAUSE_MIN
+        } else if self.batch <= 2 {
+            (self.first_pause * 2).min(LINGER_PAUSE_BATCH)
+        } else if self.batch >= 16 {
+            (self.first_pause / 2).max(LINGER_PAUSE_MIN)
+        } else {
+            self.first_pause
+        };
+        self.batch = 0;
+        self.first_pause
+    }
+}
 
 /// Workers allowed to spin at once, process wide: half the host's cores, at least one.
 pub fn max_spinners() -> usize {
@@ -55,7 +102,11 @@ pub fn max_spinners() -> usize {
     }
 }
 
-static SPINNERS: AtomicUsize = AtomicUsize::new(0);
+/// Workers spinning now, process wide. On a cache line of its own: every linger writes it,
+/// and the statics beside it (the runtime handle, the fork count) are read by every launch,
+/// which then missed its cache each time a worker started or stopped lingering.
+static SPINNERS: crossbeam_utils::CachePadded<AtomicUsize> =
+    crossbeam_utils::CachePadded::new(AtomicUsize::new(0));
 
 /// After `fork()`, in the child: the parent's spinning workers are gone.
 pub(crate) fn after_fork_in_child() {
@@ -357,7 +408,16 @@ impl Engine {
     /// instead of spinning: the submitter cannot send its next command while this worker
     /// holds the core (each launch + synchronize took the whole LINGER, 27 us, with a third
     /// busy thread on two cores).
-    pub(crate) fn linger(&self, share_core: bool, arrived: impl Fn() -> bool) -> bool {
+    ///
+    /// The first look comes after `first_pause` spin-loop hints ([`Linger`] chooses it), and
+    /// whenever `awaited()` (a thread waits for the stream) the next look comes soon.
+    pub(crate) fn linger(
+        &self,
+        share_core: bool,
+        first_pause: u32,
+        arrived: impl Fn() -> bool,
+        awaited: impl Fn() -> bool,
+    ) -> bool {
         if SPINNERS.fetch_add(1, Ordering::AcqRel) >= max_spinners() {
             SPINNERS.fetch_sub(1, Ordering::AcqRel);
             return false;
@@ -367,7 +427,7 @@ impl Engine {
         // launcher writes, so a launcher in a tight loop gets several launches in between
         // (and they run as one batch), while a command right after the last still starts
         // within a few hundred nanoseconds.
-        let mut pause = LINGER_PAUSE_MIN;
+        let mut pause = first_pause;
         let got = linger_on(
             &self.idle,
             arrived,
@@ -381,7 +441,11 @@ impl Engine {
                         std::hint::spin_loop();
                     }
                 }
-                pause = (pause * 2).min(LINGER_PAUSE_MAX);
+                pause = if awaited() {
+                    LINGER_PAUSE_MIN
+                } else {
+                    (pause * 2).min(LINGER_PAUSE_MAX)
+                };
             },
         );
         SPINNERS.fetch_sub(1, Ordering::AcqRel);
@@ -490,9 +554,10 @@ impl Engines {
         self.compute.workers
     }
 
-    /// Count the time since `since` as compute busy time (an op of kind `Compute` ran).
-    pub(crate) fn add_compute_busy(&self, since: Instant) {
-        add_busy(&self.busy_ns, since);
+    /// Count `busy` as compute busy time (commands of kind `Compute` ran that long).
+    pub(crate) fn add_compute_busy(&self, busy: Duration) {
+        let ns = u64::try_from(busy.as_nanos()).unwrap_or(u64::MAX);
+        self.busy_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
     /// Compute busy time so far (work still running counts once it finishes).

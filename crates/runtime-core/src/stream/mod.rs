@@ -10,6 +10,7 @@
 //! * `completion`: the submitted/completed counters and the wait on them.
 //! * [`copy`]: stream-ordered copies and memsets between host memory and device buffers.
 //! * `panics`: a panicking op becomes a `KernelFailure` (message and location), quietly.
+//! * `reclaim`: a queued op's memory goes back on the thread that queued it.
 //!
 //! A stream is a queue of commands (`command::CommandQueue`, under a lock held only to push
 //! or pop) plus a small state machine
@@ -42,6 +43,7 @@ pub(crate) mod executor;
 pub(crate) mod gate;
 pub mod graph;
 pub(crate) mod panics;
+mod reclaim;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -555,7 +557,10 @@ impl Stream {
         let s = &self.0;
         let target = s.done.submit();
         let uses = match &cmd {
-            Command::Op(op) => Some(op.accesses()),
+            Command::Op(op) => {
+                reclaim::note(op);
+                Some(op.accesses())
+            }
             Command::Graph(g, _) => Some(&g.accesses),
             Command::Record(..) | Command::Wait(..) => None,
         };
@@ -1116,24 +1121,34 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
         s.done.note_runner();
     }
     let mut ran = 0u32;
-    let began = Instant::now();
+    let mut linger = engine::Linger::new();
+    let mut clock = BusyClock::start(&s.exec.engines);
+    let began = clock.mark;
     loop {
         let cmd = s.queue.pop();
         let Some(cmd) = cmd else {
             if let Runner::Engine(mine) = runner {
                 // A command counted (`submitted`) but not yet pushed is microseconds away.
                 let engine = s.exec.engines.get(mine);
-                if engine.linger(s.done.submitter_shares_core(), || !s.done.is_idle()) {
+                let first = linger.first_pause(s.done.awaited());
+                if engine.linger(
+                    s.done.submitter_shares_core(),
+                    first,
+                    || !s.done.is_idle(),
+                    || s.done.awaited(),
+                ) {
+                    clock.idled();
                     continue;
                 }
             }
             if release_stream(s) {
+                clock.idled();
                 continue;
             }
             return;
         };
         if let Runner::Caller(Some(until)) = runner {
-            if Instant::now() >= until {
+            if clock.mark >= until {
                 let kind = cmd.kind();
                 s.queue.put_back(cmd);
                 s.state.store(QUEUED, Ordering::SeqCst);
@@ -1151,7 +1166,7 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
                 }
             }
             ran += 1;
-            if (ran >= SLICE || began.elapsed() >= TIME_SLICE)
+            if (ran >= SLICE || clock.mark.duration_since(began) >= TIME_SLICE)
                 && s.exec.engines.get(mine).has_waiting(s.level)
             {
                 s.queue.put_back(cmd);
@@ -1160,9 +1175,62 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
                 return;
             }
         }
-        match execute(s, cmd) {
+        let compute = cmd.kind() == Some(OpKind::Compute);
+        let step = execute(s, cmd);
+        clock.ran(compute);
+        linger.ran();
+        match step {
             Step::Done => complete_one(s),
             Step::Blocked => return,
+        }
+    }
+}
+
+/// The device's compute busy time as one run of a stream sees it: one clock read per
+/// command (its end is the next one's start), summed here and added to the device's total
+/// ([`Engines::add_compute_busy`]) when the run ends, or once it has a millisecond to add.
+/// Time between commands (taking the next from the queue) counts with the command after;
+/// time spent lingering for more work does not count.
+struct BusyClock<'a> {
+    engines: &'a Engines,
+    /// When the last command ended (or the run began, or stopped lingering).
+    mark: Instant,
+    /// Compute time not yet added to the device's total.
+    busy: Duration,
+}
+
+impl<'a> BusyClock<'a> {
+    fn start(engines: &'a Engines) -> BusyClock<'a> {
+        BusyClock {
+            engines,
+            mark: Instant::now(),
+            busy: Duration::ZERO,
+        }
+    }
+
+    /// A command ended now; it was compute work when `compute`.
+    fn ran(&mut self, compute: bool) {
+        let now = Instant::now();
+        if compute {
+            self.busy += now.duration_since(self.mark);
+            if self.busy >= TIME_SLICE {
+                self.engines
+                    .add_compute_busy(std::mem::take(&mut self.busy));
+            }
+        }
+        self.mark = now;
+    }
+
+    /// The run waited for work: the time since the last command is not busy time.
+    fn idled(&mut self) {
+        self.mark = Instant::now();
+    }
+}
+
+impl Drop for BusyClock<'_> {
+    fn drop(&mut self) {
+        if !self.busy.is_zero() {
+            self.engines.add_compute_busy(self.busy);
         }
     }
 }
@@ -1218,11 +1286,7 @@ fn run_held(s: &StreamInner, op: &dyn Op) {
         return;
     }
     let t0 = trace::enabled().then(now_ns);
-    let compute = (op.kind() == OpKind::Compute).then(Instant::now);
     let result = panics::run_caught(op.name(), || op.run());
-    if let Some(since) = compute {
-        s.exec.engines.add_compute_busy(since);
-    }
     if let Some(t0) = t0 {
         trace::push(trace::Record {
             name: op.name().to_string(),
