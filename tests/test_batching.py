@@ -43,6 +43,11 @@ def run(batching: bool) -> dict:
     lock = threading.Lock()
     violations: list[str] = []
     expected_snaps: list[list[int]] = [[0] * (LAUNCHES // 25) for _ in range(THREADS)]
+    # Each thread's first snapshot waits until the thread it watches has recorded an event,
+    # so every thread waits across streams at least once however the threads are scheduled
+    # (a thread could otherwise run all its launches within one GIL slice, before the other
+    # recorded anything).
+    recorded = [threading.Event() for _ in range(THREADS)]
 
     def work(t: int) -> None:
         s, c, one, other = streams[t], counters[t], ones[t], (t + 2) % THREADS
@@ -53,6 +58,9 @@ def run(batching: bool) -> dict:
                 ev.record(s)
                 with lock:
                     latest[t] = (ev, i + 1)
+                recorded[t].set()
+            if i == 24:
+                assert recorded[other].wait(WAIT)
             if i % 25 == 24:
                 with lock:
                     got = latest[other]
