@@ -29,7 +29,15 @@ from runtime.acl import clib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CDIR = ROOT / "crates" / "runtime-acl" / "tests" / "c"
-PROGRAMS = ["memory", "streams_events", "callbacks", "errors", "fork", "header_drift"]
+PROGRAMS = [
+    "memory",
+    "streams_events",
+    "callbacks",
+    "errors",
+    "fork",
+    "header_drift",
+    "device_status",
+]
 #: small virtual devices: the programs need little, and valgrind limits the address space
 ENV = {**os.environ, "RUNTIME_DEVICE_COUNT": "2", "RUNTIME_DEVICE_MEMORY": "1GiB"}
 SAMPLES = os.environ.get("ASCEND_SAMPLES_DIR")
@@ -157,7 +165,9 @@ def test_cc_built_program_runs(name, cc_build):
 
 @needs_cc
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
-@pytest.mark.parametrize("name", ["memory", "streams_events", "callbacks", "errors"])
+@pytest.mark.parametrize(
+    "name", ["memory", "streams_events", "callbacks", "errors", "device_status"]
+)
 def test_program_under_valgrind(name, cc_build):
     # errors.c hands the library unmapped and read-only host addresses on purpose: the library
     # lets the kernel check them (process_vm_readv), which valgrind reports as syscall
@@ -315,6 +325,91 @@ def test_one_runtime_c_first():
         clib.library(),
     )
     assert out.strip() == "one runtime"
+
+
+def test_device_and_event_queries_agree_between_c_and_python():
+    # aclrtQueryEventWaitStatus, aclrtQueryDeviceStatus, aclrtGetDeviceUtilizationRate and
+    # aclrtGet/PeekAtLastError called through the C library in a Python process answer from
+    # the same runtime as acl.rt's query_event_wait_status, query_device_status,
+    # get_device_utilization_rate and get/peek_at_last_error: same values, same windows,
+    # same per-thread last error.
+    out = python(
+        """
+        import ctypes, time
+        import runtime
+        import runtime.acl as acl
+        from runtime.acl import clib, _state
+
+        class Info(ctypes.Structure):
+            _fields_ = [
+                ("cube", ctypes.c_int32),
+                ("vector", ctypes.c_int32),
+                ("aicpu", ctypes.c_int32),
+                ("memory", ctypes.c_int32),
+                ("extend", ctypes.c_void_p),
+            ]
+
+        runtime.init(device_count=2, memory="1GiB")
+        lib = ctypes.CDLL(clib.library())
+        assert acl.init() == 0 and acl.rt.set_device(0) == 0
+
+        # device status: C and Python agree, for good and bad ids
+        st = ctypes.c_int(-7)
+        for d in (0, 1):
+            assert lib.aclrtQueryDeviceStatus(d, ctypes.byref(st)) == 0
+            assert (st.value, 0) == acl.rt.query_device_status(d)
+            assert st.value == acl.ACL_RT_DEVICE_STATUS_NORMAL
+        bad = lib.aclrtQueryDeviceStatus(2, ctypes.byref(st))
+        assert bad == acl.rt.query_device_status(2)[1] == acl.ACL_ERROR_RT_INVALID_DEVICEID
+        # the C failure is this thread's last error, read from Python (peek keeps it)
+        assert lib.aclrtQueryDeviceStatus(0, None) == acl.ACL_ERROR_INVALID_PARAM
+        assert acl.rt.peek_at_last_error(0) == acl.ACL_ERROR_INVALID_PARAM
+        assert lib.aclrtGetLastError(0) == acl.ACL_ERROR_INVALID_PARAM
+        assert acl.rt.get_last_error(0) == 0 and lib.aclrtPeekAtLastError(0) == 0
+        # ... and a Python failure is C's
+        assert acl.rt.query_event_wait_status(12345)[1] == acl.ACL_ERROR_INVALID_RESOURCE_HANDLE
+        assert lib.aclrtPeekAtLastError(0) == acl.ACL_ERROR_INVALID_RESOURCE_HANDLE
+        assert lib.aclrtGetLastError(0) == acl.ACL_ERROR_INVALID_RESOURCE_HANDLE
+
+        # utilisation: one window per device, whichever face asks
+        info = Info()
+        acl.rt.get_device_utilization_rate(1)  # Python opens the window
+        s = runtime.Stream(1)
+        for _ in range(3):
+            s.launch_host_func(time.sleep, 0.03)
+        s.synchronize()
+        assert lib.aclrtGetDeviceUtilizationRate(1, ctypes.byref(info)) == 0  # C closes it
+        assert 1 <= info.cube <= 100, info.cube
+        assert (info.vector, info.aicpu, info.memory, info.extend) == (-1, -1, -1, None)
+        py, ret = acl.rt.get_device_utilization_rate(1)  # nothing ran since C's query
+        assert ret == 0 and py["cube_utilization"] == 0
+        assert (py["vector_utilization"], py["aicpu_utilization"]) == (info.vector, info.aicpu)
+        assert py["memory_utilization"] == info.memory
+
+        # event wait status: a Python-made event queried from C, before and after the wait
+        a, _ = acl.rt.create_stream()
+        b, _ = acl.rt.create_stream()
+        ev, _ = acl.rt.create_event()
+        gate = runtime.UserEvent()
+        _state.stream_of(a, "test").wait_event(gate)  # a runs nothing until the gate opens
+        assert acl.rt.record_event(ev, a) == 0
+        assert acl.rt.stream_wait_event(b, ev) == 0
+        assert lib.aclrtQueryEventWaitStatus(ctypes.c_void_p(ev), ctypes.byref(st)) == 0
+        assert st.value == acl.ACL_EVENT_WAIT_STATUS_NOT_READY
+        assert acl.rt.query_event_wait_status(ev) == (st.value, 0)
+        gate.set()
+        assert acl.rt.synchronize_stream(b) == 0
+        assert lib.aclrtQueryEventWaitStatus(ctypes.c_void_p(ev), ctypes.byref(st)) == 0
+        assert st.value == acl.ACL_EVENT_WAIT_STATUS_COMPLETE
+        assert acl.rt.query_event_wait_status(ev) == (st.value, 0)
+        for h in (a, b):
+            assert acl.rt.destroy_stream(h) == 0
+        assert acl.rt.destroy_event(ev) == 0
+        assert acl.finalize() == 0
+        print("agree")
+        """
+    )
+    assert out.strip() == "agree"
 
 
 # --------------------------------------------------------------------------- docs, samples

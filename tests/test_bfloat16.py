@@ -12,7 +12,13 @@ Translated from upstream tests (rewritten here, not copied):
   of bfloat16 gives the same values and shares memory; numpy 2.5+ only).
 - PyTorch ``test/test_dlpack.py``: ``test_dlpack_capsule_conversion`` and
   ``test_dlpack_shared_storage`` over ``all_types_and_complex_and(torch.half,
-  torch.bfloat16)`` (the consumer gets the dtype and the values, and writes are shared).
+  torch.bfloat16)`` (the consumer gets the dtype and the values, and writes are shared);
+  for ``runtime.to_device`` as the consumer: ``test_dlpack_protocol_conversion`` and
+  ``test_from_dlpack_dtype`` (every dtype, bfloat16 included, keeps its dtype and values),
+  ``test_from_dlpack_noncontinguous`` (rows, columns and transposes), the
+  ``TensorDLPackWrapper`` that exposes only ``__dlpack__`` / ``__dlpack_device__`` (so the
+  import cannot go through numpy), ``test_max_version`` (legacy and versioned capsules) and
+  ``test_dlpack_export_requires_grad`` (the producer's error reaches the caller).
 """
 
 from __future__ import annotations
@@ -357,6 +363,137 @@ def test_dlpack_with_numpy():
     assert d.copy_to_host()[0, 0] == 2.0
 
 
+# ------------------------------------------------------------ DLPack import (to_device)
+
+
+class DLPackOnly:
+    """Exposes only the DLPack methods of ``obj`` (torch's ``TensorDLPackWrapper``): no
+    buffer protocol, no ``__array__``, so ``to_device`` must import through DLPack."""
+
+    def __init__(self, obj, legacy=False):
+        self.obj, self.legacy, self.calls = obj, legacy, []
+
+    def __dlpack__(self, *args, **kwargs):
+        self.calls.append(kwargs)
+        if self.legacy:  # a pre-1.0 producer: no keywords at all
+            assert not args and not kwargs
+        return self.obj.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self.obj.__dlpack_device__()
+
+
+def test_to_device_imports_a_bfloat16_dlpack_producer_without_torch():
+    # The producer is a runtime buffer behind DLPackOnly: kDLBfloat 16 comes back as
+    # ml_dtypes.bfloat16 with every bit pattern intact, through the versioned capsule.
+    every = np.arange(1 << 16, dtype=np.uint16).view(BF16)
+    src = runtime.to_device(every)
+    w = DLPackOnly(src)
+    d = runtime.to_device(w)
+    assert d.dtype == BF16 and d.shape == every.shape and d.ptr != src.ptr  # a copy
+    assert_bits_equal(d.copy_to_host(), every)
+    assert w.calls and w.calls[0].get("max_version", (0, 0))[0] >= 1
+    # a device buffer is itself a DLPack producer, an offset view and a 0-d one too
+    assert_bits_equal(runtime.to_device(src.view("bfloat16", (7,), 10)).copy_to_host(), every[5:12])
+    scalar = runtime.to_device(src.view("bfloat16", (), 2))
+    assert scalar.shape == () and bits(scalar.copy_to_host()) == bits(every[1])
+    empty = runtime.to_device(DLPackOnly(runtime.empty((0, 3), "bfloat16")))
+    assert empty.shape == (0, 3) and empty.dtype == BF16
+
+
+def test_to_device_imports_a_legacy_dlpack_producer():
+    host = sample((3, 5), seed=40)
+    w = DLPackOnly(runtime.to_device(host), legacy=True)
+
+    class Legacy:  # __dlpack__ without keywords and no __dlpack_device__
+        def __dlpack__(self):
+            return w.__dlpack__()
+
+    assert_bits_equal(runtime.to_device(Legacy()).copy_to_host(), host)
+
+    class PreVersioned:  # says where its memory is, but takes no max_version (DLPack 0.x)
+        def __dlpack__(self, stream=None):
+            return w.__dlpack__()
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    assert_bits_equal(runtime.to_device(PreVersioned()).copy_to_host(), host)
+
+
+def test_to_device_dlpack_import_on_a_stream_keeps_the_source_alive():
+    host = sample((4096,), seed=41)
+    s = runtime.Stream(0)
+    release_ev = __import__("threading").Event()
+    s.launch_host_func(lambda: release_ev.wait(10.0))
+    d = runtime.to_device(DLPackOnly(runtime.to_device(host)), stream=s)
+    __import__("gc").collect()  # the producer and its capsule are gone from Python's side
+    release_ev.set()
+    s.synchronize(timeout=10.0)
+    assert_bits_equal(d.copy_to_host(), host)
+
+
+TORCH_DTYPES = [
+    "bfloat16",
+    "float16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "bool",
+    "complex64",
+    "complex128",
+]
+
+
+@pytest.mark.parametrize("name", TORCH_DTYPES)
+def test_to_device_of_a_torch_tensor_keeps_dtype_and_values(name):
+    torch = pytest.importorskip("torch")
+    dtype = getattr(torch, name)
+    g = torch.Generator().manual_seed(42)
+    if dtype == torch.bool:
+        t = torch.randint(0, 2, (5, 3), generator=g).bool()
+    elif dtype.is_floating_point or dtype.is_complex:
+        t = (torch.randn((5, 3), generator=g, dtype=torch.float64) * 100).to(dtype)
+    else:
+        t = torch.randint(-100 if dtype != torch.uint8 else 0, 100, (5, 3), generator=g).to(dtype)
+    for src in (t, DLPackOnly(t)):
+        d = runtime.to_device(src)
+        assert d.shape == (5, 3)
+        if name == "bfloat16":
+            assert d.dtype == BF16
+            got = d.copy_to_host().view(np.int16)
+            np.testing.assert_array_equal(got, t.view(torch.int16).numpy())
+        else:
+            assert d.dtype == np.dtype(name)
+            np.testing.assert_array_equal(d.copy_to_host(), t.numpy())
+
+
+def test_to_device_of_noncontiguous_torch_bfloat16_views():
+    torch = pytest.importorskip("torch")
+    x = torch.arange(25, dtype=torch.float32).reshape(5, 5).to(torch.bfloat16)
+    for y in (x[0], x[:, 0], x[1, :], x[1], x.t(), x[::2, 1::3]):
+        d = runtime.to_device(y)
+        assert d.dtype == BF16 and d.shape == tuple(y.shape)
+        want = y.contiguous().view(torch.int16).numpy()
+        np.testing.assert_array_equal(d.copy_to_host().view(np.int16), want)
+        # and the same values through ml_dtypes
+        np.testing.assert_array_equal(d.copy_to_host().astype(F32), y.float().numpy())
+
+
+def test_to_device_reports_the_producers_error():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(BufferError, match="require gradient"):
+        runtime.to_device(torch.zeros(3, requires_grad=True))
+    with pytest.raises(BufferError, match="conjugate bit"):
+        runtime.to_device(torch.conj(torch.tensor([1 + 1j, 2 - 2j])))
+    with pytest.raises(TypeError, match=r"array: DLPack dtype \(code"):
+        runtime.to_device(torch.zeros(3, dtype=torch.float8_e4m3fn))
+
+
 # --------------------------------------------------------------- native kernels, collectives
 
 
@@ -432,6 +569,18 @@ def test_without_ml_dtypes_the_name_says_to_install_it():
             assert "ml_dtypes" in str(e), e
         else:
             raise AssertionError("no error")
+        # A bfloat16 DLPack producer (a torch tensor) gets the same advice.
+        try:
+            import torch
+        except ImportError:
+            pass
+        else:
+            try:
+                runtime.to_device(torch.zeros(2, dtype=torch.bfloat16))
+            except TypeError as e:
+                assert "array" in str(e) and "pip install ml_dtypes" in str(e), e
+            else:
+                raise AssertionError("no error")
         # Everything else is unaffected.
         b = runtime.to_device(np.arange(4, dtype=np.float16))
         assert b.copy_to_host().tolist() == [0, 1, 2, 3]

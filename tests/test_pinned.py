@@ -590,3 +590,131 @@ def test_pinned_context_unregisters_what_it_registered_on_failure():
             pass
     assert not runtime.host_is_registered(a)  # undone
     runtime.host_unregister(b)
+
+
+# ------------------------------------------------------------------- alloc_pinned_memory
+# Translated from CuPy tests/cupy_tests/cuda_tests/test_pinned_memory.py, TestMemoryPointer
+# (test_int, test_add, test_sub; rewritten here over real pinned blocks instead of CuPy's
+# MockMemory), with the semantics of cupy/cuda/pinned_memory.pyx's PinnedMemoryPointer:
+# `+`/`-` make new pointers into the same block, `+=`/`-=` move the pointer itself, size() is
+# the bytes to the block's end, and the buffer protocol starts at the pointer.
+
+
+def test_pinned_pointer_int():
+    p = runtime.alloc_pinned_memory(1)
+    assert isinstance(p, runtime.PinnedMemoryPointer)
+    assert isinstance(p.mem, runtime.PinnedMemory)
+    assert int(p) == p.ptr == p.mem.ptr and p.ptr % 4096 == 0
+    assert p.size() == p.mem.size == p.mem.nbytes == 1
+
+
+def test_pinned_pointer_add():
+    p = runtime.alloc_pinned_memory(8)
+    base = p.ptr
+    p2 = p + 4
+    assert isinstance(p2, runtime.PinnedMemoryPointer)
+    assert int(p2) == base + 4 and p2.mem is p.mem and p2.size() == 4
+    p3 = 4 + p
+    assert isinstance(p3, runtime.PinnedMemoryPointer) and int(p3) == base + 4
+    same = p
+    p += 4
+    assert p is same  # in place, as CuPy's __iadd__
+    assert isinstance(p, runtime.PinnedMemoryPointer) and int(p) == base + 4
+    assert p.size() == 4
+    assert int(p + np.int64(2)) == base + 6  # any int-like count
+
+
+def test_pinned_pointer_sub():
+    p = runtime.alloc_pinned_memory(8) + 4
+    base = p.ptr - 4
+    p2 = p - 4
+    assert isinstance(p2, runtime.PinnedMemoryPointer) and int(p2) == base
+    p -= 4
+    assert isinstance(p, runtime.PinnedMemoryPointer) and int(p) == base
+    assert p.size() == 8
+
+
+def test_pinned_pointer_compares_by_address():
+    p = runtime.alloc_pinned_memory(16)
+    q = p + 8
+    assert p == p.ptr and q == p.ptr + 8 and q != p.ptr
+    assert p < q and q > p and p <= p + 0 and q >= p.ptr + 8
+    assert p + 8 == q and p + 8 is not q
+    assert (p == "x") is False and p != None  # noqa: E711 - other types are unequal
+    with pytest.raises(TypeError):
+        _ = p < "x"
+
+
+def test_pinned_pointer_is_a_writable_buffer_from_the_pointer_on():
+    p = runtime.alloc_pinned_memory(64)
+    whole = np.frombuffer(p, dtype=np.uint8)
+    assert whole.shape == (64,) and whole.flags["WRITEABLE"]
+    whole[:] = np.arange(64, dtype=np.uint8)
+    tail = np.frombuffer(p + 16, dtype=np.int32, count=2)
+    assert tail.tolist() == np.arange(16, 24, dtype=np.uint8).view(np.int32).tolist()
+    tail[:] = [-1, -2]
+    assert whole[16:24].view(np.int32).tolist() == [-1, -2]
+    mv = memoryview(p + 60)
+    assert mv.nbytes == 4 and not mv.readonly and bytes(mv) == bytes(whole[60:])
+    assert memoryview(p + 64).nbytes == 0  # one past the end: empty
+
+
+def test_pinned_pointer_buffer_keeps_the_block_alive():
+    gc.collect()
+    before = runtime.host_memory_stats()["allocations.current"]
+    p = runtime.alloc_pinned_memory(32)
+    view = np.frombuffer(p + 8, dtype=np.uint8)
+    view[:] = 5
+    del p
+    gc.collect()
+    # the block is still in use through the array over the pointer
+    assert runtime.host_memory_stats()["allocations.current"] == before + 1
+    assert (view == 5).all() and view.size == 24
+    del view
+    gc.collect()
+    assert runtime.host_memory_stats()["allocations.current"] == before
+
+
+def test_pinned_pointer_stays_within_its_block():
+    p = runtime.alloc_pinned_memory(8)
+    with pytest.raises(ValueError, match=r"by 9 .*8-byte pinned block"):
+        p + 9
+    with pytest.raises(ValueError, match=r"by -1 .*8-byte"):
+        p - 1
+    q = p + 8
+    with pytest.raises(ValueError, match="at byte 8 by 1"):
+        q += 1
+    assert int(q) == p.ptr + 8  # a refused move changes nothing
+    with pytest.raises(ValueError, match="offset"):
+        runtime.PinnedMemoryPointer(p.mem, 9)
+    with pytest.raises(TypeError):
+        p + 1.5
+    with pytest.raises(TypeError):
+        p + True
+    with pytest.raises(TypeError):
+        p - p
+    with pytest.raises(TypeError):
+        q -= "1"
+
+
+def test_pinned_pointer_source_is_read_when_the_copy_runs(stream):
+    # A copy from a pointer into pinned memory is a pinned copy: read when the stream runs it.
+    p = runtime.alloc_pinned_memory(256 * 4 + 64)
+    src = np.frombuffer(p + 64, dtype=np.int32, count=256)
+    src[:] = 1
+    dev = runtime.zeros(256, np.int32)
+    release = gate(stream)
+    runtime.memcpy_host_to_device(dev, p + 64, stream)
+    src[:] = 2
+    release()
+    stream.synchronize(timeout=WAIT)
+    assert (dev.copy_to_host() == 2).all()
+
+
+def test_alloc_pinned_memory_zero_and_bad_sizes():
+    p = runtime.alloc_pinned_memory(0)
+    assert p.size() == 0 and memoryview(p).nbytes == 0 and p + 0 == p
+    with pytest.raises(ValueError, match="nbytes"):
+        runtime.alloc_pinned_memory(-1)
+    with pytest.raises(TypeError, match="nbytes"):
+        runtime.alloc_pinned_memory("8")

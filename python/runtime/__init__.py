@@ -21,6 +21,7 @@ from ._copy2d import memcpy_2d
 from ._native import get_include
 from ._pinned import (
     PinnedArray,
+    alloc_pinned_memory,
     empty_like_pinned,
     malloc_host,
     pinned,
@@ -50,6 +51,7 @@ from ._runtime import (
     NotReadyError,
     OutOfMemoryError,
     PinnedMemory,
+    PinnedMemoryPointer,
     Stream,
     WaitTimeoutError,
     _shutdown_at_exit,
@@ -284,6 +286,8 @@ __all__ = [
     # Memory fraction, pinned and managed memory, 2-D copies.
     "PinnedArray",
     "PinnedMemory",
+    "PinnedMemoryPointer",
+    "alloc_pinned_memory",
     "free_host",
     "get_per_process_memory_fraction",
     "host_register",

@@ -1,6 +1,6 @@
 """Pinned (page-locked) host memory as numpy arrays: :func:`malloc_host`, :func:`pinned_empty`,
 and CuPy's ``cupyx`` creation functions (:func:`zeros_pinned`, :func:`empty_like_pinned`,
-:func:`zeros_like_pinned`).
+:func:`zeros_like_pinned`); and as CuPy's pointer objects: :func:`alloc_pinned_memory`.
 
 The memory comes from the core's caching pinned allocator (``runtime._runtime.PinnedMemory``,
 one block each); the array keeps its block alive, and the block returns to the cache once no
@@ -20,7 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from ._runtime import PinnedMemory, _malloc_host, host_register, host_unregister
+from ._runtime import (
+    PinnedMemory,
+    PinnedMemoryPointer,
+    _malloc_host,
+    host_register,
+    host_unregister,
+)
 
 
 class PinnedArray(np.ndarray):
@@ -80,6 +86,16 @@ def malloc_host(nbytes: int, mapped: bool = False) -> PinnedArray:
         raise TypeError(f"mapped must be a bool, got {type(mapped).__name__}")
     mem = _allocate(nbytes, "malloc_host")
     return np.frombuffer(mem, dtype=np.uint8).view(PinnedArray)
+
+
+def alloc_pinned_memory(nbytes: int) -> PinnedMemoryPointer:
+    """``nbytes`` of pinned host memory as a :class:`PinnedMemoryPointer` at its first byte
+    (``cupy.cuda.alloc_pinned_memory``): ``p + n``, ``n + p``, ``p - n`` give pointers ``n``
+    bytes on or back, ``p += n`` / ``p -= n`` move ``p`` itself (all within the block),
+    ``p.ptr`` / ``int(p)`` is the address, ``p.size()`` the bytes to the block's end, and
+    ``numpy.frombuffer(p, dtype, count)`` an array over the memory from ``p`` on. Warns
+    ``RuntimeWarning`` when the OS refuses to lock the pages, as :func:`malloc_host` does."""
+    return PinnedMemoryPointer(_allocate(nbytes, "alloc_pinned_memory"), 0)
 
 
 def _dims(shape: Any) -> tuple[int, ...]:

@@ -191,6 +191,56 @@ unsafe extern "C" fn aclrtGetDeviceCount(count: *mut u32) -> c_int {
     })
 }
 
+unsafe extern "C" fn aclrtQueryDeviceStatus(device_id: i32, status: *mut c_int) -> c_int {
+    const NAME: &str = "aclrtQueryDeviceStatus";
+    guard(NAME, || {
+        not_null(NAME, "deviceStatus", status)?;
+        let v = if state::query_device_status(device_id)? {
+            ACL_RT_DEVICE_STATUS_NORMAL
+        } else {
+            ACL_RT_DEVICE_STATUS_ABNORMAL
+        };
+        // SAFETY: not NULL; valid by the caller's contract.
+        unsafe { put(NAME, "deviceStatus", status, v) }
+    })
+}
+
+/// `aclrtUtilizationInfo`, laid out as CANN documents it: four `int32_t` percentages, then
+/// a reserved pointer to an extension structure (always NULL here).
+#[repr(C)]
+pub struct AclrtUtilizationInfo {
+    /// Cube (compute) utilisation in percent.
+    pub cube_utilization: i32,
+    /// Vector utilisation in percent; -1 where the device has none.
+    pub vector_utilization: i32,
+    /// AI CPU utilisation in percent; -1 where the device has none.
+    pub aicpu_utilization: i32,
+    /// Device memory utilisation in percent; -1 (reserved).
+    pub memory_utilization: i32,
+    /// Reserved extension (`aclrtUtilizationExtendInfo *`): NULL.
+    pub utilization_extend: *mut c_void,
+}
+
+unsafe extern "C" fn aclrtGetDeviceUtilizationRate(
+    device_id: i32,
+    info: *mut AclrtUtilizationInfo,
+) -> c_int {
+    const NAME: &str = "aclrtGetDeviceUtilizationRate";
+    guard(NAME, || {
+        not_null(NAME, "utilizationInfo", info)?;
+        let u = state::device_utilization(device_id)?;
+        let v = AclrtUtilizationInfo {
+            cube_utilization: u.cube,
+            vector_utilization: u.vector,
+            aicpu_utilization: u.aicpu,
+            memory_utilization: u.memory,
+            utilization_extend: std::ptr::null_mut(),
+        };
+        // SAFETY: not NULL; valid by the caller's contract.
+        unsafe { put(NAME, "utilizationInfo", info, v) }
+    })
+}
+
 fn timed(name: &str, r: AclResult<bool>, code: i32, timeout: i32) -> AclResult<()> {
     match r? {
         true => Ok(()),
@@ -380,6 +430,21 @@ unsafe extern "C" fn aclrtQueryEventStatus(event: *mut c_void, status: *mut c_in
             ACL_EVENT_RECORDED_STATUS_COMPLETE
         } else {
             ACL_EVENT_RECORDED_STATUS_NOT_READY
+        };
+        // SAFETY: not NULL; valid by the caller's contract.
+        unsafe { put(NAME, "status", status, v) }
+    })
+}
+
+unsafe extern "C" fn aclrtQueryEventWaitStatus(event: *mut c_void, status: *mut c_int) -> c_int {
+    const NAME: &str = "aclrtQueryEventWaitStatus";
+    guard(NAME, || {
+        not_null(NAME, "status", status)?;
+        // COMPLETE once every stream made to wait for the event has passed its wait.
+        let v = if state::query_event_wait_status(h(event))? {
+            ACL_EVENT_WAIT_STATUS_COMPLETE
+        } else {
+            ACL_EVENT_WAIT_STATUS_NOT_READY
         };
         // SAFETY: not NULL; valid by the caller's contract.
         unsafe { put(NAME, "status", status, v) }
@@ -688,6 +753,9 @@ macro_rules! acl_functions {
             aclrtSubscribeReport(thread_id: u64, stream: *mut c_void) -> c_int;
             aclrtUnSubscribeReport(thread_id: u64, stream: *mut c_void) -> c_int;
             aclrtProcessReport(timeout: i32) -> c_int;
+            aclrtQueryEventWaitStatus(event: *mut c_void, status: *mut c_int) -> c_int;
+            aclrtQueryDeviceStatus(device_id: i32, status: *mut c_int) -> c_int;
+            aclrtGetDeviceUtilizationRate(device_id: i32, info: *mut $crate::capi::AclrtUtilizationInfo) -> c_int;
         }
     };
 }
@@ -721,8 +789,9 @@ macro_rules! define_table {
 
 pub(crate) use acl_functions;
 
-/// The layout version of [`Table`]; another copy's table is used only if it matches.
-pub const TABLE_VERSION: u32 = 1;
+/// The layout version of [`Table`]; another copy's table is used only if it matches (2: the
+/// event wait, device status and utilisation queries were appended).
+pub const TABLE_VERSION: u32 = 2;
 
 acl_functions!(define_table);
 

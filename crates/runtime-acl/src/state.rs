@@ -621,13 +621,34 @@ pub fn query_device_status(id: i32) -> AclResult<bool> {
     Ok(device(NAME, id)?.check_alive().is_ok())
 }
 
-/// `aclrtGetDeviceUtilizationRate`'s cube utilisation of device `id`: the percent of its
-/// compute workers' time spent running compute work since the previous query of the device
-/// (`Device::compute_utilization`, measured by the engines).
-pub fn device_utilization(id: i32) -> AclResult<u32> {
+/// `aclrtUtilizationInfo`'s numbers, in percent; -1 for a unit the device lacks (as CANN
+/// reports a unit a product has not).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Utilization {
+    /// Measured: the percent of the device's compute workers' time spent running kernels
+    /// and host functions since the previous query of the device (the first: since it
+    /// started).
+    pub cube: i32,
+    /// -1: the virtual device has no separate vector unit.
+    pub vector: i32,
+    /// -1: no AI CPU.
+    pub aicpu: i32,
+    /// -1: memory utilisation is reserved in CANN too.
+    pub memory: i32,
+}
+
+/// `aclrtGetDeviceUtilizationRate` of device `id` (`Device::compute_utilization`, measured
+/// by the engines; each query starts the next window).
+pub fn device_utilization(id: i32) -> AclResult<Utilization> {
     const NAME: &str = "aclrtGetDeviceUtilizationRate";
     check_init(NAME)?;
-    Ok(device(NAME, id)?.compute_utilization())
+    let cube = device(NAME, id)?.compute_utilization().min(100) as i32;
+    Ok(Utilization {
+        cube,
+        vector: -1,
+        aicpu: -1,
+        memory: -1,
+    })
 }
 
 /// `aclrtSynchronizeEvent[WithTimeout]`: wait for the event's latest record. `Ok(false)` when

@@ -1,5 +1,6 @@
 //! The C test programs in `tests/c/` (memory round trips, streams and events, callbacks with a
-//! report thread, every error path, fork while threads use ACL), compiled with `cc` against `include/` and the
+//! report thread, every error path, fork while threads use ACL, the device and event
+//! queries), compiled with `cc` against `include/` and the
 //! `libascendcl.so` this test build made, then run; and the header-drift check: every
 //! function declared in the headers is exported by the library, taken into a pointer of
 //! CANN's documented type (`header_drift.c`), and every constant the headers define has the
@@ -112,6 +113,11 @@ fn fork_while_threads_use_acl() {
     program("fork");
 }
 
+#[test]
+fn device_and_event_queries() {
+    program("device_status");
+}
+
 /// Names of the functions the headers declare (`ACL_FUNC_VISIBILITY <type> name(`).
 fn declared_functions() -> BTreeSet<String> {
     let mut out = BTreeSet::new();
@@ -183,6 +189,15 @@ fn header_types_and_values_match_the_library() {
         std::mem::size_of::<usize>() as i64
     );
     assert_eq!(seen["sizeof_aclrtMemcpyKind"], 4);
+    // aclrtUtilizationInfo as the library writes it (capi::AclrtUtilizationInfo).
+    assert_eq!(
+        seen["sizeof_aclrtUtilizationInfo"],
+        std::mem::size_of::<ascendcl::capi::AclrtUtilizationInfo>() as i64
+    );
+    assert_eq!(
+        seen["offsetof_utilizationExtend"],
+        std::mem::offset_of!(ascendcl::capi::AclrtUtilizationInfo, utilization_extend) as i64
+    );
     use ascendcl::codes::*;
     let want: &[(&str, i64)] = &[
         ("ACL_SUCCESS", ACL_SUCCESS as i64),
@@ -404,6 +419,27 @@ fn header_types_and_values_match_the_library() {
             ACL_EVENT_RECORDED_STATUS_COMPLETE as i64,
         ),
         (
+            "ACL_EVENT_WAIT_STATUS_COMPLETE",
+            ACL_EVENT_WAIT_STATUS_COMPLETE as i64,
+        ),
+        (
+            "ACL_EVENT_WAIT_STATUS_NOT_READY",
+            ACL_EVENT_WAIT_STATUS_NOT_READY as i64,
+        ),
+        (
+            "ACL_EVENT_WAIT_STATUS_RESERVED",
+            ACL_EVENT_WAIT_STATUS_RESERVED as i64,
+        ),
+        (
+            "ACL_RT_DEVICE_STATUS_NORMAL",
+            ACL_RT_DEVICE_STATUS_NORMAL as i64,
+        ),
+        (
+            "ACL_RT_DEVICE_STATUS_ABNORMAL",
+            ACL_RT_DEVICE_STATUS_ABNORMAL as i64,
+        ),
+        ("ACL_RT_DEVICE_STATUS_END", ACL_RT_DEVICE_STATUS_END as i64),
+        (
             "ACL_STREAM_STATUS_COMPLETE",
             ACL_STREAM_STATUS_COMPLETE as i64,
         ),
@@ -429,7 +465,7 @@ fn header_types_and_values_match_the_library() {
     }
     assert_eq!(
         seen.len(),
-        want.len() + 3,
+        want.len() + 5,
         "header_drift.c prints constants the test does not check"
     );
 }

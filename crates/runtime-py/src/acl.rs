@@ -395,15 +395,16 @@ pub fn acl_query_device_status(py: Python<'_>, device_id: i32) -> (i32, i32) {
     pair(r, 0)
 }
 
-/// `acl.rt.get_device_utilization_rate`'s measured part: `(cube utilisation in percent,
-/// ret)` (the Python layer builds pyACL's dict).
+/// `acl.rt.get_device_utilization_rate`: `((cube, vector, aicpu, memory) in percent, -1
+/// for a unit the device lacks, ret)`, the numbers `aclrtGetDeviceUtilizationRate` writes
+/// (the Python layer builds pyACL's dict).
 #[pyfunction]
-pub fn acl_device_utilization(py: Python<'_>, device_id: i32) -> (i32, i32) {
+pub fn acl_device_utilization(py: Python<'_>, device_id: i32) -> ((i32, i32, i32, i32), i32) {
     let r = call(py, "aclrtGetDeviceUtilizationRate", || {
         state::device_utilization(device_id)
     })
-    .map(|u| u as i32);
-    pair(r, 0)
+    .map(|u| (u.cube, u.vector, u.aicpu, u.memory));
+    pair(r, (0, 0, 0, 0))
 }
 
 /// `acl.rt.synchronize_event[_with_timeout]` (`timeout` ms, -1 for ever).

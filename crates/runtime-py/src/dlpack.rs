@@ -1,4 +1,6 @@
-//! DLPack export (`__dlpack__`): a DLPack 1.x `DLManagedTensorVersioned` capsule named
+//! DLPack export (`__dlpack__`) and import (`to_device` of a DLPack producer).
+//!
+//! Export: a DLPack 1.x `DLManagedTensorVersioned` capsule named
 //! "dltensor_versioned" when the consumer passes `max_version >= (1, 0)`, otherwise a legacy
 //! `DLManagedTensor` capsule named "dltensor". The versioned form carries flags: the memory is
 //! writable, so consumers such as numpy (which marks legacy imports read-only) give writable
@@ -15,6 +17,14 @@
 //! capsule and its destructor are ours: the destructor deletes only a capsule that still has
 //! its original name (a consumer renames it and takes over the deleter), and keeps any
 //! exception pending when it runs (capsules are often collected while an error propagates).
+//!
+//! Import ([`host_view`]): any object with `__dlpack__` whose memory is on the CPU (a torch
+//! CPU tensor, a JAX CPU array, our own buffers) becomes a read-only numpy array over the
+//! producer's memory, in the producer's dtype (bfloat16 as `ml_dtypes.bfloat16`, which numpy
+//! cannot import by itself before 2.5), shape and strides. The array's base object owns the
+//! imported tensor, so the memory stays alive as long as the array (and any copy queued from
+//! it) does, and the producer's deleter runs when it is collected. `dlpark` takes the
+//! capsule (either version) and consumes it.
 
 use std::ffi::{c_void, CStr};
 
@@ -23,14 +33,18 @@ use dlpark::ffi::{
     DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
     DLPackVersion,
 };
+use dlpark::python::{from_dlpack, ImportedDlpack};
 use dlpark::{Managed, ManagedTensorBase};
+use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
+use numpy::{PyArrayDescrMethods, PyUntypedArray};
 use pyo3::exceptions::{PyBufferError, PyOverflowError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use runtime_core::kernel::DType;
 use runtime_core::memory::Buffer;
 
-use crate::convert::repr;
+use crate::convert::{numpy_dtype, repr};
 
 /// `kDLCPU`.
 pub const KDL_CPU: i32 = DLDeviceType::CPU.0 as i32;
@@ -219,4 +233,161 @@ fn capsule<M: Named>(py: Python<'_>, managed: Managed<M>) -> PyResult<Py<PyAny>>
     }
     // SAFETY: `cap` is a new, owned reference.
     Ok(unsafe { Bound::from_owned_ptr(py, cap) }.unbind())
+}
+
+// --------------------------------------------------------------------------- import
+
+/// The device dtype of a DLPack type (the inverse of [`dl_dtype`]); `None` for a type the
+/// device has no counterpart for (vector lanes, float8, opaque handles, ...).
+pub fn from_dl_dtype(t: DLDataType) -> Option<DType> {
+    DType::ALL.into_iter().find(|&d| dl_dtype(d) == t)
+}
+
+/// Keeps an imported DLPack tensor alive as the base object of the numpy arrays over its
+/// memory; the producer's deleter runs when the last of them is collected.
+#[pyclass(name = "_DLPackImport", module = "runtime._runtime", frozen)]
+pub struct Imported {
+    _tensor: ImportedDlpack,
+}
+
+/// A read-only numpy array over the memory of `obj`'s DLPack export, or `None` when `obj` is
+/// a numpy array (numpy's own path serves it) or its memory is not on the CPU (`kDLCPU`).
+/// Errors name the argument `arg`: a dtype the device has no counterpart for is a
+/// `TypeError` naming the DLPack code, bits and lanes; bfloat16 without ml_dtypes is the
+/// `TypeError` that says to install it.
+pub fn host_view<'py>(
+    py: Python<'py>,
+    obj: &Bound<'py, PyAny>,
+    arg: &str,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    if obj.is_instance_of::<PyUntypedArray>() || !obj.hasattr("__dlpack__")? {
+        return Ok(None);
+    }
+    // The standard protocol, asked in Python (not a producer's C exchange table), so that the
+    // producer's own export checks apply (torch refuses a tensor that requires grad or has
+    // its conjugate bit set).
+    let capsule = if obj.hasattr("__dlpack_device__")? {
+        let (device_type, _): (i64, i64) = obj.call_method0("__dlpack_device__")?.extract()?;
+        if device_type != i64::from(KDL_CPU) {
+            // Memory elsewhere: numpy's path gives its own error, as before.
+            return Ok(None);
+        }
+        let kw = PyDict::new(py);
+        kw.set_item("max_version", (VERSION.major, VERSION.minor))?;
+        match obj.call_method("__dlpack__", (), Some(&kw)) {
+            Ok(c) => c,
+            // A producer older than DLPack 1.0 takes no `max_version`: ask again without
+            // it, as the Array API tells consumers to (the first error stands if that fails).
+            Err(e) if e.is_instance_of::<PyTypeError>(py) => {
+                obj.call_method0("__dlpack__").map_err(|_| e)?
+            }
+            Err(e) => return Err(e),
+        }
+    } else {
+        obj.call_method0("__dlpack__")?
+    };
+    // dlpark takes either capsule version and renames it (consumed exactly once).
+    let imported = from_dlpack(capsule.as_borrowed(), None, None)?;
+    let t = imported
+        .validate()
+        .map_err(|e| PyValueError::new_err(format!("{arg}: invalid DLPack tensor: {e}")))?;
+    if t.device().device_type != DLDeviceType::CPU {
+        return Err(PyBufferError::new_err(format!(
+            "{arg}: DLPack memory on device type {} (id {}) is not host memory (kDLCPU = 1)",
+            t.device().device_type.0,
+            t.device().device_id
+        )));
+    }
+    let dl = t.dtype();
+    let dtype = from_dl_dtype(dl).ok_or_else(|| {
+        PyTypeError::new_err(format!(
+            "{arg}: DLPack dtype (code {}, {} bits, {} lanes) is not supported; use bool, int8/16/32/64, uint8/16/32/64, float16/32/64, complex64, complex128 or bfloat16",
+            dl.code.0, dl.bits, dl.lanes
+        ))
+    })?;
+    let descr = numpy_dtype(py, dtype).map_err(|e| {
+        if dtype == DType::BF16 {
+            let err = PyTypeError::new_err(format!(
+                "{arg}: a bfloat16 DLPack tensor needs the ml_dtypes package, which gives numpy its bfloat16 type: pip install ml_dtypes (or the runtime[bfloat16] extra)"
+            ));
+            err.set_cause(py, Some(e));
+            err
+        } else {
+            e
+        }
+    })?;
+    let item = dtype.size() as i64;
+    let to_intp = |v: i64| {
+        npy_intp::try_from(v)
+            .map_err(|_| PyValueError::new_err(format!("{arg}: DLPack extent {v} is out of range")))
+    };
+    let mut dims = t
+        .shape()
+        .iter()
+        .map(|&n| to_intp(n))
+        .collect::<PyResult<Vec<_>>>()?;
+    let mut strides = t
+        .strides_or_compact()
+        .map_err(|e| PyValueError::new_err(format!("{arg}: invalid DLPack strides: {e}")))?
+        .iter()
+        .map(|&s| {
+            s.checked_mul(item)
+                .ok_or_else(|| {
+                    PyValueError::new_err(format!("{arg}: DLPack stride {s} is out of range"))
+                })
+                .and_then(to_intp)
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let empty = t.num_elements() == 0;
+    let data = if empty {
+        std::ptr::null_mut()
+    } else {
+        // SAFETY: the producer's contract: for a non-empty tensor, `data + byte_offset` lies in
+        // its allocation, which stays alive until the deleter runs (owned by `Imported`).
+        unsafe { t.offset_bytes_ptr() }
+            .map_err(|e| PyValueError::new_err(format!("{arg}: invalid DLPack data pointer: {e}")))?
+            .cast_mut()
+            .cast::<c_void>()
+    };
+    let ndim = dims.len() as std::ffi::c_int;
+    let keeper = Bound::new(py, Imported { _tensor: imported })?;
+    // SAFETY: `descr` is a valid dtype whose reference the call steals (`into_dtype_ptr` adds
+    // one); `dims` and `strides` hold `ndim` values each and are only read during the call.
+    // With data NULL (an empty tensor) numpy allocates its own (empty) block; otherwise the
+    // array views the producer's memory, read-only (flags 0), which the producer promises
+    // covers every element the shape and strides reach, as numpy's own DLPack import
+    // assumes.
+    let raw = unsafe {
+        PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type),
+            descr.into_dtype_ptr(),
+            ndim,
+            dims.as_mut_ptr(),
+            if empty {
+                std::ptr::null_mut()
+            } else {
+                strides.as_mut_ptr()
+            },
+            data,
+            0,
+            std::ptr::null_mut(),
+        )
+    };
+    if raw.is_null() {
+        return Err(PyErr::fetch(py));
+    }
+    // SAFETY: a new, owned reference to an array.
+    let array = unsafe { Bound::from_owned_ptr(py, raw) };
+    if !empty {
+        // SAFETY: `array` is the array just made; SetBaseObject steals the reference that
+        // `into_ptr` hands it, on success and on failure alike.
+        let rc = unsafe {
+            PY_ARRAY_API.PyArray_SetBaseObject(py, raw.cast(), keeper.into_any().into_ptr())
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(py));
+        }
+    }
+    Ok(Some(array))
 }

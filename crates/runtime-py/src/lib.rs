@@ -135,6 +135,7 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(trace::trace_enabled, m)?)?;
     // Memory fraction, pinned and managed memory, 2-D copies.
     m.add_class::<pinned::PyPinnedMemory>()?;
+    m.add_class::<pinned::PyPinnedMemoryPointer>()?;
     m.add_function(wrap_pyfunction!(stats::set_per_process_memory_fraction, m)?)?;
     m.add_function(wrap_pyfunction!(stats::get_per_process_memory_fraction, m)?)?;
     m.add_function(wrap_pyfunction!(pinned::_malloc_host, m)?)?;

@@ -101,7 +101,9 @@ fn allocate(py: Python<'_>, d: &Device, dt: DType, shape: Vec<usize>) -> PyResul
     Ok(PyDeviceBuffer::typed(b, 0, dt, shape))
 }
 
-/// Allocate a device buffer holding a copy of numpy array `array` (same dtype and shape).
+/// Allocate a device buffer holding a copy of `array` (same dtype and shape): a numpy array,
+/// anything `numpy.asarray` takes, or any DLPack producer whose memory is on the CPU (a torch
+/// tensor, bfloat16 included: `dlpack::host_view`).
 #[pyfunction]
 #[pyo3(signature = (array, device=None, stream=None))]
 pub fn to_device<'py>(
@@ -111,6 +113,8 @@ pub fn to_device<'py>(
     stream: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyDeviceBuffer>> {
     let np = numpy(py)?;
+    let imported = crate::dlpack::host_view(py, array, "array")?;
+    let array = imported.as_ref().unwrap_or(array);
     // `asarray(order="C")`, not `ascontiguousarray`: the latter turns 0-d arrays into 1-d.
     let kw = PyDict::new(py);
     kw.set_item("order", "C")?;

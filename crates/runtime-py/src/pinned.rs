@@ -1,6 +1,8 @@
 //! Pinned host memory: the `PinnedMemory` class (one block of the core's pinned allocator,
-//! exported with the buffer protocol; the Python layer wraps it in a numpy array),
-//! `_malloc_host`, `free_host`, `host_memory_stats`, `host_empty_cache`.
+//! exported with the buffer protocol; the Python layer wraps it in a numpy array), the
+//! `PinnedMemoryPointer` class (CuPy's pointer into a block: `± n`, the buffer protocol from
+//! the pointer to the block's end), `_malloc_host`, `free_host`, `host_memory_stats`,
+//! `host_empty_cache`.
 
 use std::ffi::c_int;
 
@@ -62,6 +64,12 @@ impl PyPinnedMemory {
         self.block.id()
     }
 
+    /// Bytes as requested (CuPy's `PinnedMemory.size`; the same as `nbytes`).
+    #[getter]
+    fn size(&self) -> usize {
+        self.block.len() as usize
+    }
+
     fn __len__(&self) -> usize {
         self.block.len() as usize
     }
@@ -97,6 +105,195 @@ impl PyPinnedMemory {
                 view,
                 slf.as_ptr(),
                 ptr.cast(),
+                len as ffi::Py_ssize_t,
+                0,
+                flags,
+            )
+        };
+        if rc != 0 {
+            return Err(PyErr::fetch(slf.py()));
+        }
+        Ok(())
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {}
+}
+
+/// A pointer into a pinned block (CuPy's `cupy.cuda.PinnedMemoryPointer`): the block (`mem`)
+/// and a byte offset into it. `p + n`, `n + p` and `p - n` make new pointers, `p += n` and
+/// `p -= n` move this one; each must stay within the block (offset `0..=mem.nbytes`), or a
+/// `ValueError` names the step and the block's size. The buffer protocol exports the bytes
+/// from the pointer to the block's end, writable (`numpy.frombuffer(p, dtype, count)`); the
+/// export keeps the block alive.
+#[pyclass(name = "PinnedMemoryPointer", module = "runtime._runtime")]
+pub struct PyPinnedMemoryPointer {
+    mem: Py<PyPinnedMemory>,
+    offset: usize,
+}
+
+impl PyPinnedMemoryPointer {
+    fn block(&self) -> &PinnedBuffer {
+        &self.mem.get().block
+    }
+
+    /// The offset `n` bytes on, if it stays within the block.
+    fn moved(&self, n: i64, arg: &str) -> PyResult<usize> {
+        let len = self.block().len();
+        let to = self.offset as i128 + i128::from(n);
+        if to < 0 || to > i128::from(len) {
+            return Err(PyValueError::new_err(format!(
+                "{arg}: moving the pointer at byte {} by {n} leaves the {len}-byte pinned block (offsets 0..={len})",
+                self.offset
+            )));
+        }
+        Ok(to as usize)
+    }
+
+    fn step(&self, py: Python<'_>, n: i64, arg: &str) -> PyResult<Py<PyAny>> {
+        let offset = self.moved(n, arg)?;
+        let p = PyPinnedMemoryPointer {
+            mem: self.mem.clone_ref(py),
+            offset,
+        };
+        Ok(Bound::new(py, p)?.into_any().unbind())
+    }
+
+    /// `other` as a byte count, or `None` (the operation is `NotImplemented`): ints and
+    /// objects with `__index__`, not bools.
+    fn count(other: &Bound<'_, PyAny>) -> Option<i64> {
+        if other.is_instance_of::<pyo3::types::PyBool>() {
+            return None;
+        }
+        other.extract::<i64>().ok()
+    }
+}
+
+#[pymethods]
+impl PyPinnedMemoryPointer {
+    /// A pointer `offset` bytes into `mem` (CuPy's `PinnedMemoryPointer(mem, offset)`).
+    #[new]
+    fn new(mem: Bound<'_, PyPinnedMemory>, offset: i64) -> PyResult<Self> {
+        let p = PyPinnedMemoryPointer {
+            mem: mem.unbind(),
+            offset: 0,
+        };
+        let offset = p.moved(offset, "offset")?;
+        Ok(PyPinnedMemoryPointer { offset, ..p })
+    }
+
+    /// The pinned block this pointer points into.
+    #[getter]
+    fn mem(&self, py: Python<'_>) -> Py<PyPinnedMemory> {
+        self.mem.clone_ref(py)
+    }
+
+    /// The address this pointer holds.
+    #[getter]
+    fn ptr(&self) -> usize {
+        self.block().as_ptr() as usize + self.offset
+    }
+
+    /// Bytes from the pointer to the block's end.
+    fn size(&self) -> usize {
+        self.block().len() as usize - self.offset
+    }
+
+    fn __int__(&self) -> usize {
+        self.ptr()
+    }
+
+    fn __add__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        match Self::count(other) {
+            Some(n) => self.step(py, n, "+"),
+            None => Ok(py.NotImplemented()),
+        }
+    }
+
+    fn __radd__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        self.__add__(py, other)
+    }
+
+    fn __sub__(&self, py: Python<'_>, other: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+        match Self::count(other).and_then(i64::checked_neg) {
+            Some(n) => self.step(py, n, "-"),
+            None => Ok(py.NotImplemented()),
+        }
+    }
+
+    fn __iadd__(&mut self, other: &Bound<'_, PyAny>) -> PyResult<()> {
+        let Some(n) = Self::count(other) else {
+            return Err(PyTypeError::new_err(format!(
+                "+=: a PinnedMemoryPointer moves by an int number of bytes, got {}",
+                type_name(other)
+            )));
+        };
+        self.offset = self.moved(n, "+=")?;
+        Ok(())
+    }
+
+    fn __isub__(&mut self, other: &Bound<'_, PyAny>) -> PyResult<()> {
+        let Some(n) = Self::count(other).and_then(i64::checked_neg) else {
+            return Err(PyTypeError::new_err(format!(
+                "-=: a PinnedMemoryPointer moves by an int number of bytes, got {}",
+                type_name(other)
+            )));
+        };
+        self.offset = self.moved(n, "-=")?;
+        Ok(())
+    }
+
+    /// Compared by address, with another pointer or an int.
+    fn __richcmp__(
+        &self,
+        other: &Bound<'_, PyAny>,
+        op: pyo3::basic::CompareOp,
+    ) -> PyResult<Py<PyAny>> {
+        let py = other.py();
+        let addr = if let Ok(p) = other.cast::<PyPinnedMemoryPointer>() {
+            p.borrow().ptr() as i128
+        } else if let Some(n) = Self::count(other) {
+            i128::from(n)
+        } else {
+            return Ok(py.NotImplemented());
+        };
+        let r = op.matches((self.ptr() as i128).cmp(&addr));
+        Ok(pyo3::types::PyBool::new(py, r)
+            .to_owned()
+            .into_any()
+            .unbind())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "PinnedMemoryPointer(0x{:x}: byte {} of PinnedMemory#{}, {} bytes to its end)",
+            self.ptr(),
+            self.offset,
+            self.block().id(),
+            self.size()
+        )
+    }
+
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        if view.is_null() {
+            return Err(PyBufferError::new_err("view is null"));
+        }
+        let (ptr, len) = {
+            let p = slf.borrow();
+            (p.ptr(), p.size())
+        };
+        // SAFETY: `view` is the non-null Py_buffer Python passed in; `ptr` lies in the block
+        // at an offset <= its length (checked by every move), so it is valid for `len` bytes
+        // while the block lives, and `PyBuffer_FillInfo` stores a new reference to `slf`
+        // (which holds the block's `PinnedMemory`) in `view.obj`.
+        let rc = unsafe {
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                ptr as *mut std::ffi::c_void,
                 len as ffi::Py_ssize_t,
                 0,
                 flags,

@@ -130,14 +130,14 @@ def get_device_utilization_rate(device_id: int) -> tuple[dict[str, int] | None, 
     The device has no separate vector or AI CPU units and no memory utilisation, so those
     read -1, as CANN reports units a device lacks; ``utilization_extend`` is reserved (0)."""
     need_int("acl.rt.get_device_utilization_rate", device_id=device_id)
-    cube, ret = N.acl_device_utilization(device_id)
+    (cube, vector, aicpu, memory), ret = N.acl_device_utilization(device_id)
     if ret != C.ACL_SUCCESS:
         return None, ret
     info = {
         "cube_utilization": cube,
-        "vector_utilization": -1,
-        "aicpu_utilization": -1,
-        "memory_utilization": -1,
+        "vector_utilization": vector,
+        "aicpu_utilization": aicpu,
+        "memory_utilization": memory,
         "utilization_extend": 0,
     }
     return info, ret

@@ -6,6 +6,7 @@
  * crates/runtime-acl/tests/c_programs.rs to compare with the library's own values.
  * SPDX-License-Identifier: Apache-2.0
  */
+#include <stddef.h>
 #include <stdio.h>
 
 #include "acl/acl.h"
@@ -72,11 +73,16 @@ int main(void)
     TAKE(aclError, aclrtSubscribeReport, uint64_t, aclrtStream);
     TAKE(aclError, aclrtUnSubscribeReport, uint64_t, aclrtStream);
     TAKE(aclError, aclrtProcessReport, int32_t);
+    TAKE(aclError, aclrtQueryEventWaitStatus, aclrtEvent, aclrtEventWaitStatus *);
+    TAKE(aclError, aclrtQueryDeviceStatus, int32_t, aclrtDeviceStatus *);
+    TAKE(aclError, aclrtGetDeviceUtilizationRate, int32_t, aclrtUtilizationInfo *);
 
     /* sizes C code relies on */
     printf("sizeof_aclError %zu\n", sizeof(aclError));
     printf("sizeof_aclrtStream %zu\n", sizeof(aclrtStream));
     printf("sizeof_aclrtMemcpyKind %zu\n", sizeof(aclrtMemcpyKind));
+    printf("sizeof_aclrtUtilizationInfo %zu\n", sizeof(aclrtUtilizationInfo));
+    printf("offsetof_utilizationExtend %zu\n", offsetof(aclrtUtilizationInfo, utilizationExtend));
 
     SHOW(ACL_SUCCESS);
     SHOW(ACL_ERROR_INVALID_PARAM);
@@ -161,6 +167,12 @@ int main(void)
     SHOW(ACL_EVENT_STATUS_RESERVED);
     SHOW(ACL_EVENT_RECORDED_STATUS_NOT_READY);
     SHOW(ACL_EVENT_RECORDED_STATUS_COMPLETE);
+    SHOW(ACL_EVENT_WAIT_STATUS_COMPLETE);
+    SHOW(ACL_EVENT_WAIT_STATUS_NOT_READY);
+    SHOW(ACL_EVENT_WAIT_STATUS_RESERVED);
+    SHOW(ACL_RT_DEVICE_STATUS_NORMAL);
+    SHOW(ACL_RT_DEVICE_STATUS_ABNORMAL);
+    SHOW(ACL_RT_DEVICE_STATUS_END);
     SHOW(ACL_STREAM_STATUS_COMPLETE);
     SHOW(ACL_STREAM_STATUS_NOT_READY);
     SHOW(ACL_EVENT_SYNC);
