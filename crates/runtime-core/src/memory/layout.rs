@@ -265,12 +265,9 @@ impl Layout {
         }
         let mut out = self.clone();
         out.shape[axis] = len;
-        // A length-1 axis keeps its stride unscaled (no neighbour is reached through it).
-        out.strides[axis] = if len > 1 {
-            self.strides[axis] * step
-        } else {
-            self.strides[axis]
-        };
+        // numpy scales the stride whatever the length (an axis of length 0 or 1 reaches no
+        // neighbour through it, so the product only has to be representable).
+        out.strides[axis] = self.strides[axis].saturating_mul(step);
         // An empty view starts where its first element would (kept inside the span).
         let at = start as u64 * self.strides[axis] as u64;
         let delta = if len == 0 || self.is_empty() {
