@@ -84,7 +84,11 @@ impl PyDeviceBuffer {
     /// The view with its axes permuted (numpy's `transpose(axes)`; reversed without
     /// `axes`), sharing the memory.
     #[pyo3(signature = (axes=None))]
-    fn transpose(&self, py: Python<'_>, axes: Option<&Bound<'_, PyAny>>) -> PyResult<PyDeviceBuffer> {
+    fn transpose(
+        &self,
+        py: Python<'_>,
+        axes: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyDeviceBuffer> {
         let b = self.buffer(py)?;
         let layout = match axes.filter(|a| !a.is_none()) {
             None => self.layout().transpose(),
@@ -158,8 +162,12 @@ impl PyDeviceBuffer {
         if shape.is_none() && offset.is_none() {
             if dt.size() == self.dtype.size() && !self.layout().is_c_contiguous() {
                 // Same item size: the same layout (numpy and numba keep the strides).
-                let l = Layout::new(self.shape_usize(), self.layout().strides().to_vec(), dt.size())
-                    .map_err(RtErr)?;
+                let l = Layout::new(
+                    self.shape_usize(),
+                    self.layout().strides().to_vec(),
+                    dt.size(),
+                )
+                .map_err(RtErr)?;
                 return Ok(PyDeviceBuffer::laid_out(b, self.offset, dt, l));
             }
             self.require_c_contiguous("dtype", "views that change the item size")?;
@@ -325,7 +333,10 @@ impl PyDeviceBuffer {
         check_out_shape(&host, &me.shape).map_err(|_| {
             PyValueError::new_err(format!(
                 "ary: shape {} does not match the buffer's shape {:?}",
-                host.getattr("shape").and_then(|s| s.str()).map(|s| s.to_string()).unwrap_or_default(),
+                host.getattr("shape")
+                    .and_then(|s| s.str())
+                    .map(|s| s.to_string())
+                    .unwrap_or_default(),
                 me.shape_usize()
             ))
         })?;
@@ -440,7 +451,12 @@ impl PyDeviceBuffer {
             // none): the same bytes as uint16, seen as bfloat16.
             let bits = Bound::new(
                 py,
-                PyDeviceBuffer::laid_out(me.buffer(py)?, me.offset, DType::U16, me.layout().clone()),
+                PyDeviceBuffer::laid_out(
+                    me.buffer(py)?,
+                    me.offset,
+                    DType::U16,
+                    me.layout().clone(),
+                ),
             )?;
             asarray
                 .call1((pyo3::types::PyMemoryView::from(bits.as_any())?,))?
@@ -606,7 +622,11 @@ fn check_out(out: &Bound<'_, PyAny>, want: &Bound<'_, PyArrayDescr>, size: isize
 }
 
 fn check_out_writable(out: &Bound<'_, PyAny>) -> PyResult<()> {
-    if !out.getattr("flags")?.getattr("writeable")?.extract::<bool>()? {
+    if !out
+        .getattr("flags")?
+        .getattr("writeable")?
+        .extract::<bool>()?
+    {
         return Err(PyValueError::new_err("out: must be writable"));
     }
     Ok(())
@@ -653,7 +673,13 @@ fn squeezed_like(src: &Layout, like: &Layout, arg: &str) -> PyResult<Layout> {
     let strides: Vec<usize> = like
         .shape()
         .iter()
-        .map(|&d| if d == 1 { src.itemsize() } else { it.next().map_or(0, |p| p.1) })
+        .map(|&d| {
+            if d == 1 {
+                src.itemsize()
+            } else {
+                it.next().map_or(0, |p| p.1)
+            }
+        })
         .collect();
     Layout::new(like.shape().to_vec(), strides, src.itemsize()).map_err(|e| RtErr(e).into())
 }

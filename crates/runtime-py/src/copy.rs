@@ -118,7 +118,11 @@ fn copy_span(
         Direction::DeviceToHost => (Side::Host(HostBuf::get(host, "dst", true)?), dev, "dst"),
         _ => (dev, Side::Host(HostBuf::get(host, "src", false)?), "src"),
     };
-    let host_len = if dir == Direction::DeviceToHost { dst.len() } else { src.len() };
+    let host_len = if dir == Direction::DeviceToHost {
+        dst.len()
+    } else {
+        src.len()
+    };
     fits(host_arg, "host buffer", host_len, 0, count)?;
     let planned = copy::copy(
         dst.end(false)?,

@@ -73,7 +73,11 @@ impl PyDeviceBuffer {
             offset,
             dtype,
             shape: layout.shape().iter().map(|&d| d as isize).collect(),
-            strides: layout.strides().iter().map(|&s| s.min(isize::MAX as usize) as isize).collect(),
+            strides: layout
+                .strides()
+                .iter()
+                .map(|&s| s.min(isize::MAX as usize) as isize)
+                .collect(),
             nbytes: layout.nbytes(),
             layout,
         }

@@ -137,7 +137,8 @@ impl Layout {
     /// Bytes from the first element's start to the last element's end (0 with no
     /// elements): the range a copy of the whole layout touches.
     pub fn span(&self) -> u64 {
-        self.checked_span().expect("checked when the layout was made")
+        self.checked_span()
+            .expect("checked when the layout was made")
     }
 
     /// numpy's `C_CONTIGUOUS`.
@@ -244,7 +245,13 @@ impl Layout {
     /// # Errors
     /// `ArgError` naming `axis` (no such axis), `step` (not positive) or `key` (the
     /// elements leave the axis).
-    pub fn slice(&self, axis: usize, start: usize, step: usize, len: usize) -> Result<(u64, Layout)> {
+    pub fn slice(
+        &self,
+        axis: usize,
+        start: usize,
+        step: usize,
+        len: usize,
+    ) -> Result<(u64, Layout)> {
         let Some(&dim) = self.shape.get(axis) else {
             return Err(arg_error(
                 "axis",
@@ -308,7 +315,12 @@ impl Layout {
 /// # Errors
 /// `ArgError` naming `dst` when the shapes or item sizes differ, or a layout reaches past its
 /// slice; nothing is copied then.
-pub fn copy_elements(dst: &mut [u8], dst_layout: &Layout, src: &[u8], src_layout: &Layout) -> Result<()> {
+pub fn copy_elements(
+    dst: &mut [u8],
+    dst_layout: &Layout,
+    src: &[u8],
+    src_layout: &Layout,
+) -> Result<()> {
     if dst_layout.shape != src_layout.shape || dst_layout.itemsize != src_layout.itemsize {
         return Err(arg_error(
             "dst",

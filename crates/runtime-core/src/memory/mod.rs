@@ -105,8 +105,8 @@ pub use allocator::{Allocator, Block};
 pub use async_pool::AsyncPoolStats;
 use buddy::Buddy;
 pub use element::Element;
-pub use layout::Layout;
 use host::{Arena, PAGE};
+pub use layout::Layout;
 pub use pool::StreamFence;
 use slab::{Slab, SlabAlloc, SLAB_MAX, SPAN_SIZE};
 

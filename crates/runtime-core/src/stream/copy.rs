@@ -32,9 +32,9 @@ use std::sync::Arc;
 
 use crate::error::{arg_error, KernelFailure, MemoryError, Result};
 use crate::memory::access::{Access, AccessSet};
+use crate::memory::layout::{copy_elements, Layout};
 use crate::memory::managed::{self, Location};
 use crate::memory::pinned::{self, KeepAlive, PinnedBuffer};
-use crate::memory::layout::{copy_elements, Layout};
 use crate::memory::{Buffer, Element};
 use crate::stream::{FnOp, Op, OpKind, Stream};
 
