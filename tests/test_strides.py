@@ -362,3 +362,28 @@ def test_torch_from_dlpack_of_an_f_buffer():
     t = torch.from_dlpack(runtime.to_device(fary))
     assert t.stride() == (1, 3)
     assert t.tolist() == fary.tolist()
+
+
+# numba: numba/cuda/tests/cudadrv/test_cuda_ndarray.py::TestCudaNDArray::
+# test_devicearray_relaxed_strides (a (1, 10) array with a first stride of 800 is both C- and
+# F-contiguous) and test_issue_8477 (a zero-length view of any strides copies both ways).
+def test_views_with_explicit_strides():
+    d = runtime.empty(200, "float64")
+    arr = d.view("float64", (1, 10), strides=(800, 8))
+    assert arr.flags == {"C_CONTIGUOUS": True, "F_CONTIGUOUS": True}
+    empty = d.view("int8", (0,), strides=(8,))
+    host = np.ndarray(shape=(0,), strides=(0,), dtype=np.int8)
+    empty.copy_to_host(host)
+    empty.copy_to_device(host)
+    # A column of a 4x5 C matrix, as numpy's own strided view of the same bytes.
+    m = runtime.to_device(np.arange(20, dtype=np.int32).reshape(4, 5))
+    col = m.view("int32", (4,), offset=8, strides=(20,))
+    np.testing.assert_array_equal(col.copy_to_host(), np.arange(20).reshape(4, 5)[:, 2])
+    with pytest.raises(ValueError, match="past the end"):
+        m.view("int32", (5,), offset=8, strides=(20,))
+    with pytest.raises(ValueError, match="multiple of the int32 item size"):
+        m.view("int32", (4,), strides=(6,))
+    with pytest.raises(ValueError, match="strides"):
+        m.view("int32", (4,), strides=(-4,))
+    with pytest.raises(TypeError, match="needs its shape"):
+        m.view("int32", strides=(4,))

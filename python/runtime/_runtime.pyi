@@ -290,7 +290,11 @@ class DeviceBuffer:
     def is_managed(self) -> bool: ...
     def host_view(self) -> np.ndarray[Any, Any]: ...
     def view(
-        self, dtype: Any, shape: int | tuple[int, ...] | None = None, offset: int | None = None
+        self,
+        dtype: Any,
+        shape: int | tuple[int, ...] | None = None,
+        offset: int | None = None,
+        strides: int | tuple[int, ...] | None = None,
     ) -> DeviceBuffer: ...
     def copy_to_host(
         self, out: np.ndarray[Any, Any] | None = None, stream: Stream | None = None

@@ -146,19 +146,61 @@ impl PyDeviceBuffer {
     /// `ndarray.view(dtype)`: the same shape, the last axis rescaled when the item size
     /// changes (`ValueError` where numpy refuses). With `shape` and/or `offset` (bytes, relative
     /// to this view), a view of those bytes; `shape=None` then takes as many elements as fit
-    /// after `offset`, as a 1-D view.
-    #[pyo3(signature = (dtype, shape=None, offset=None))]
+    /// after `offset`, as a 1-D view. With `strides` (bytes, non-negative multiples of the
+    /// item size; `shape` required), the elements are laid out by them, as numpy's
+    /// `ndarray(shape, dtype, buffer, offset, strides)` and numba's
+    /// `DeviceNDArray(shape, strides, dtype, gpu_data=)`: every element must fall inside
+    /// this view.
+    #[pyo3(signature = (dtype, shape=None, offset=None, strides=None))]
     fn view(
         &self,
         py: Python<'_>,
         dtype: &Bound<'_, PyAny>,
         shape: Option<&Bound<'_, PyAny>>,
         offset: Option<&Bound<'_, PyAny>>,
+        strides: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyDeviceBuffer> {
         let b = self.buffer(py)?;
         let dt = parse_dtype(py, dtype)?;
         let shape = shape.filter(|s| !s.is_none());
         let offset = offset.filter(|o| !o.is_none());
+        if let Some(st) = strides.filter(|s| !s.is_none()) {
+            let Some(shape) = shape else {
+                return Err(pyo3::exceptions::PyTypeError::new_err(
+                    "strides: a view with strides needs its shape",
+                ));
+            };
+            let shape = shape_arg(shape, "shape")?;
+            let strides = shape_arg(st, "strides").map_err(|e| {
+                PyValueError::new_err(e.value(py).to_string().replace("dimensions", "strides"))
+            })?;
+            if let Some(bad) = strides.iter().find(|&&s| s % dt.size() != 0) {
+                return Err(PyValueError::new_err(format!(
+                    "strides: {bad} is not a multiple of the {} item size {}",
+                    dt.name(),
+                    dt.size()
+                )));
+            }
+            let (_, nbytes) = self.contiguous_bytes("strides")?;
+            let offset = opt_nonneg(offset, "offset")?.unwrap_or(0);
+            let layout = Layout::new(shape, strides, dt.size()).map_err(RtErr)?;
+            let fits = offset
+                .checked_add(layout.span())
+                .is_some_and(|end| end <= nbytes);
+            if !fits {
+                return Err(PyValueError::new_err(format!(
+                    "shape: shape {:?} with strides {:?} reaches {} bytes from offset {offset}, past the end of this {nbytes}-byte view",
+                    layout.shape(),
+                    layout.strides(),
+                    layout.span()
+                )));
+            }
+            let abs = self.offset + offset;
+            // The core checks the alignment of the first element and the range.
+            Tensor::new(b.clone(), abs, dt, vec![0]).map_err(RtErr)?;
+            b.check_range("shape", abs, layout.span()).map_err(RtErr)?;
+            return Ok(PyDeviceBuffer::laid_out(b, abs, dt, layout));
+        }
         if shape.is_none() && offset.is_none() {
             if dt.size() == self.dtype.size() && !self.layout().is_c_contiguous() {
                 // Same item size: the same layout (numpy and numba keep the strides).
