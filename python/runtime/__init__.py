@@ -121,9 +121,10 @@ def ExternalStream(handle, device=None) -> Stream:  # noqa: N802 - CuPy's and to
     return Stream.from_external(handle, device)
 
 
-def zeros(shape, dtype="float32", device=None) -> DeviceBuffer:
-    """Allocate a zeroed typed buffer (device memory is always handed out zeroed)."""
-    return empty(shape, dtype, device)
+def zeros(shape, dtype="float32", device=None, order="C") -> DeviceBuffer:
+    """Allocate a zeroed typed buffer (device memory is always handed out zeroed), in C or
+    F (``order="F"``) order."""
+    return empty(shape, dtype, device, order)
 
 
 def synchronize(device=None, timeout=None) -> None:

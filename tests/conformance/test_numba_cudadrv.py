@@ -352,9 +352,6 @@ def test_devicearray_big_endian():
 
 
 # numba: numba/cuda/tests/cudadrv/test_array_attr.py::TestArrayAttr::test_contigous_2d
-@pytest.mark.xfail(
-    strict=True, reason="missing API: DeviceBuffer.flags / F-order layout (issue 13)"
-)
 def test_contiguous_flags_2d():
     fary = np.asfortranarray(np.arange(10).reshape(2, 5))
     assert runtime.to_device(fary).flags["F_CONTIGUOUS"]

@@ -331,3 +331,79 @@ fn queued_copies_stage_pageable_sources_and_read_device_views_in_order() {
         .unwrap();
     assert!(e.to_string().starts_with("dst_offset:"), "{e}");
 }
+
+/// The element value at multi-index `idx` of a model array of `shape` (C order), for the
+/// layout-copy property below.
+fn model_value(shape: &[usize], idx: &[usize]) -> u16 {
+    idx.iter()
+        .zip(shape)
+        .fold(0usize, |acc, (&i, &d)| acc * d + i) as u16
+        + 1
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// `copy::d2d_layout` is numpy's `copyto` between two layouts of one shape: every
+    /// element reaches the same index (C, F and step-sliced layouts on either side, the
+    /// source read whole first), the destination's gaps keep their bytes, and a shape
+    /// mismatch or a layout leaving its buffer is refused when the op is built.
+    #[test]
+    fn layout_copies_match_the_model(
+        shape in proptest::collection::vec(1usize..5, 1..4),
+        src_f in any::<bool>(), dst_f in any::<bool>(), step in 1usize..3,
+    ) {
+        use runtime_core::memory::Layout;
+        let rt = one_device();
+        let dev = rt.device(0).unwrap();
+        let item = 2usize;
+        let n: usize = shape.iter().product();
+        let make = |f: bool, s: Vec<usize>| if f { Layout::f(s, item) } else { Layout::c(s, item) };
+        // Source: the model in C or F order.
+        let src_l = make(src_f, shape.clone());
+        let src = dev.memory().allocate(src_l.span()).unwrap();
+        let mut bytes = vec![0u8; src_l.span() as usize];
+        let mut idx = vec![0usize; shape.len()];
+        for off in src_l.offsets() {
+            bytes[off..off + item].copy_from_slice(&model_value(&shape, &idx).to_le_bytes());
+            for a in (0..idx.len()).rev() {
+                idx[a] += 1;
+                if idx[a] < shape[a] { break; }
+                idx[a] = 0;
+            }
+        }
+        src.write(0, &bytes).unwrap();
+        // Destination: a step slice of the first axis of a larger C or F array.
+        let mut big = shape.clone();
+        big[0] = shape[0] * step;
+        let big_l = make(dst_f, big);
+        let dst = dev.memory().allocate(big_l.span()).unwrap();
+        dst.fill(0, big_l.span(), 0xEE).unwrap();
+        let (delta, dst_l) = big_l.slice(0, 0, step, shape[0]).unwrap();
+        copy::d2d_layout(&dst, delta, &dst_l, &src, 0, &src_l).unwrap().run().unwrap();
+        let mut got = vec![0u8; big_l.span() as usize];
+        dst.read(0, &mut got).unwrap();
+        let mut covered = vec![false; got.len()];
+        let mut idx = vec![0usize; shape.len()];
+        for off in dst_l.offsets() {
+            let at = delta as usize + off;
+            let v = u16::from_le_bytes([got[at], got[at + 1]]);
+            prop_assert_eq!(v, model_value(&shape, &idx));
+            covered[at] = true;
+            covered[at + 1] = true;
+            for a in (0..idx.len()).rev() {
+                idx[a] += 1;
+                if idx[a] < shape[a] { break; }
+                idx[a] = 0;
+            }
+        }
+        for (b, c) in got.iter().zip(&covered) {
+            if !c { prop_assert_eq!(*b, 0xEE); }
+        }
+        prop_assert_eq!(n, dst_l.len());
+        // Refusals: another shape, and a layout reaching past its buffer.
+        let other = Layout::c(vec![n + 1], item);
+        prop_assert!(copy::d2d_layout(&dst, 0, &other, &src, 0, &src_l).is_err());
+        prop_assert!(copy::d2d_layout(&dst, big_l.span(), &dst_l, &src, 0, &src_l).is_err());
+    }
+}

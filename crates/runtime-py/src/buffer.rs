@@ -13,7 +13,7 @@ use numpy::{PyArrayDescr, PyArrayDescrMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::convert::{numpy, numpy_dtype, opt_nonneg, parse_dtype, shape_arg};
 use crate::copy::{self, Direction};
@@ -22,6 +22,7 @@ use crate::errors::RtErr;
 use crate::handles::{PyDevice, PyDeviceBuffer};
 use crate::host;
 use runtime_core::kernel::{DType, Tensor};
+use runtime_core::memory::Layout;
 
 #[pymethods]
 impl PyDeviceBuffer {
@@ -45,6 +46,58 @@ impl PyDeviceBuffer {
     #[getter]
     fn ndim(&self) -> usize {
         self.shape.len()
+    }
+
+    /// Bytes between neighbouring elements along each axis (numpy's `strides`).
+    #[getter]
+    fn strides<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.strides.iter())
+    }
+
+    /// numpy's contiguity flags, as numba's `DeviceNDArray.flags` gives them: a new dict with
+    /// `C_CONTIGUOUS` and `F_CONTIGUOUS`.
+    #[getter]
+    fn flags<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("C_CONTIGUOUS", self.layout().is_c_contiguous())?;
+        d.set_item("F_CONTIGUOUS", self.layout().is_f_contiguous())?;
+        Ok(d)
+    }
+
+    /// Whether the elements are in C (row-major) order without gaps (numba's name).
+    fn is_c_contiguous(&self) -> bool {
+        self.layout().is_c_contiguous()
+    }
+
+    /// Whether the elements are in Fortran (column-major) order without gaps.
+    fn is_f_contiguous(&self) -> bool {
+        self.layout().is_f_contiguous()
+    }
+
+    /// The view with its axes reversed (numpy's `.T`): a C-ordered buffer gives an
+    /// F-ordered view of the same memory.
+    #[getter(T)]
+    fn t(&self, py: Python<'_>) -> PyResult<PyDeviceBuffer> {
+        self.transpose(py, None)
+    }
+
+    /// The view with its axes permuted (numpy's `transpose(axes)`; reversed without
+    /// `axes`), sharing the memory.
+    #[pyo3(signature = (axes=None))]
+    fn transpose(
+        &self,
+        py: Python<'_>,
+        axes: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyDeviceBuffer> {
+        let b = self.buffer(py)?;
+        let layout = match axes.filter(|a| !a.is_none()) {
+            None => self.layout().transpose(),
+            Some(a) => {
+                let axes = shape_arg(a, "axes")?;
+                self.layout().permute(&axes).map_err(RtErr)?
+            }
+        };
+        Ok(PyDeviceBuffer::laid_out(b, self.offset, self.dtype, layout))
     }
 
     /// The numpy dtype.
@@ -93,20 +146,73 @@ impl PyDeviceBuffer {
     /// `ndarray.view(dtype)`: the same shape, the last axis rescaled when the item size
     /// changes (`ValueError` where numpy refuses). With `shape` and/or `offset` (bytes, relative
     /// to this view), a view of those bytes; `shape=None` then takes as many elements as fit
-    /// after `offset`, as a 1-D view.
-    #[pyo3(signature = (dtype, shape=None, offset=None))]
+    /// after `offset`, as a 1-D view. With `strides` (bytes, non-negative multiples of the
+    /// item size; `shape` required), the elements are laid out by them, as numpy's
+    /// `ndarray(shape, dtype, buffer, offset, strides)` and numba's
+    /// `DeviceNDArray(shape, strides, dtype, gpu_data=)`: every element must fall inside
+    /// this view.
+    #[pyo3(signature = (dtype, shape=None, offset=None, strides=None))]
     fn view(
         &self,
         py: Python<'_>,
         dtype: &Bound<'_, PyAny>,
         shape: Option<&Bound<'_, PyAny>>,
         offset: Option<&Bound<'_, PyAny>>,
+        strides: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyDeviceBuffer> {
         let b = self.buffer(py)?;
         let dt = parse_dtype(py, dtype)?;
         let shape = shape.filter(|s| !s.is_none());
         let offset = offset.filter(|o| !o.is_none());
+        if let Some(st) = strides.filter(|s| !s.is_none()) {
+            let Some(shape) = shape else {
+                return Err(pyo3::exceptions::PyTypeError::new_err(
+                    "strides: a view with strides needs its shape",
+                ));
+            };
+            let shape = shape_arg(shape, "shape")?;
+            let strides = shape_arg(st, "strides").map_err(|e| {
+                PyValueError::new_err(e.value(py).to_string().replace("dimensions", "strides"))
+            })?;
+            if let Some(bad) = strides.iter().find(|&&s| s % dt.size() != 0) {
+                return Err(PyValueError::new_err(format!(
+                    "strides: {bad} is not a multiple of the {} item size {}",
+                    dt.name(),
+                    dt.size()
+                )));
+            }
+            let (_, nbytes) = self.contiguous_bytes("strides")?;
+            let offset = opt_nonneg(offset, "offset")?.unwrap_or(0);
+            let layout = Layout::new(shape, strides, dt.size()).map_err(RtErr)?;
+            let fits = offset
+                .checked_add(layout.span())
+                .is_some_and(|end| end <= nbytes);
+            if !fits {
+                return Err(PyValueError::new_err(format!(
+                    "shape: shape {:?} with strides {:?} reaches {} bytes from offset {offset}, past the end of this {nbytes}-byte view",
+                    layout.shape(),
+                    layout.strides(),
+                    layout.span()
+                )));
+            }
+            let abs = self.offset + offset;
+            // The core checks the alignment of the first element and the range.
+            Tensor::new(b.clone(), abs, dt, vec![0]).map_err(RtErr)?;
+            b.check_range("shape", abs, layout.span()).map_err(RtErr)?;
+            return Ok(PyDeviceBuffer::laid_out(b, abs, dt, layout));
+        }
         if shape.is_none() && offset.is_none() {
+            if dt.size() == self.dtype.size() && !self.layout().is_c_contiguous() {
+                // Same item size: the same layout (numpy and numba keep the strides).
+                let l = Layout::new(
+                    self.shape_usize(),
+                    self.layout().strides().to_vec(),
+                    dt.size(),
+                )
+                .map_err(RtErr)?;
+                return Ok(PyDeviceBuffer::laid_out(b, self.offset, dt, l));
+            }
+            self.require_c_contiguous("dtype", "views that change the item size")?;
             let shape = self
                 .dtype
                 .view_shape(&self.shape_usize(), dt)
@@ -114,16 +220,17 @@ impl PyDeviceBuffer {
             Tensor::new(b.clone(), self.offset, dt, shape.clone()).map_err(RtErr)?;
             return Ok(self.derive(b, self.offset, dt, shape));
         }
+        // A view by shape and offset reads this view's bytes as one range.
+        let (_, nbytes) = self.contiguous_bytes("offset")?;
         let offset = opt_nonneg(offset, "offset")?.unwrap_or(0);
-        if offset > self.nbytes {
+        if offset > nbytes {
             return Err(PyValueError::new_err(format!(
-                "offset: {offset} is past the end of the {}-byte buffer",
-                self.nbytes
+                "offset: {offset} is past the end of the {nbytes}-byte buffer"
             )));
         }
         let shape = match shape {
             Some(s) => shape_arg(s, "shape")?,
-            None => vec![((self.nbytes - offset) / dt.size() as u64) as usize],
+            None => vec![((nbytes - offset) / dt.size() as u64) as usize],
         };
         let abs = self.offset + offset;
         // Check the size against this view first, so the error names `shape` (the core's
@@ -132,12 +239,11 @@ impl PyDeviceBuffer {
             .iter()
             .try_fold(dt.size() as u64, |a, &d| a.checked_mul(d as u64));
         match bytes {
-            Some(n) if n <= self.nbytes - offset => {}
+            Some(n) if n <= nbytes - offset => {}
             _ => {
                 return Err(PyValueError::new_err(format!(
-                    "shape: a {} view of shape {shape:?} at offset {offset} does not fit in this {}-byte view",
+                    "shape: a {} view of shape {shape:?} at offset {offset} does not fit in this {nbytes}-byte view",
                     dt.name(),
-                    self.nbytes
                 )))
             }
         }
@@ -145,14 +251,19 @@ impl PyDeviceBuffer {
         Ok(self.derive(b, abs, dt, shape))
     }
 
-    /// Copy to host memory and return it: into `out` when given (a writable, C-contiguous
-    /// numpy array of this view's dtype and element count, as numba's `copy_to_host(ary)`
-    /// and CuPy's `get(out=)`), else into a new array of this view's dtype and shape.
+    /// Copy to host memory and return it: into `out` when given (a writable numpy array of
+    /// this view's dtype, as numba's `copy_to_host(ary)` and CuPy's `get(out=)`: a C-ordered
+    /// view copies into any C-contiguous array of its element count; otherwise `out` must
+    /// have this view's shape and gets its values in its own layout, as `numpy.copyto`
+    /// gives them), else into a new array of this view's dtype, shape and strides (numba's
+    /// rule: an F-ordered buffer gives an F-ordered array; a strided view gives an array
+    /// with the same strides over a copy of every byte the view reaches).
     /// Without `stream` the copy is blocking (ordered on the current stream); with one it is
     /// queued there, and CUDA's rule applies: into pageable memory (a new array, an ordinary
     /// numpy array) the call returns once the copy is complete; into pinned memory
     /// (`malloc_host`, `pinned_empty`) the array is written when the stream reaches it, so
-    /// synchronise the stream before reading it.
+    /// synchronise the stream before reading it. A copy between two layouts is staged
+    /// through a host array, so it completes before the call returns.
     #[pyo3(signature = (out=None, stream=None))]
     fn copy_to_host<'py>(
         slf: &Bound<'py, Self>,
@@ -163,14 +274,48 @@ impl PyDeviceBuffer {
         let me = slf.get();
         let np = numpy(py)?;
         let want = numpy_dtype(py, me.dtype)?;
+        let c_order = me.layout().is_c_contiguous();
         let out = match out.filter(|o| !o.is_none()) {
             Some(o) => {
                 check_out(o, &want, me.shape.iter().product::<isize>())?;
+                if !(c_order && is_c_contiguous(o)?) {
+                    // Between layouts: numpy's copyto from a host copy in this view's layout,
+                    // into an array that is one range of memory (as CuPy's `get(out=)`).
+                    let flags = o.getattr("flags")?;
+                    if !flags.getattr("c_contiguous")?.extract::<bool>()?
+                        && !flags.getattr("f_contiguous")?.extract::<bool>()?
+                    {
+                        return Err(PyValueError::new_err(
+                            "out: must be C-contiguous or F-contiguous",
+                        ));
+                    }
+                    check_out_writable(o)?;
+                    check_out_shape(o, &me.shape)?;
+                    let staged = Self::copy_to_host(slf, None, stream)?;
+                    np.getattr("copyto")?.call1((o, staged))?;
+                    return Ok(o.clone());
+                }
+                check_out_writable(o)?;
                 o.clone()
             }
-            None => np
+            None if c_order => np
                 .getattr("empty")?
                 .call1((PyTuple::new(py, me.shape.iter())?, &want))?,
+            None => {
+                // Every byte the view reaches, then numpy's array of this view's strides
+                // over them (numba's `copy_to_host`).
+                me.buffer(py)?;
+                let raw = np
+                    .getattr("empty")?
+                    .call1((me.layout().span(), np.getattr("uint8")?))?;
+                copy::span_to_host(py, &raw, me, stream)?;
+                let kw = PyDict::new(py);
+                kw.set_item("shape", PyTuple::new(py, me.shape.iter())?)?;
+                kw.set_item("dtype", &want)?;
+                kw.set_item("buffer", &raw)?;
+                kw.set_item("strides", PyTuple::new(py, me.strides.iter())?)?;
+                return np.getattr("ndarray")?.call((), Some(&kw));
+            }
         };
         copy::memcpy(
             py,
@@ -183,6 +328,91 @@ impl PyDeviceBuffer {
             None,
         )?;
         Ok(out)
+    }
+
+    /// Copy `ary` into this view (numba's `copy_to_device`): a host array (anything numpy
+    /// converts; its dtype must be this view's) or another `DeviceBuffer`, of this view's
+    /// shape (axes of length 1 aside). Every element goes to the same index here whatever
+    /// the two layouts are (numpy's `copyto`): a C host array into an F-ordered buffer gives
+    /// that buffer numpy's F layout of the values. Without `stream` the copy is blocking;
+    /// with one it is queued there (a host source is read before the call returns).
+    #[pyo3(signature = (ary, stream=None))]
+    fn copy_to_device<'py>(
+        slf: &Bound<'py, Self>,
+        ary: &Bound<'py, PyAny>,
+        stream: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<()> {
+        let py = slf.py();
+        let me = slf.get();
+        me.buffer(py)?;
+        let np = numpy(py)?;
+        if let Ok(src) = ary.cast::<PyDeviceBuffer>() {
+            let src = src.get();
+            if src.dtype != me.dtype {
+                return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                    "ary: dtype {} does not match the buffer's dtype {}",
+                    src.dtype.name(),
+                    me.dtype.name()
+                )));
+            }
+            let src_layout = squeezed_like(src.layout(), me.layout(), "ary")?;
+            let src = PyDeviceBuffer::laid_out(src.buffer(py)?, src.offset, src.dtype, src_layout);
+            return copy::d2d_elements(py, me, &src, stream);
+        }
+        let want = numpy_dtype(py, me.dtype)?;
+        let host = np
+            .getattr("asarray")?
+            .call1((ary,))
+            .map_err(|e| crate::convert::naming(py, "ary", e))?;
+        let dtype = host.getattr("dtype")?;
+        if !dtype.eq(&want)? {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "ary: dtype {} does not match the buffer's dtype {}",
+                dtype.str()?,
+                want.str()?
+            )));
+        }
+        check_out_shape(&host, &me.shape).map_err(|_| {
+            PyValueError::new_err(format!(
+                "ary: shape {} does not match the buffer's shape {:?}",
+                host.getattr("shape")
+                    .and_then(|s| s.str())
+                    .map(|s| s.to_string())
+                    .unwrap_or_default(),
+                me.shape_usize()
+            ))
+        })?;
+        let host = host.call_method1("reshape", (PyTuple::new(py, me.shape.iter())?,))?;
+        let layout = me.layout();
+        if layout.is_c_contiguous() {
+            // A strided host array is compacted by the copy itself.
+            return copy::memcpy(
+                py,
+                Direction::HostToDevice,
+                slf.as_any(),
+                &host,
+                stream,
+                None,
+                None,
+                None,
+            );
+        }
+        // Stage the bytes this view reaches in its own layout (a strided view's gaps keep
+        // their device bytes), put the values in with numpy's copyto, and copy back.
+        let raw = np
+            .getattr("zeros")?
+            .call1((layout.span(), np.getattr("uint8")?))?;
+        if !layout.is_dense() {
+            copy::span_to_host(py, &raw, me, None)?;
+        }
+        let kw = PyDict::new(py);
+        kw.set_item("shape", PyTuple::new(py, me.shape.iter())?)?;
+        kw.set_item("dtype", &want)?;
+        kw.set_item("buffer", &raw)?;
+        kw.set_item("strides", PyTuple::new(py, me.strides.iter())?)?;
+        let staged = np.getattr("ndarray")?.call((), Some(&kw))?;
+        np.getattr("copyto")?.call1((&staged, &host))?;
+        copy::span_to_device(py, me, &raw, stream)
     }
 
     /// A handle (bytes) another process opens with `runtime.ipc_open` to map this buffer's
@@ -230,12 +460,15 @@ impl PyDeviceBuffer {
     ) -> PyResult<Py<PyAny>> {
         let _ = stream;
         let versioned = dlpack::request(py, max_version, dl_device, copy)?;
+        let item = self.dtype.size() as i64;
+        let strides: Vec<i64> = self.strides.iter().map(|&s| s as i64 / item).collect();
         dlpack::export(
             py,
             self.buffer(py)?,
             self.offset,
             self.dtype,
             &self.shape_usize(),
+            &strides,
             versioned,
         )
     }
@@ -260,7 +493,12 @@ impl PyDeviceBuffer {
             // none): the same bytes as uint16, seen as bfloat16.
             let bits = Bound::new(
                 py,
-                me.derive(me.buffer(py)?, me.offset, DType::U16, me.shape_usize()),
+                PyDeviceBuffer::laid_out(
+                    me.buffer(py)?,
+                    me.offset,
+                    DType::U16,
+                    me.layout().clone(),
+                ),
             )?;
             asarray
                 .call1((pyo3::types::PyMemoryView::from(bits.as_any())?,))?
@@ -329,8 +567,9 @@ impl PyDeviceBuffer {
         }
     }
 
-    /// `buf[start:stop]`: a view of elements `start..stop` along the first axis (bytes of a
-    /// raw buffer), as numpy slices a C-contiguous array; step must be 1.
+    /// `buf[start:stop:step]`, or a tuple of slices (one per leading axis): a view of the
+    /// same memory, as numpy slices (a step above 1 gives a strided view); the step must be
+    /// positive.
     fn __getitem__(&self, py: Python<'_>, key: &Bound<'_, PyAny>) -> PyResult<PyDeviceBuffer> {
         crate::views::slice(py, self, key)
     }
@@ -365,11 +604,20 @@ impl PyDeviceBuffer {
         } else {
             ", freed"
         };
-        let shape: Vec<String> = self.shape.iter().map(|d| d.to_string()).collect();
-        let comma = if shape.len() == 1 { "," } else { "" };
+        let tuple = |v: &[isize]| {
+            let parts: Vec<String> = v.iter().map(|d| d.to_string()).collect();
+            let comma = if parts.len() == 1 { "," } else { "" };
+            format!("({}{comma})", parts.join(", "))
+        };
+        // Strides are shown only where they are not C order's.
+        let strides = if self.layout().is_c_contiguous() {
+            String::new()
+        } else {
+            format!(", strides={}", tuple(&self.strides))
+        };
         format!(
-            "DeviceBuffer(id={}, device={}, nbytes={}, dtype={}, shape=({}{comma}), offset={}{state})",
-            self.id, self.device, self.nbytes, self.dtype.name(), shape.join(", "), self.offset
+            "DeviceBuffer(id={}, device={}, nbytes={}, dtype={}, shape={}{strides}, offset={}{state})",
+            self.id, self.device, self.nbytes, self.dtype.name(), tuple(&self.shape), self.offset
         )
     }
 
@@ -388,8 +636,8 @@ impl PyDeviceBuffer {
     }
 }
 
-/// `copy_to_host(out=)`: `out` must be a writable, C-contiguous numpy array of dtype `want`
-/// holding `size` elements.
+/// `copy_to_host(out=)`: `out` must be a numpy array of dtype `want` holding `size`
+/// elements.
 fn check_out(out: &Bound<'_, PyAny>, want: &Bound<'_, PyArrayDescr>, size: isize) -> PyResult<()> {
     let py = out.py();
     if !out.is_instance(&numpy(py)?.getattr("ndarray")?)? {
@@ -412,12 +660,68 @@ fn check_out(out: &Bound<'_, PyAny>, want: &Bound<'_, PyArrayDescr>, size: isize
             "out: has {n} elements, the buffer has {size}"
         )));
     }
-    let flags = out.getattr("flags")?;
-    if !flags.getattr("c_contiguous")?.extract::<bool>()? {
-        return Err(PyValueError::new_err("out: must be C-contiguous"));
-    }
-    if !flags.getattr("writeable")?.extract::<bool>()? {
+    check_out_writable(out)
+}
+
+fn check_out_writable(out: &Bound<'_, PyAny>) -> PyResult<()> {
+    if !out
+        .getattr("flags")?
+        .getattr("writeable")?
+        .extract::<bool>()?
+    {
         return Err(PyValueError::new_err("out: must be writable"));
     }
     Ok(())
+}
+
+/// Whether numpy array `a` is C-contiguous.
+fn is_c_contiguous(a: &Bound<'_, PyAny>) -> PyResult<bool> {
+    a.getattr("flags")?.getattr("c_contiguous")?.extract()
+}
+
+/// A copy between layouts takes an array of the view's shape; axes of length 1 aside (as
+/// numba compares squeezed shapes).
+fn check_out_shape(out: &Bound<'_, PyAny>, shape: &[isize]) -> PyResult<()> {
+    let theirs: Vec<isize> = out.getattr("shape")?.extract()?;
+    let squeeze = |v: &[isize]| v.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+    if squeeze(&theirs) != squeeze(shape) {
+        return Err(PyValueError::new_err(format!(
+            "out: shape {theirs:?} differs from the buffer's {shape:?}; a copy between layouts (this view is not C-contiguous, or out is not) keeps the shape"
+        )));
+    }
+    Ok(())
+}
+
+/// `src`'s layout with `like`'s shape, where the two differ only in axes of length 1 (their
+/// strides do not matter); a `ValueError` naming `arg` otherwise.
+fn squeezed_like(src: &Layout, like: &Layout, arg: &str) -> PyResult<Layout> {
+    let keep = |l: &Layout| -> Vec<(usize, usize)> {
+        l.shape()
+            .iter()
+            .zip(l.strides())
+            .filter(|(&d, _)| d != 1)
+            .map(|(&d, &s)| (d, s))
+            .collect()
+    };
+    let (a, b) = (keep(src), keep(like));
+    if a.iter().map(|p| p.0).ne(b.iter().map(|p| p.0)) {
+        return Err(PyValueError::new_err(format!(
+            "{arg}: shape {:?} does not match the buffer's shape {:?}",
+            src.shape(),
+            like.shape()
+        )));
+    }
+    let mut it = a.into_iter();
+    let strides: Vec<usize> = like
+        .shape()
+        .iter()
+        .map(|&d| {
+            if d == 1 {
+                src.itemsize()
+            } else {
+                it.next().map_or(0, |p| p.1)
+            }
+        })
+        .collect();
+    Layout::new(like.shape().to_vec(), strides, src.itemsize()).map_err(|e| RtErr(e).into())
 }

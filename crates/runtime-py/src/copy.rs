@@ -15,6 +15,7 @@ use runtime_core::stream::copy::{self, HostMemory};
 
 use crate::convert::{buffer_arg, naming, nonneg, numpy, opt_nonneg, stream_arg};
 use crate::errors::RtErr;
+use crate::handles::PyDeviceBuffer;
 use crate::host::HostBuf;
 use crate::wait;
 
@@ -66,10 +67,91 @@ struct End {
     side: Side,
 }
 
-/// A device-side copy endpoint: (core buffer, absolute offset, bytes of the view).
+/// A device-side copy endpoint: (core buffer, absolute offset, bytes of the view). A byte
+/// copy moves a view's bytes as one range: any dense layout (C, F, a transpose); a strided
+/// view is refused (`ValueError` naming `arg`).
 fn device_side(py: Python<'_>, obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<(Buffer, u64, u64)> {
     let b = buffer_arg(obj, arg)?.get();
-    Ok((b.buffer(py)?, b.offset, b.nbytes))
+    let (off, len) = b.contiguous_bytes(arg)?;
+    Ok((b.buffer(py)?, off, len))
+}
+
+/// Copy every byte a view reaches (its elements and, for a strided view, the gaps between
+/// them: `Layout::span`) from device view `src` into host memory `dst` (a writable,
+/// C-contiguous byte array of that length), on `stream` or blocking: what `copy_to_host`
+/// and `copy_to_device` stage a strided or F-ordered view through.
+pub fn span_to_host(
+    py: Python<'_>,
+    dst: &Bound<'_, PyAny>,
+    src: &PyDeviceBuffer,
+    stream: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let b = src.buffer(py)?;
+    let side = Side::Device(b, src.offset, src.layout().span());
+    copy_span(py, Direction::DeviceToHost, dst, side, stream)
+}
+
+/// The reverse of [`span_to_host`]: host bytes `src` over every byte device view `dst`
+/// reaches.
+pub fn span_to_device(
+    py: Python<'_>,
+    dst: &PyDeviceBuffer,
+    src: &Bound<'_, PyAny>,
+    stream: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let b = dst.buffer(py)?;
+    let side = Side::Device(b, dst.offset, dst.layout().span());
+    copy_span(py, Direction::HostToDevice, src, side, stream)
+}
+
+/// A whole-range copy between host object `host` and device end `dev`.
+fn copy_span(
+    py: Python<'_>,
+    dir: Direction,
+    host: &Bound<'_, PyAny>,
+    dev: Side,
+    stream: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let stream = stream_arg(stream)?;
+    let count = dev.len();
+    let (dst, src, host_arg) = match dir {
+        Direction::DeviceToHost => (Side::Host(HostBuf::get(host, "dst", true)?), dev, "dst"),
+        _ => (dev, Side::Host(HostBuf::get(host, "src", false)?), "src"),
+    };
+    let host_len = if dir == Direction::DeviceToHost {
+        dst.len()
+    } else {
+        src.len()
+    };
+    fits(host_arg, "host buffer", host_len, 0, count)?;
+    let planned = copy::copy(
+        dst.end(false)?,
+        0,
+        src.end(false)?,
+        0,
+        count,
+        submit_of(&stream),
+    )
+    .map_err(RtErr)?;
+    let device = planned.device.expect("a span copy has a device end");
+    submit_planned(py, planned, stream, device)
+}
+
+/// `dst.copy_to_device(src)` between two device views: numpy's `copyto` (every element to
+/// the same index, the layouts may differ), in the core (`copy::d2d_layout`); on `stream` or
+/// blocking on the current stream of `dst`'s device.
+pub fn d2d_elements(
+    py: Python<'_>,
+    dst: &PyDeviceBuffer,
+    src: &PyDeviceBuffer,
+    stream: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let stream = stream_arg(stream)?;
+    let (db, sb) = (dst.buffer(py)?, src.buffer(py)?);
+    let op = copy::d2d_layout(&db, dst.offset, dst.layout(), &sb, src.offset, src.layout())
+        .map_err(RtErr)?;
+    let peer = (sb.device() != db.device()).then_some(sb.device());
+    wait::submit_copy(py, op, stream, db.device(), peer)
 }
 
 /// Check that `[off, off + count)` fits in a side of `len` bytes (ValueError naming `arg`).

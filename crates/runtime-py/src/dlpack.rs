@@ -143,7 +143,8 @@ pub fn request(
     Ok(max_version.is_some_and(|(major, _)| major >= VERSION.major))
 }
 
-/// Export `shape` elements of `dtype` at byte `offset` of `buffer` as a DLPack capsule.
+/// Export `shape` elements of `dtype` at byte `offset` of `buffer`, `strides` elements apart
+/// along each axis (DLPack counts strides in elements), as a DLPack capsule.
 /// With `versioned`, a DLPack 1.x capsule ("dltensor_versioned", writable); otherwise a
 /// legacy one ("dltensor").
 pub fn export(
@@ -152,15 +153,16 @@ pub fn export(
     offset: u64,
     dtype: DType,
     shape: &[usize],
+    strides: &[i64],
     versioned: bool,
 ) -> PyResult<Py<PyAny>> {
     if versioned {
-        let mut t = tensor::<DLManagedTensorVersioned>(buffer, offset, dtype, shape)?;
+        let mut t = tensor::<DLManagedTensorVersioned>(buffer, offset, dtype, shape, strides)?;
         t.set_version(VERSION).map_err(buffer_error)?; // flags stay 0: writable, not a copy
                                                        // SAFETY: every field is set (`tensor`).
         capsule(py, unsafe { t.finish() })
     } else {
-        let t = tensor::<DLManagedTensor>(buffer, offset, dtype, shape)?;
+        let t = tensor::<DLManagedTensor>(buffer, offset, dtype, shape, strides)?;
         // SAFETY: every field is set (`tensor`).
         capsule(py, unsafe { t.finish() })
     }
@@ -170,23 +172,22 @@ fn buffer_error(e: impl std::fmt::Display) -> PyErr {
     PyBufferError::new_err(e.to_string())
 }
 
-/// The managed tensor of the export: C-contiguous shape and strides in the struct's own
+/// The managed tensor of the export: shape and strides (elements) in the struct's own
 /// allocation, the buffer clone as its context.
 fn tensor<M: ManagedTensorBase>(
     buffer: Buffer,
     offset: u64,
     dtype: DType,
     shape: &[usize],
+    strides_in: &[i64],
 ) -> PyResult<Initialized<M>> {
     let ndim = shape.len();
+    debug_assert_eq!(strides_in.len(), ndim);
     let mut alloc = Allocation::<M>::allocate(2 * ndim).map_err(buffer_error)?;
     let (dims, strides) = alloc.extra_mut().split_at_mut(ndim);
-    // Row-major, a zero-length dimension counting as 1 (as numpy's own strides do).
-    let mut stride = 1i64;
-    for i in (0..ndim).rev() {
+    for i in 0..ndim {
         dims[i] = shape[i] as i64;
-        strides[i] = stride;
-        stride = stride.saturating_mul(shape[i].max(1) as i64);
+        strides[i] = strides_in[i];
     }
     let data = buffer.as_ptr().cast::<c_void>();
     let mut t = alloc

@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 use runtime_core::event::Event;
 use runtime_core::kernel::DType;
-use runtime_core::memory::Buffer;
+use runtime_core::memory::{Buffer, Layout};
 use runtime_core::stream::Stream;
 
 use crate::errors::{self, RtErr};
@@ -33,7 +33,8 @@ impl PyDevice {
     }
 }
 
-/// A device memory handle: raw bytes from `device_malloc`, or a typed, shaped view.
+/// A device memory handle: raw bytes from `device_malloc`, or a typed, shaped view whose
+/// elements are laid out by byte strides (C order unless made F-ordered or strided).
 #[pyclass(name = "DeviceBuffer", module = "runtime", frozen, weakref)]
 pub struct PyDeviceBuffer {
     /// The buffer while the handle is live; once freed, the call that freed it (for the
@@ -45,7 +46,9 @@ pub struct PyDeviceBuffer {
     pub(crate) dtype: DType,
     pub(crate) shape: Vec<isize>,
     pub(crate) strides: Vec<isize>,
+    /// numpy's `nbytes`: the elements' bytes (a strided view reaches further: `layout.span()`).
     pub(crate) nbytes: u64,
+    layout: Layout,
 }
 
 impl PyDeviceBuffer {
@@ -55,26 +58,61 @@ impl PyDeviceBuffer {
         Self::typed(buffer, 0, DType::U8, vec![n as usize])
     }
 
-    /// A typed handle over part of `buffer` (range already checked).
+    /// A typed, C-ordered handle over part of `buffer` (range already checked).
     pub fn typed(buffer: Buffer, offset: u64, dtype: DType, shape: Vec<usize>) -> Self {
-        let item = dtype.size() as isize;
-        let mut strides = vec![0isize; shape.len()];
-        let mut acc = item;
-        for i in (0..shape.len()).rev() {
-            strides[i] = acc;
-            acc *= shape[i] as isize;
-        }
-        let nbytes = shape.iter().product::<usize>() as u64 * dtype.size() as u64;
+        Self::laid_out(buffer, offset, dtype, Layout::c(shape, dtype.size()))
+    }
+
+    /// A typed handle whose first element is at byte `offset` of `buffer`, its elements laid
+    /// out by `layout` (range already checked: `Layout::check_fits`).
+    pub fn laid_out(buffer: Buffer, offset: u64, dtype: DType, layout: Layout) -> Self {
         PyDeviceBuffer {
             id: buffer.id(),
             device: buffer.device(),
             slot: Mutex::new(Ok(buffer)),
             offset,
             dtype,
-            shape: shape.iter().map(|&d| d as isize).collect(),
-            strides,
-            nbytes,
+            shape: layout.shape().iter().map(|&d| d as isize).collect(),
+            strides: layout
+                .strides()
+                .iter()
+                .map(|&s| s.min(isize::MAX as usize) as isize)
+                .collect(),
+            nbytes: layout.nbytes(),
+            layout,
         }
+    }
+
+    /// The shape and byte strides.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The view's bytes as one range, (offset, length), for what moves bytes (copies,
+    /// memset, pointer arithmetic, typed views by offset): any dense layout (C, F, a
+    /// transpose) is one range; a strided view (a step slice) is a `ValueError` naming `arg`.
+    pub fn contiguous_bytes(&self, arg: &str) -> PyResult<(u64, u64)> {
+        if !self.layout.is_dense() {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "{arg}: a strided DeviceBuffer view (shape {:?}, strides {:?}) is not one range of bytes; copy it with copy_to_host(), or into a contiguous buffer (c = runtime.empty(buf.shape, buf.dtype); c.copy_to_device(buf))",
+                self.shape, self.strides
+            )));
+        }
+        Ok((self.offset, self.layout.span()))
+    }
+
+    /// Refuse (`ValueError` naming `arg`) a view that is not C-contiguous, for what reads
+    /// its elements in C order (kernels, collectives).
+    pub fn require_c_contiguous(&self, arg: &str, what: &str) -> PyResult<()> {
+        if !self.layout.is_c_contiguous() {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "{arg}: {what} take C-contiguous buffers; this view has shape {:?} and strides {:?} ({}); copy it into a C-contiguous buffer first (c = runtime.empty(buf.shape, buf.dtype); c.copy_to_device(buf))",
+                self.shape,
+                self.strides,
+                if self.layout.is_f_contiguous() { "F-contiguous" } else { "strided" }
+            )));
+        }
+        Ok(())
     }
 
     fn what(&self) -> String {
@@ -103,13 +141,13 @@ impl PyDeviceBuffer {
         Self::typed(buffer, offset, dtype, shape)
     }
 
-    /// A new handle sharing this one's memory (used for kernel arguments).
+    /// A new handle sharing this one's memory and layout (used for kernel arguments).
     pub fn share(&self, py: Python<'_>) -> PyResult<PyDeviceBuffer> {
-        Ok(self.derive(
+        Ok(Self::laid_out(
             self.buffer(py)?,
             self.offset,
             self.dtype,
-            self.shape_usize(),
+            self.layout.clone(),
         ))
     }
 

@@ -188,6 +188,26 @@ pub unsafe fn export_view(
             me.dtype.name()
         )));
     }
+    // A consumer that takes no strides, or asks for a contiguity, reads the memory in that
+    // order: a view in another layout is refused rather than read wrongly.
+    let layout = me.layout();
+    let (c, f) = (layout.is_c_contiguous(), layout.is_f_contiguous());
+    let with_strides = flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES;
+    let refused = if flags & ffi::PyBUF_C_CONTIGUOUS == ffi::PyBUF_C_CONTIGUOUS {
+        (!c).then_some("C-contiguous")
+    } else if flags & ffi::PyBUF_F_CONTIGUOUS == ffi::PyBUF_F_CONTIGUOUS {
+        (!f).then_some("F-contiguous")
+    } else if flags & ffi::PyBUF_ANY_CONTIGUOUS == ffi::PyBUF_ANY_CONTIGUOUS {
+        (!c && !f).then_some("contiguous")
+    } else {
+        (!with_strides && !c).then_some("C-contiguous (no strides requested)")
+    };
+    if let Some(what) = refused {
+        return Err(PyBufferError::new_err(format!(
+            "a {what} buffer was requested, but this DeviceBuffer view has shape {:?} and strides {:?}",
+            me.shape, me.strides
+        )));
+    }
     let ptr = buffer.as_ptr() as usize + me.offset as usize;
     let keep = Box::into_raw(Box::new(buffer));
     // SAFETY: `view` is the non-null Py_buffer Python passed in; the pointers stored in it

@@ -50,6 +50,7 @@ pub fn reduce<'py>(slf: &Bound<'py, PyDeviceBuffer>) -> PyResult<Bound<'py, PyTu
     let py = slf.py();
     let me = slf.get();
     let b = me.buffer(py)?;
+    me.require_c_contiguous("buf", "pickling and IPC handles")?;
     let dtype = slf.getattr("dtype")?.getattr("str")?;
     let shape = PyTuple::new(py, me.shape.iter())?;
     if b.allocation_size() == 0 {

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use runtime_core::device::Device;
 use runtime_core::kernel::DType;
+use runtime_core::memory::Layout;
 
 use crate::convert::{
     buffer_arg, device_dtype, naming, nonneg, numpy, parse_dtype, resolve, resolve_required,
@@ -73,37 +74,62 @@ pub fn free_async(
     h.free_with(py, "free_async()", |b| s.free_async(b))
 }
 
-/// Allocate a typed buffer of `shape` and `dtype` on `device` (zeroed).
+/// Allocate a typed buffer of `shape` and `dtype` on `device` (zeroed), its elements in C
+/// (row-major, the default) or F (column-major, `order="F"`) order.
 #[pyfunction]
-#[pyo3(signature = (shape, dtype=None, device=None))]
+#[pyo3(signature = (shape, dtype=None, device=None, order="C"))]
 pub fn empty(
     py: Python<'_>,
     shape: &Bound<'_, PyAny>,
     dtype: Option<&Bound<'_, PyAny>>,
     device: Option<&Bound<'_, PyAny>>,
+    order: &str,
 ) -> PyResult<PyDeviceBuffer> {
+    let fortran = match order {
+        "C" | "c" => false,
+        "F" | "f" => true,
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "order: must be 'C' or 'F', got {order:?}"
+            )))
+        }
+    };
     let d = resolve(py, device, "device")?;
     let dt = match dtype {
         Some(t) if !t.is_none() => parse_dtype(py, t)?,
         _ => DType::F32,
     };
     let shape = shape_arg(shape, "shape")?;
-    allocate(py, &d, dt, shape)
+    allocate(py, &d, dt, shape, fortran)
 }
 
-/// A zeroed buffer of `shape` and `dt` on `d` (through the plugged allocator, if any).
-fn allocate(py: Python<'_>, d: &Device, dt: DType, shape: Vec<usize>) -> PyResult<PyDeviceBuffer> {
+/// A zeroed buffer of `shape` and `dt` on `d` (through the plugged allocator, if any), in C
+/// order or (`fortran`) F order.
+fn allocate(
+    py: Python<'_>,
+    d: &Device,
+    dt: DType,
+    shape: Vec<usize>,
+    fortran: bool,
+) -> PyResult<PyDeviceBuffer> {
     let n = shape
         .iter()
         .try_fold(dt.size() as u64, |a, &b| a.checked_mul(b as u64))
         .ok_or_else(|| PyValueError::new_err(format!("shape: {shape:?} is too large")))?;
     let b = crate::pool::alloc(py, d, n)?;
-    Ok(PyDeviceBuffer::typed(b, 0, dt, shape))
+    let layout = if fortran {
+        Layout::f(shape, dt.size())
+    } else {
+        Layout::c(shape, dt.size())
+    };
+    Ok(PyDeviceBuffer::laid_out(b, 0, dt, layout))
 }
 
 /// Allocate a device buffer holding a copy of `array` (same dtype and shape): a numpy array,
 /// anything `numpy.asarray` takes, or any DLPack producer whose memory is on the CPU (a torch
-/// tensor, bfloat16 included: `dlpack::host_view`).
+/// tensor, bfloat16 included: `dlpack::host_view`). An F-contiguous array stays F-ordered on
+/// the device (the same strides, as numba's `to_device`); any other layout is copied
+/// C-contiguous.
 #[pyfunction]
 #[pyo3(signature = (array, device=None, stream=None))]
 pub fn to_device<'py>(
@@ -115,9 +141,14 @@ pub fn to_device<'py>(
     let np = numpy(py)?;
     let imported = crate::dlpack::host_view(py, array, "array")?;
     let array = imported.as_ref().unwrap_or(array);
+    // An F-ordered array (not also C-ordered: one axis, or axes of length 1) keeps its layout.
+    let fortran = match array.cast::<PyUntypedArray>() {
+        Ok(a) => a.is_fortran_contiguous() && !a.is_c_contiguous(),
+        Err(_) => false,
+    };
     // `asarray(order="C")`, not `ascontiguousarray`: the latter turns 0-d arrays into 1-d.
     let kw = PyDict::new(py);
-    kw.set_item("order", "C")?;
+    kw.set_item("order", if fortran { "F" } else { "C" })?;
     // numpy's message for ragged or unconvertible data does not name the argument.
     let mut arr = np
         .getattr("asarray")?
@@ -133,8 +164,14 @@ pub fn to_device<'py>(
     }
     let d = resolve(py, device, "device")?;
     let dt = device_dtype(&dtype)?;
-    let buf = Bound::new(py, allocate(py, &d, dt, arr.shape().to_vec())?)?;
+    let buf = Bound::new(py, allocate(py, &d, dt, arr.shape().to_vec(), fortran)?)?;
     let dir = Direction::HostToDevice;
-    copy::memcpy(py, dir, buf.as_any(), &arr, stream, None, None, None)?;
+    // The F array's bytes in memory order are its transpose's C order.
+    let src = if fortran {
+        arr.getattr("T")?
+    } else {
+        arr.into_any()
+    };
+    copy::memcpy(py, dir, buf.as_any(), &src, stream, None, None, None)?;
     Ok(buf)
 }

@@ -74,7 +74,8 @@ impl PyAllocator {
         };
         let h = h.get();
         // The returned handle's own range (it may be a typed or offset view).
-        let buf = h.buffer(py)?.view(h.offset, h.nbytes).map_err(RtErr)?;
+        let (off, len) = h.contiguous_bytes("allocator")?;
+        let buf = h.buffer(py)?.view(off, len).map_err(RtErr)?;
         Ok(Block::with_token(buf, Box::new(obj)))
     }
 }

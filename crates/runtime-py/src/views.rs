@@ -1,21 +1,20 @@
 //! Pointer arithmetic and slicing of `DeviceBuffer` handles (CuPy's `MemoryPointer + int`,
-//! numpy's 1-D slicing): each result is a handle over a core view (`memory::Buffer::view`,
+//! numpy's slicing with positive steps): each result is a handle over a core view (`memory::Buffer::view`,
 //! `Buffer::shifted`) of the same allocation, bounds-checked by the core and keeping the
 //! allocation alive.
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PySlice, PySliceMethods};
+use pyo3::types::{PySlice, PySliceMethods, PyTuple};
 
 use crate::convert::type_name;
 use crate::errors::RtErr;
 use crate::handles::PyDeviceBuffer;
 
-/// The core view covering exactly `h`'s bytes.
+/// The core view covering exactly `h`'s bytes (one range: a strided view is refused).
 fn own_view(py: Python<'_>, h: &PyDeviceBuffer) -> PyResult<runtime_core::memory::Buffer> {
-    h.buffer(py)?
-        .view(h.offset, h.nbytes)
-        .map_err(|e| RtErr(e).into())
+    let (off, len) = h.contiguous_bytes("buf")?;
+    h.buffer(py)?.view(off, len).map_err(|e| RtErr(e).into())
 }
 
 /// The byte count of `buf + n` / `buf - n`: `None` for what is not an integer (Python then
@@ -46,35 +45,56 @@ pub fn shifted(py: Python<'_>, h: &PyDeviceBuffer, delta: i64) -> PyResult<Py<Py
     Ok(Py::new(py, PyDeviceBuffer::raw(v))?.into_any())
 }
 
-/// `h[start:stop]`: elements along the first axis (bytes of a raw buffer), numpy's slice
-/// rules (negative indices count from the end, out-of-range bounds are clipped); step 1.
+/// `h[start:stop:step]`, or a tuple of such slices for the leading axes: numpy's slice rules
+/// (negative indices count from the end, out-of-range bounds are clipped), positive steps.
+/// The result is a handle over a core view (`memory::Buffer::view`) of exactly the bytes its
+/// elements reach, laid out by `Layout::slice` (a step above 1 gives a strided view).
 pub fn slice(
     py: Python<'_>,
     h: &PyDeviceBuffer,
     key: &Bound<'_, PyAny>,
 ) -> PyResult<PyDeviceBuffer> {
-    let Ok(s) = key.cast::<PySlice>() else {
-        return Err(PyTypeError::new_err(format!(
-            "DeviceBuffer indices must be slices (buf[start:stop]), got {}; use buf.view() for typed element access",
-            type_name(key)
-        )));
+    let keys: Vec<Bound<'_, PyAny>> = match key.cast::<PyTuple>() {
+        Ok(t) => t.iter().collect(),
+        Err(_) => vec![key.clone()],
     };
-    let Some(&rows) = h.shape.first() else {
-        return Err(PyTypeError::new_err("a 0-d DeviceBuffer cannot be sliced"));
-    };
-    let ind = s.indices(rows)?;
-    if ind.step != 1 {
-        return Err(PyValueError::new_err(format!(
-            "step: only contiguous slices (step 1) are views of device memory, got step {}",
-            ind.step
-        )));
+    if keys.len() > h.shape.len() {
+        return Err(PyTypeError::new_err(if h.shape.is_empty() {
+            "a 0-d DeviceBuffer cannot be sliced".to_string()
+        } else {
+            format!(
+                "too many indices: {} for a {}-d DeviceBuffer",
+                keys.len(),
+                h.shape.len()
+            )
+        }));
     }
-    let rest: Vec<usize> = h.shape[1..].iter().map(|&d| d as usize).collect();
-    let row = rest.iter().product::<usize>() as u64 * h.dtype.size() as u64;
-    let n = (ind.stop - ind.start).max(0) as u64;
-    let start = ind.start.max(0) as u64;
-    let v = own_view(py, h)?.view(start * row, n * row).map_err(RtErr)?;
-    let mut shape = vec![n as usize];
-    shape.extend(rest);
-    Ok(PyDeviceBuffer::typed(v, 0, h.dtype, shape))
+    let mut layout = h.layout().clone();
+    let mut delta = 0u64;
+    for (axis, k) in keys.iter().enumerate() {
+        let Ok(s) = k.cast::<PySlice>() else {
+            return Err(PyTypeError::new_err(format!(
+                "DeviceBuffer indices must be slices (buf[start:stop:step], or a tuple of them), got {}; use buf.view() for typed element access",
+                type_name(k)
+            )));
+        };
+        let ind = s.indices(layout.shape()[axis] as isize)?;
+        if ind.step <= 0 {
+            return Err(PyValueError::new_err(format!(
+                "step: only positive steps give views of device memory, got step {}",
+                ind.step
+            )));
+        }
+        let start = ind.start.max(0) as usize;
+        let (d, l) = layout
+            .slice(axis, start, ind.step as usize, ind.slicelength)
+            .map_err(RtErr)?;
+        delta += d;
+        layout = l;
+    }
+    let v = h
+        .buffer(py)?
+        .view(h.offset + delta, layout.span())
+        .map_err(RtErr)?;
+    Ok(PyDeviceBuffer::laid_out(v, 0, h.dtype, layout))
 }

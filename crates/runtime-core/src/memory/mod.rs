@@ -39,6 +39,8 @@
 //!   allocator returns a [`Block`] holding a `Buffer` the core made (never an address),
 //!   validated before use, so no allocator can make the core touch memory it did not
 //!   allocate.
+//! * [`layout`]: shapes and byte strides over a buffer ([`Layout`]): numpy's contiguity
+//!   flags, strided views (step slices, transposes) and element copies between layouts.
 //! * `ipc`: buffers shared with other processes ([`Buffer::ipc_handle`],
 //!   [`DeviceMemory::open_ipc_handle`]); imported buffers map the exporter's memory and are
 //!   accounted apart from the allocator.
@@ -82,6 +84,7 @@ mod element;
 mod fraction;
 pub(crate) mod host;
 pub mod ipc;
+pub mod layout;
 pub mod managed;
 pub mod pinned;
 pub mod pool;
@@ -103,6 +106,7 @@ pub use async_pool::AsyncPoolStats;
 use buddy::Buddy;
 pub use element::Element;
 use host::{Arena, PAGE};
+pub use layout::Layout;
 pub use pool::StreamFence;
 use slab::{Slab, SlabAlloc, SLAB_MAX, SPAN_SIZE};
 

@@ -25,12 +25,14 @@
 //! ([`End`]: device buffer, host memory, or host memory that is a view of device memory):
 //! they check the ranges, refuse a host-device copy whose host side covers the device bytes
 //! it copies, make the staging choice above, and say which devices a blocking copy orders
-//! on ([`Planned`]). The Python bindings build every `memcpy*` through them.
+//! on ([`Planned`]). The Python bindings build every `memcpy*` through them. [`d2d_layout`]
+//! copies elements between two layouts of one shape (`memory::layout`), numpy's `copyto`.
 
 use std::sync::Arc;
 
 use crate::error::{arg_error, KernelFailure, MemoryError, Result};
 use crate::memory::access::{Access, AccessSet};
+use crate::memory::layout::{copy_elements, Layout};
 use crate::memory::managed::{self, Location};
 use crate::memory::pinned::{self, KeepAlive, PinnedBuffer};
 use crate::memory::{Buffer, Element};
@@ -260,6 +262,64 @@ pub fn d2d(
         move || {
             dst.copy_from(dst_off, &src, src_off, count)
                 .map_err(fail("memcpy_d2d"))
+        },
+    ))
+}
+
+/// A device-to-device copy between two layouts of one shape (numpy's `copyto`: every element
+/// of `src` to the same index of `dst`; the layouts may differ, C into F, a step slice into a
+/// dense buffer) as a stream op. The first element of `dst` is at byte `dst_off`, that of
+/// `src` at `src_off`; bytes of `dst` that no element covers keep their values. The source
+/// is read whole before anything is written, so the two may be views of one allocation.
+///
+/// # Errors
+/// `ArgError` when the shapes or item sizes differ (naming `dst`) or a layout leaves its
+/// buffer (naming `shape`).
+pub fn d2d_layout(
+    dst: &Buffer,
+    dst_off: u64,
+    dst_layout: &Layout,
+    src: &Buffer,
+    src_off: u64,
+    src_layout: &Layout,
+) -> Result<Arc<dyn Op>> {
+    dst.check()?;
+    src.check()?;
+    let (dst_span, src_span) = (dst_layout.span(), src_layout.span());
+    dst_layout.check_fits(dst_off, dst.size())?;
+    src_layout.check_fits(src_off, src.size())?;
+    if dst_layout.shape() != src_layout.shape() || dst_layout.itemsize() != src_layout.itemsize() {
+        return Err(arg_error(
+            "dst",
+            format!(
+                "shape {:?} of {}-byte items differs from the source's {:?} of {}-byte items",
+                dst_layout.shape(),
+                dst_layout.itemsize(),
+                src_layout.shape(),
+                src_layout.itemsize()
+            ),
+        ));
+    }
+    let (dst, src) = (dst.clone(), src.clone());
+    let (dst_layout, src_layout) = (dst_layout.clone(), src_layout.clone());
+    let uses = AccessSet::new([(&dst, Access::Write), (&src, Access::Read)]);
+    Ok(FnOp::with_accesses(
+        "memcpy_d2d_layout",
+        OpKind::Copy,
+        uses,
+        move || {
+            let mut from = vec![0u8; src_span as usize];
+            src.read(src_off, &mut from)
+                .map_err(fail("memcpy_d2d_layout"))?;
+            let mut to = vec![0u8; dst_span as usize];
+            if !dst_layout.is_dense() {
+                // The gaps between a strided destination's elements keep their bytes.
+                dst.read(dst_off, &mut to)
+                    .map_err(fail("memcpy_d2d_layout"))?;
+            }
+            copy_elements(&mut to, &dst_layout, &from, &src_layout)
+                .map_err(fail("memcpy_d2d_layout"))?;
+            dst.write(dst_off, &to).map_err(fail("memcpy_d2d_layout"))
         },
     ))
 }
