@@ -20,6 +20,7 @@ from runtime.bench.report import (
     add_group_ratios,
     check_targets,
     paired_ratio,
+    quick_verdict,
     ratio_estimate,
     verdict,
 )
@@ -222,7 +223,29 @@ def test_quick_run_leaves_the_placement_sensitive_launch_targets_to_the_full_run
     assert quick[name]["status"] == "SKIP" and "full run" in quick[name]["detail"]
     assert full[name]["status"] == "PASS"
     alloc = "alloc 1 MiB zeroed <= 0.5x numpy np.zeros"
-    assert quick[alloc]["status"] == full[alloc]["status"] == "PASS"
+    assert full[alloc]["status"] == "PASS"
+    assert quick[alloc]["status"] == "NEAR" and "full run judges it" in quick[alloc]["detail"]
+
+
+@pytest.mark.parametrize(
+    "ratio, goal, lower, expected",
+    [
+        (0.02, 0.5, True, "NEAR"),  # far better than the goal: still only the full run passes it
+        (1.5, 0.5, True, "NEAR"),  # 3x the goal: the edge of what a quick run calls
+        (1.51, 0.5, True, "MISS"),
+        (50.0, 5.0, False, "NEAR"),
+        (1.7, 5.0, False, "NEAR"),
+        (1.6, 5.0, False, "MISS"),
+    ],
+)
+def test_quick_verdict_calls_only_a_miss_by_more_than_3x(ratio, goal, lower, expected):
+    assert quick_verdict(ratio, goal, lower) == expected
+
+
+def test_quick_run_calls_a_gross_miss():
+    rows = _result_rows({("alloc_1m", "runtime"): [40.0] * 15, ("alloc_1m", "numpy"): [10.0] * 15})
+    quick = {t["target"]: t for t in check_targets(rows, Config(quick=True), NO_PEERS)}
+    assert quick["alloc 1 MiB zeroed <= 0.5x numpy np.zeros"]["status"] == "MISS"
 
 
 def test_scaling_target_is_judged_against_the_hosts_own_scaling():
