@@ -1763,7 +1763,49 @@ def build_cases():  # noqa: C901 - a table
     add(C("buffer-add-past-end", lambda e: e.dst + (N + 1), ValueError, "offset"))
     add(C("buffer-sub-before-start", lambda e: e.dst - 1, ValueError, "offset"))
     add(C("buffer-add-float", lambda e: e.dst + 1.0, TypeError, None))
-    add(C("buffer-slice-step", lambda e: e.dst[::2], ValueError, "step"))
+    add(C("buffer-slice-step", lambda e: e.dst[::-1], ValueError, "step"))
+    add(C("buffer-slice-step-zero", lambda e: e.dst[::0], ValueError, "step"))
+    add(
+        C(
+            "DeviceBuffer.transpose-axes-not-a-permutation",
+            lambda e: e.dst.transpose((0, 0)),
+            ValueError,
+            "axes",
+        )
+    )
+    add(
+        C(
+            "DeviceBuffer.copy_to_device-shape",
+            lambda e: e.dst.copy_to_device(np.zeros(N + 1, np.uint8)),
+            ValueError,
+            "ary",
+        )
+    )
+    add(
+        C(
+            "DeviceBuffer.copy_to_device-dtype",
+            lambda e: e.dst.copy_to_device(np.zeros(N, np.int64)),
+            TypeError,
+            "ary",
+        )
+    )
+    add(C("alloc_pinned_memory-negative", lambda e: runtime.alloc_pinned_memory(-1), VE, "nbytes"))
+    add(
+        C(
+            "alloc_pinned_memory-str",
+            lambda e: runtime.alloc_pinned_memory("x"),
+            TypeError,
+            "nbytes",
+        )
+    )
+    add(
+        C(
+            "PinnedMemoryPointer-add-past-its-block",
+            lambda e: runtime.alloc_pinned_memory(16) + 17,
+            VE,
+            "pinned block",
+        )
+    )
     add(C("buffer-index-int", lambda e: e.dst[0], TypeError, "slice"))
     # ------------------------------------------------------------ collectives (runtime.comm)
     from runtime import comm
@@ -2086,6 +2128,8 @@ def test_every_public_name_is_covered():
         "DeviceBuffer.view",  # covered as "view-*"
         "Device.get_properties",  # takes no argument
         "Device.get_memory_info",  # takes no argument
+        "DeviceBuffer.is_c_contiguous",  # takes no argument
+        "DeviceBuffer.is_f_contiguous",  # takes no argument
     }
     missing = [m for m in missing if m not in allowed_missing]
     assert not missing, f"no bad-input case for: {missing}"
