@@ -10,6 +10,7 @@ values instead of numba's error, and says so.
 from __future__ import annotations
 
 import itertools
+import threading
 
 import numpy as np
 import pytest
@@ -387,3 +388,65 @@ def test_views_with_explicit_strides():
         m.view("int32", (4,), strides=(-4,))
     with pytest.raises(TypeError, match="needs its shape"):
         m.view("int32", strides=(4,))
+
+
+# ---------------------------------------------------------------- found in review
+
+
+def test_a_view_whose_elements_overflow_is_refused_not_exported():
+    # Zero strides reach one byte whatever the shape; the element count wrapped, nbytes came
+    # out small, and bytes(view) wrote every element into a buffer of that size (a crash).
+    b = runtime.to_device(np.arange(4, dtype=np.uint8))
+    with pytest.raises(ValueError, match="shape"):
+        b.view("uint8", shape=(2**40 + 1, 2**24), strides=(0, 0))
+    v = b.view("uint8", shape=(3, 4), strides=(0, 1))  # the same 4 bytes, 3 times
+    assert v.nbytes == 12
+    np.testing.assert_array_equal(
+        np.frombuffer(bytes(memoryview(v)), np.uint8), np.tile(np.arange(4, dtype=np.uint8), 3)
+    )
+
+
+def test_copies_into_interleaved_strided_views_on_one_stream_keep_each_other():
+    # Each copy used to read the view's whole reach to the host and write it all back, gaps
+    # included: the second copy wrote the first one's elements back to their old values.
+    buf = runtime.zeros(8, "int32")
+    even, odd = buf[::2], buf[1::2]
+    s = runtime.Stream()
+    release = threading.Event()
+    s.launch_host_func(lambda: release.wait(30))  # both copies queue behind this
+    odd.copy_to_device(np.array([1, 3, 5, 7], np.int32), stream=s)
+    even.copy_to_device(np.array([10, 30, 50, 70], np.int32), stream=s)
+    release.set()
+    s.synchronize()
+    np.testing.assert_array_equal(buf.copy_to_host(), [10, 1, 30, 3, 50, 5, 70, 7])
+
+
+def test_copy_into_a_strided_view_leaves_its_gaps_alone():
+    buf = runtime.to_device(np.full((4, 6), -1, np.int64))
+    view = buf[::2, 1::2]
+    view.copy_to_device(np.arange(6, dtype=np.int64).reshape(2, 3))
+    want = np.full((4, 6), -1, np.int64)
+    want[::2, 1::2] = np.arange(6).reshape(2, 3)
+    np.testing.assert_array_equal(buf.copy_to_host(), want)
+
+
+@pytest.mark.parametrize("axes", [(-1, 0), (1, -2), (-1, -2)])
+def test_transpose_takes_numpys_negative_axes(axes):
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    t = runtime.to_device(a).transpose(axes)
+    assert t.shape == a.transpose(axes).shape
+    np.testing.assert_array_equal(t.copy_to_host(), a.transpose(axes))
+    with pytest.raises(ValueError, match="axes"):
+        runtime.to_device(a).transpose((0, 2))
+
+
+def test_a_dlpack_producers_refusal_names_the_argument():
+    class Refuses:
+        def __dlpack_device__(self):
+            return (1, 0)
+
+        def __dlpack__(self, **kw):
+            raise BufferError("cannot export this one")
+
+    with pytest.raises(BufferError, match=r"^array: cannot export this one"):
+        runtime.to_device(Refuses())

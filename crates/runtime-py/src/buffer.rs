@@ -13,7 +13,7 @@ use numpy::{PyArrayDescr, PyArrayDescrMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyInt, PyTuple};
 
 use crate::convert::{numpy, numpy_dtype, opt_nonneg, parse_dtype, shape_arg};
 use crate::copy::{self, Direction};
@@ -93,7 +93,34 @@ impl PyDeviceBuffer {
         let layout = match axes.filter(|a| !a.is_none()) {
             None => self.layout().transpose(),
             Some(a) => {
-                let axes = shape_arg(a, "axes")?;
+                // numpy's axes: a tuple or list of ints, negative ones counted from the end.
+                let ndim = self.shape.len() as i64;
+                let axes = a
+                    .try_iter()
+                    .map_err(|_| {
+                        pyo3::exceptions::PyTypeError::new_err(format!(
+                            "axes must be a tuple or list of ints, got {}",
+                            a.get_type()
+                                .name()
+                                .map(|n| n.to_string())
+                                .unwrap_or_default()
+                        ))
+                    })?
+                    .map(|x| {
+                        let i: i64 = x?.extract().map_err(|_| {
+                            pyo3::exceptions::PyTypeError::new_err("axes must hold ints")
+                        })?;
+                        let j = if i < 0 { i + ndim } else { i };
+                        usize::try_from(j)
+                            .ok()
+                            .filter(|&j| (j as i64) < ndim)
+                            .ok_or_else(|| {
+                                PyValueError::new_err(format!(
+                                    "axes: axis {i} is out of range for {ndim} axes"
+                                ))
+                            })
+                    })
+                    .collect::<PyResult<Vec<usize>>>()?;
                 self.layout().permute(&axes).map_err(RtErr)?
             }
         };
@@ -397,14 +424,30 @@ impl PyDeviceBuffer {
                 None,
             );
         }
-        // Stage the bytes this view reaches in its own layout (a strided view's gaps keep
-        // their device bytes), put the values in with numpy's copyto, and copy back.
+        if !layout.is_dense() {
+            // A strided view: the values go to a C-ordered device buffer (queued on `stream`
+            // like any host-to-device copy), then one stream op moves them element by
+            // element into this view, holding its allocation while it does. The gaps between
+            // the view's elements are never written: a read of them to the host and a write
+            // back would undo whatever wrote them in between (another view's copy queued on
+            // the same stream, another thread's).
+            let device = PyInt::new(py, me.device).into_any();
+            let staged = crate::memory::to_device(py, &host, Some(&device), stream)?;
+            let staged = staged.get();
+            let staged = PyDeviceBuffer::laid_out(
+                staged.buffer(py)?,
+                staged.offset,
+                staged.dtype,
+                squeezed_like(staged.layout(), layout, "ary")?,
+            );
+            return copy::d2d_elements(py, me, &staged, stream);
+        }
+        // A dense view in another order (F, a transpose): its elements cover its bytes, so
+        // they are laid out on the host in its own layout with numpy's copyto and copied as
+        // one range.
         let raw = np
             .getattr("zeros")?
             .call1((layout.span(), np.getattr("uint8")?))?;
-        if !layout.is_dense() {
-            copy::span_to_host(py, &raw, me, None)?;
-        }
         let kw = PyDict::new(py);
         kw.set_item("shape", PyTuple::new(py, me.shape.iter())?)?;
         kw.set_item("dtype", &want)?;

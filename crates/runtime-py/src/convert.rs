@@ -51,6 +51,8 @@ pub fn naming(py: Python<'_>, arg: &str, e: PyErr) -> PyErr {
         PyTypeError::new_err(text)
     } else if e.is_instance_of::<PyValueError>(py) {
         PyValueError::new_err(text)
+    } else if e.is_instance_of::<pyo3::exceptions::PyBufferError>(py) {
+        pyo3::exceptions::PyBufferError::new_err(text)
     } else {
         return e;
     };

@@ -279,16 +279,19 @@ pub fn host_view<'py>(
             Ok(c) => c,
             // A producer older than DLPack 1.0 takes no `max_version`: ask again without
             // it, as the Array API tells consumers to (the first error stands if that fails).
-            Err(e) if e.is_instance_of::<PyTypeError>(py) => {
-                obj.call_method0("__dlpack__").map_err(|_| e)?
-            }
-            Err(e) => return Err(e),
+            Err(e) if e.is_instance_of::<PyTypeError>(py) => obj
+                .call_method0("__dlpack__")
+                .map_err(|_| crate::convert::naming(py, arg, e))?,
+            // The producer's own refusal (torch: a tensor that requires grad), named.
+            Err(e) => return Err(crate::convert::naming(py, arg, e)),
         }
     } else {
-        obj.call_method0("__dlpack__")?
+        obj.call_method0("__dlpack__")
+            .map_err(|e| crate::convert::naming(py, arg, e))?
     };
     // dlpark takes either capsule version and renames it (consumed exactly once).
-    let imported = from_dlpack(capsule.as_borrowed(), None, None)?;
+    let imported = from_dlpack(capsule.as_borrowed(), None, None)
+        .map_err(|e| crate::convert::naming(py, arg, e))?;
     let t = imported
         .validate()
         .map_err(|e| PyValueError::new_err(format!("{arg}: invalid DLPack tensor: {e}")))?;

@@ -208,11 +208,30 @@ pub unsafe fn export_view(
             me.shape, me.strides
         )));
     }
+    // What the consumer relies on: `len` is the elements' bytes, the product of the shape and
+    // the item size (CPython allocates `len` bytes and copies every element into them). The
+    // layout guarantees it (`Layout::new` refuses element bytes past `isize::MAX`); checked
+    // again here, where trusting it would be a write past an allocation.
+    let elements = me.shape.iter().try_fold(me.dtype.size() as u64, |acc, &d| {
+        u64::try_from(d).ok().and_then(|d| acc.checked_mul(d))
+    });
+    if elements != Some(me.nbytes) || me.nbytes > isize::MAX as u64 {
+        return Err(PyBufferError::new_err(format!(
+            "this DeviceBuffer view (shape {:?}, {} bytes per element) has more bytes than a buffer can hold",
+            me.shape,
+            me.dtype.size()
+        )));
+    }
     let ptr = buffer.as_ptr() as usize + me.offset as usize;
     let keep = Box::into_raw(Box::new(buffer));
     // SAFETY: `view` is the non-null Py_buffer Python passed in; the pointers stored in it
     // (shape, strides, format) point into this object or static data, and the object is
-    // kept alive by `obj` for the life of the view; `internal` keeps the memory alive.
+    // kept alive by `obj` for the life of the view; `internal` keeps the memory alive. What
+    // the consumer reads and writes through it lies within that memory: `len` is the
+    // product of the shape and the item size (checked just above), and every element the
+    // shape and strides reach from `buf` lies within the buffer (the view's layout was
+    // checked against its allocation when the view was made, `Layout::check_fits`, and
+    // views never change their layout).
     unsafe {
         (*view).buf = ptr as *mut c_void;
         (*view).len = me.nbytes as isize;

@@ -27,7 +27,9 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// Row-major (C order) strides for `shape`.
+    /// Row-major (C order) strides for `shape`. The caller vouches that the elements fit in
+    /// memory (a shape checked against an allocation); otherwise the layout's sizes saturate
+    /// and [`Layout::check_fits`] refuses it.
     pub fn c(shape: Vec<usize>, itemsize: usize) -> Layout {
         let mut strides = vec![0; shape.len()];
         let mut acc = itemsize;
@@ -42,7 +44,8 @@ impl Layout {
         }
     }
 
-    /// Column-major (Fortran order) strides for `shape`.
+    /// Column-major (Fortran order) strides for `shape` (the caller vouches as for
+    /// [`Layout::c`]).
     pub fn f(shape: Vec<usize>, itemsize: usize) -> Layout {
         let mut strides = vec![0; shape.len()];
         let mut acc = itemsize;
@@ -78,6 +81,26 @@ impl Layout {
             strides,
             itemsize,
         };
+        if let Some(&d) = l.shape.iter().find(|&&d| d > isize::MAX as usize) {
+            return Err(arg_error(
+                "shape",
+                format!("axis length {d} is more than {}", isize::MAX),
+            ));
+        }
+        // Strides of 0 reach few bytes whatever the shape, so the elements are counted too:
+        // their bytes (what `nbytes` reports and a buffer export hands to its consumer as the
+        // length of the elements) must be a number, as numpy's "array is too big".
+        l.checked_nbytes().ok_or_else(|| {
+            arg_error(
+                "shape",
+                format!(
+                    "shape {:?} holds more than {} bytes of {}-byte elements",
+                    l.shape,
+                    isize::MAX,
+                    l.itemsize
+                ),
+            )
+        })?;
         l.checked_span().ok_or_else(|| {
             arg_error(
                 "strides",
@@ -105,9 +128,16 @@ impl Layout {
         self.itemsize
     }
 
-    /// Number of elements.
+    /// Number of elements (saturating at `usize::MAX`: [`Layout::new`] refuses a shape whose
+    /// elements overflow, [`Layout::c`] and [`Layout::f`] take the caller's word).
     pub fn len(&self) -> usize {
-        self.shape.iter().product()
+        if self.shape.contains(&0) {
+            return 0;
+        }
+        self.shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .unwrap_or(usize::MAX)
     }
 
     /// Whether the layout has no elements.
@@ -115,9 +145,21 @@ impl Layout {
         self.len() == 0
     }
 
-    /// Bytes of the elements themselves (numpy's `nbytes`).
+    /// Bytes of the elements themselves (numpy's `nbytes`; saturating like [`Layout::len`]).
     pub fn nbytes(&self) -> u64 {
-        self.len() as u64 * self.itemsize as u64
+        self.checked_nbytes().unwrap_or(u64::MAX)
+    }
+
+    /// [`Layout::nbytes`], when it is at most `isize::MAX` (what Rust and the buffer protocol
+    /// can address).
+    fn checked_nbytes(&self) -> Option<u64> {
+        if self.shape.contains(&0) {
+            return Some(0);
+        }
+        self.shape
+            .iter()
+            .try_fold(self.itemsize as u64, |acc, &d| acc.checked_mul(d as u64))
+            .filter(|&n| n <= isize::MAX as u64)
     }
 
     fn checked_span(&self) -> Option<u64> {
@@ -136,9 +178,11 @@ impl Layout {
 
     /// Bytes from the first element's start to the last element's end (0 with no
     /// elements): the range a copy of the whole layout touches.
+    ///
+    /// Saturates at `u64::MAX` for a layout [`Layout::c`] or [`Layout::f`] made from a shape
+    /// no buffer can hold ([`Layout::check_fits`] then refuses it).
     pub fn span(&self) -> u64 {
-        self.checked_span()
-            .expect("checked when the layout was made")
+        self.checked_span().unwrap_or(u64::MAX)
     }
 
     /// numpy's `C_CONTIGUOUS`.
@@ -276,7 +320,7 @@ impl Layout {
         // neighbour through it, so the product only has to be representable).
         out.strides[axis] = self.strides[axis].saturating_mul(step);
         // An empty view starts where its first element would (kept inside the span).
-        let at = start as u64 * self.strides[axis] as u64;
+        let at = (start as u64).saturating_mul(self.strides[axis] as u64);
         let delta = if len == 0 || self.is_empty() {
             at.min(self.span())
         } else {
@@ -293,13 +337,16 @@ impl Layout {
         (0..n).map(move |k| {
             if k > 0 {
                 // Advance the index like an odometer, last axis fastest.
+                // Wrapping: stepping past the end of an axis may pass beyond the span (an
+                // axis of length 1 with any stride) before it is taken back; the offset of
+                // every element itself is within the span, so modulo 2^64 it is exact.
                 for i in (0..index.len()).rev() {
                     index[i] += 1;
-                    at += self.strides[i];
+                    at = at.wrapping_add(self.strides[i]);
                     if index[i] < self.shape[i] {
                         break;
                     }
-                    at -= self.strides[i] * index[i];
+                    at = at.wrapping_sub(self.strides[i].wrapping_mul(index[i]));
                     index[i] = 0;
                 }
             }
@@ -342,6 +389,32 @@ pub fn copy_elements(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn element_bytes_past_isize_max_are_refused_whatever_the_strides() {
+        // Zero strides reach one element whatever the shape; the element count still has to
+        // be a number (it is the length a buffer export promises its consumer).
+        let e = Layout::new(vec![(1 << 40) + 1, 1 << 24], vec![0, 0], 1).unwrap_err();
+        assert!(e.to_string().contains("shape"), "{e}");
+        assert!(Layout::new(vec![0, usize::MAX], vec![0, 0], 1).is_err());
+        let ok = Layout::new(vec![1 << 20, 1 << 20], vec![0, 0], 4).unwrap();
+        assert_eq!((ok.len(), ok.nbytes(), ok.span()), (1 << 40, 1 << 42, 4));
+    }
+
+    #[test]
+    fn absurd_shapes_saturate_instead_of_panicking() {
+        let l = Layout::c(vec![1 << 40, 1 << 40], 1);
+        assert_eq!(
+            (l.len(), l.nbytes(), l.span()),
+            (usize::MAX, u64::MAX, u64::MAX)
+        );
+        assert!(l.check_fits(0, 1 << 20).is_err());
+        // An axis of length 1 with a stride near the top: its offsets are still exact.
+        let one = Layout::new(vec![1, 3], vec![usize::MAX - 7, 4], 4).unwrap();
+        assert_eq!(one.offsets().collect::<Vec<_>>(), vec![0, 4, 8]);
+        let (at, s) = Layout::c(vec![0], 4).slice(0, 0, 1, 0).unwrap();
+        assert_eq!((at, s.len()), (0, 0));
+    }
 
     #[test]
     fn c_and_f_strides_match_numpy() {
