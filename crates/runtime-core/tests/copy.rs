@@ -407,3 +407,42 @@ proptest! {
         prop_assert!(copy::d2d_layout(&dst, big_l.span(), &dst_l, &src, 0, &src_l).is_err());
     }
 }
+
+/// `copy::h2d_layout` puts staged host values (C order) into a strided destination element
+/// by element, leaving its gaps alone, and refuses a source of the wrong length.
+#[test]
+fn host_values_go_into_a_strided_layout_and_its_gaps_keep_their_bytes() {
+    use runtime_core::memory::Layout;
+    let rt = one_device();
+    let dev = rt.device(0).unwrap();
+    // A 4 x 6 C array of u16; the view is every other row, every other column from 1.
+    let big = Layout::c(vec![4, 6], 2);
+    let dst = dev.memory().allocate(big.span()).unwrap();
+    dst.fill(0, big.span(), 0xEE).unwrap();
+    let (at, rows) = big.slice(0, 0, 2, 2).unwrap();
+    let (at2, view) = rows.slice(1, 1, 2, 3).unwrap();
+    let values: Vec<u8> = (1u16..=6).flat_map(|v| v.to_le_bytes()).collect();
+    copy::h2d_layout(&dst, at + at2, &view, values)
+        .unwrap()
+        .run()
+        .unwrap();
+    let mut got = vec![0u8; big.span() as usize];
+    dst.read(0, &mut got).unwrap();
+    let got: Vec<u16> = got
+        .chunks(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect();
+    let e = 0xEEEE;
+    #[rustfmt::skip]
+    let want = vec![
+        e, 1, e, 2, e, 3,
+        e, e, e, e, e, e,
+        e, 4, e, 5, e, 6,
+        e, e, e, e, e, e,
+    ];
+    assert_eq!(got, want);
+    let err = copy::h2d_layout(&dst, at + at2, &view, vec![0; 11])
+        .err()
+        .expect("a source of the wrong length is refused");
+    assert!(err.to_string().contains("src"), "{err}");
+}

@@ -13,7 +13,7 @@ use numpy::{PyArrayDescr, PyArrayDescrMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyInt, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::convert::{numpy, numpy_dtype, opt_nonneg, parse_dtype, shape_arg};
 use crate::copy::{self, Direction};
@@ -425,22 +425,17 @@ impl PyDeviceBuffer {
             );
         }
         if !layout.is_dense() {
-            // A strided view: the values go to a C-ordered device buffer (queued on `stream`
-            // like any host-to-device copy), then one stream op moves them element by
-            // element into this view, holding its allocation while it does. The gaps between
-            // the view's elements are never written: a read of them to the host and a write
-            // back would undo whatever wrote them in between (another view's copy queued on
-            // the same stream, another thread's).
-            let device = PyInt::new(py, me.device).into_any();
-            let staged = crate::memory::to_device(py, &host, Some(&device), stream)?;
-            let staged = staged.get();
-            let staged = PyDeviceBuffer::laid_out(
-                staged.buffer(py)?,
-                staged.offset,
-                staged.dtype,
-                squeezed_like(staged.layout(), layout, "ary")?,
-            );
-            return copy::d2d_elements(py, me, &staged, stream);
+            // A strided view: the values are staged now (C order) and one stream op puts
+            // them in element by element, holding this view's allocation while it does. The
+            // gaps between the view's elements keep what the work before it left there; a
+            // read of them to the host and a write back would undo whatever wrote them in
+            // between (another view's copy queued on the same stream, another thread's).
+            let bytes = np
+                .getattr("ascontiguousarray")?
+                .call1((&host,))?
+                .call_method0("tobytes")?;
+            let bytes = bytes.cast::<PyBytes>()?.as_bytes().to_vec();
+            return copy::h2d_elements(py, me, bytes, stream);
         }
         // A dense view in another order (F, a transpose): its elements cover its bytes, so
         // they are laid out on the host in its own layout with numpy's copyto and copied as

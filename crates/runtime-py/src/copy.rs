@@ -154,6 +154,21 @@ pub fn d2d_elements(
     wait::submit_copy(py, op, stream, db.device(), peer)
 }
 
+/// Copy host values `src` (C order of `dst`'s shape, already staged) into the elements of
+/// `dst`, any layout, as one stream op (`copy::h2d_layout`): queued on `stream`, or blocking
+/// without one.
+pub fn h2d_elements(
+    py: Python<'_>,
+    dst: &PyDeviceBuffer,
+    src: Vec<u8>,
+    stream: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let stream = stream_arg(stream)?;
+    let db = dst.buffer(py)?;
+    let op = copy::h2d_layout(&db, dst.offset, dst.layout(), src).map_err(RtErr)?;
+    wait::submit_copy(py, op, stream, db.device(), None)
+}
+
 /// Check that `[off, off + count)` fits in a side of `len` bytes (ValueError naming `arg`).
 fn fits(arg: &str, what: &str, len: u64, off: u64, count: u64) -> PyResult<()> {
     match off.checked_add(count) {

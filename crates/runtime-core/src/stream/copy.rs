@@ -324,6 +324,54 @@ pub fn d2d_layout(
     ))
 }
 
+/// A copy of host values `src` (the elements of `dst_layout`'s shape in C order, staged by
+/// the caller) into the elements of `dst` laid out by `dst_layout` from byte `dst_off`, as
+/// numpy's `copyto`: one stream op that holds `dst` while it copies, so the bytes between a
+/// strided destination's elements keep whatever the work before it left there.
+///
+/// # Errors
+/// `ArgError` naming `src` when its length is not the layout's element bytes, or `shape`
+/// when the layout leaves `dst`.
+pub fn h2d_layout(
+    dst: &Buffer,
+    dst_off: u64,
+    dst_layout: &Layout,
+    src: Vec<u8>,
+) -> Result<Arc<dyn Op>> {
+    dst.check()?;
+    dst_layout.check_fits(dst_off, dst.size())?;
+    if src.len() as u64 != dst_layout.nbytes() {
+        return Err(arg_error(
+            "src",
+            format!(
+                "{} bytes for {} elements of {} bytes (shape {:?})",
+                src.len(),
+                dst_layout.len(),
+                dst_layout.itemsize(),
+                dst_layout.shape()
+            ),
+        ));
+    }
+    let dst_span = dst_layout.span();
+    let src_layout = Layout::c(dst_layout.shape().to_vec(), dst_layout.itemsize());
+    let (dst, dst_layout) = (dst.clone(), dst_layout.clone());
+    Ok(FnOp::with_accesses(
+        "memcpy_h2d_layout",
+        OpKind::Copy,
+        dst.access(Access::Write),
+        move || {
+            let mut to = vec![0u8; dst_span as usize];
+            if !dst_layout.is_dense() {
+                dst.read(dst_off, &mut to)
+                    .map_err(fail("memcpy_h2d_layout"))?;
+            }
+            copy_elements(&mut to, &dst_layout, &src, &src_layout)
+                .map_err(fail("memcpy_h2d_layout"))?;
+            dst.write(dst_off, &to).map_err(fail("memcpy_h2d_layout"))
+        },
+    ))
+}
+
 /// A memset of `count` bytes to `value` as a stream op.
 pub fn memset(dst: &Buffer, offset: u64, count: u64, value: u8) -> Result<Arc<dyn Op>> {
     dst.check_range("offset", offset, count)?;
