@@ -19,9 +19,10 @@
 //!
 //! The watcher polls (every 100 µs while something is pending, sleeping otherwise) and checks
 //! every 10 ms that the processes it waits for live (a zombie counts as dead: it runs no more
-//! work). When the exporter died, an opened event reports it (`InvalidHandle`) on every later
-//! use; when the process that made a pending record died, the record is completed and waits
-//! for it report that (`InvalidHandle`, on streams as their error), so nothing waits forever.
+//! work). Once the watcher has found the exporter dead (it looks while a record is pending),
+//! an opened event reports it (`InvalidHandle`) on every later use; when the process that made
+//! a pending record died, the record is completed and waits for it report that
+//! (`InvalidHandle`, on streams as their error), so nothing waits forever.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -160,28 +161,44 @@ impl Link {
     /// Whether pending record `n` is settled: completed, or abandoned because the process
     /// that would complete it died (looked at only when `check_alive`).
     fn settled(&self, n: u64, recorder: Option<Proc>, check_alive: bool) -> bool {
+        self.settled_by(n, recorder, check_alive, Proc::alive)
+    }
+
+    /// [`Link::settled`] with the liveness test passed in (tests give one whose answers
+    /// change between calls, as a process dying between two reads of `/proc` does).
+    fn settled_by(
+        &self,
+        n: u64,
+        recorder: Option<Proc>,
+        check_alive: bool,
+        alive: impl Fn(Proc) -> bool,
+    ) -> bool {
         if self.page.completed() >= n {
             return true;
         }
         if !check_alive {
             return false;
         }
-        if let Some(e) = self.exporter {
-            if !e.alive() {
-                self.dead.store(true, Ordering::Release);
-                return true;
-            }
-        }
         let me = Proc::me();
         let gone = match recorder {
-            Some(r) => r != me && !r.alive(),
+            Some(r) => r != me && !alive(r),
             // No longer named in the ring: abandoned once every other recorder it names died.
             None => self
                 .page
                 .recorders()
                 .into_iter()
-                .all(|r| r == me || !r.alive()),
+                .all(|r| r == me || !alive(r)),
         };
+        // The exporter after the recorders: a process, once dead, stays dead, so an exporter
+        // found dead as the recorder is found dead here too, and the event reports it on
+        // every later use (checked first, it could pass as alive and then die before the
+        // recorder's check, leaving the record abandoned and the event looking healthy).
+        if let Some(e) = self.exporter {
+            if !alive(e) {
+                self.dead.store(true, Ordering::Release);
+                return true;
+            }
+        }
         if gone {
             let mut a = self.abandoned.lock();
             if a.is_none_or(|(m, _)| m < n) {
@@ -495,5 +512,48 @@ fn watch_loop(w: &Watcher) {
             ev.complete_mirrored(remote);
         }
         std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    /// The importer's side of an event exported by `exporter`, with nothing completed.
+    fn imported_from(exporter: Proc) -> Link {
+        Link {
+            page: Page {
+                page: Arena::map(PAGE).expect("a page of the memory file"),
+            },
+            exporter: Some(exporter),
+            dead: AtomicBool::new(false),
+            abandoned: crate::sync::lock::Mutex::new(None),
+        }
+    }
+
+    /// The exporter made the pending record and dies while the watcher looks: after the
+    /// liveness read numbered `dies_at` (each read after it answers dead). Whenever the
+    /// look settles the record, the exporter's death is what the event reports afterwards,
+    /// not an abandoned record on an event that looks healthy (the test_ipc.py case
+    /// `test_an_exporter_dying_before_its_record_completes_fails_the_wait` failed so once).
+    #[test]
+    fn an_exporter_dying_during_the_watchers_look_is_reported_whichever_read_sees_it() {
+        let exporter = Proc {
+            pid: u32::MAX - 7,
+            start_time: 1,
+        };
+        for dies_at in 0..4 {
+            let link = imported_from(exporter);
+            let reads = Cell::new(0);
+            let alive = |_| {
+                reads.set(reads.get() + 1);
+                reads.get() <= dies_at
+            };
+            let settled = link.settled_by(1, Some(exporter), true, alive);
+            let dead = link.dead.load(Ordering::Acquire);
+            assert_eq!(settled, dead, "dies at read {dies_at}");
+            assert_eq!(settled, dies_at < 2, "dies at read {dies_at}");
+        }
     }
 }
