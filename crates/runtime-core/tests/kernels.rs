@@ -856,6 +856,31 @@ fn kernel_arguments_outside_their_allocation_or_misaligned_are_refused() {
     }
 }
 
+/// The built-ins are statics, held by launches without a reference count: every lookup
+/// names the same object, so arguments it checked pass for it, and for no other built-in.
+#[test]
+fn a_builtin_is_one_object_for_every_lookup() {
+    let _rt = init();
+    let (a, b) = (
+        kernel::find("scale").unwrap(),
+        kernel::find("scale").unwrap(),
+    );
+    assert!(kernel::KernelRef::same(&a, &b));
+    assert!(!kernel::KernelRef::same(&a, &kernel::find("mul").unwrap()));
+    let c = Ctx::new();
+    let x = c.alloc(16);
+    let ok = kernel::Args::check(
+        &a,
+        vec![
+            tensor::<f32>(&x, 0, &[4]),
+            tensor::<f32>(&x, 0, &[4]),
+            KernelArg::Float(2.0),
+        ],
+    )
+    .unwrap();
+    assert!(ok.checked_by(&*b) && !ok.checked_by(&*kernel::find("mul").unwrap()));
+}
+
 /// `Kernel::run` only takes arguments checked by that same kernel: a kernel that accepts
 /// anything cannot hand partly overlapping views to a built-in that relies on its own check.
 #[test]

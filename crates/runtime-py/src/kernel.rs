@@ -129,7 +129,7 @@ fn callable_name(f: &Bound<'_, PyAny>) -> String {
 pub struct PyKernel {
     #[pyo3(get)]
     name: String,
-    kernel: Arc<dyn kernel::Kernel>,
+    kernel: kernel::KernelRef,
     /// Behind the C ABI: numpy scalar arguments keep their dtype (a pointer to the value).
     c_abi: bool,
 }
@@ -215,7 +215,7 @@ impl PyKernel {
         }
         PyKernel {
             name: kernel::Kernel::name(&k).to_string(),
-            kernel: k.into_kernel(),
+            kernel: k.into_kernel().into(),
             c_abi: true,
         }
     }
@@ -510,7 +510,7 @@ fn native_args(py: Python<'_>, args: &Bound<'_, PyTuple>, c_abi: bool) -> PyResu
 fn launch_native(
     py: Python<'_>,
     s: &Stream,
-    k: Arc<dyn kernel::Kernel>,
+    k: kernel::KernelRef,
     args: &Bound<'_, PyTuple>,
     blocks: Option<u32>,
     c_abi: bool,

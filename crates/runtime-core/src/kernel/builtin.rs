@@ -30,22 +30,24 @@
 //! the kernel runs, which is what those views require.
 
 use std::ops::Range;
-use std::sync::Arc;
 
 use half::{bf16, f16};
 use num_complex::Complex;
 
 use crate::error::{ArgError, KernelFailure};
-use crate::kernel::{Args, DType, Kernel, KernelArg, RunContext, Tensor};
+use crate::kernel::{Args, DType, Kernel, KernelArg, KernelRef, RunContext, Tensor};
 use crate::memory::access::{Access, AccessSet};
 
-/// All built-in kernels.
-pub fn all() -> Vec<Arc<dyn Kernel>> {
+/// The built-in kernels: statics, held by launches without a reference count
+/// ([`KernelRef`]).
+static ALL: [Builtin; 9] = {
     use Builtin::*;
     [Noop, Fill, Copy, Scale, Axpy, Add, Mul, Sum, Matmul]
-        .into_iter()
-        .map(|b| Arc::new(b) as Arc<dyn Kernel>)
-        .collect()
+};
+
+/// All built-in kernels.
+pub fn all() -> Vec<KernelRef> {
+    ALL.iter().map(|b| KernelRef::builtin(b)).collect()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -250,7 +250,7 @@ pub struct Args {
     /// The kernel whose `check` accepted `args`. Held, so no other kernel can be made at
     /// its address while these arguments live (identity by ownership, not by an address
     /// that a freed kernel's successor may reuse).
-    checked_by: Arc<dyn Kernel>,
+    checked_by: KernelRef,
 }
 
 impl std::fmt::Debug for Args {
@@ -267,12 +267,12 @@ impl Args {
     ///
     /// # Errors
     /// The check's `ArgError`.
-    pub fn check(kernel: &Arc<dyn Kernel>, args: Vec<KernelArg>) -> Result<Args, ArgError> {
-        Args::check_owned(kernel.clone(), args)
+    pub fn check(kernel: impl Into<KernelRef>, args: Vec<KernelArg>) -> Result<Args, ArgError> {
+        Args::check_owned(kernel.into(), args)
     }
 
     /// [`Args::check`], keeping the caller's handle on `kernel` (no second count on it).
-    fn check_owned(kernel: Arc<dyn Kernel>, args: Vec<KernelArg>) -> Result<Args, ArgError> {
+    fn check_owned(kernel: KernelRef, args: Vec<KernelArg>) -> Result<Args, ArgError> {
         kernel.check(&args)?;
         Ok(Args {
             args,
@@ -298,7 +298,7 @@ impl Args {
     /// Sound as an identity test: the checking kernel is alive (held by these arguments),
     /// and two live objects do not share an address.
     pub fn checked_by<K: Kernel + ?Sized>(&self, kernel: &K) -> bool {
-        std::ptr::addr_eq(Arc::as_ptr(&self.checked_by), kernel as *const K)
+        std::ptr::addr_eq(self.checked_by.as_ptr(), kernel as *const K)
     }
 
     /// The arguments.
@@ -311,6 +311,84 @@ impl std::ops::Deref for Args {
     type Target = [KernelArg];
     fn deref(&self) -> &[KernelArg] {
         &self.args
+    }
+}
+
+/// A kernel as the registry and launches hold it: a built-in, which is a `static` and held
+/// without a reference count, or any other kernel, shared through its `Arc`. A launch of a
+/// built-in then writes no count that the worker running it writes again when it drops the
+/// launch (that shared count was one cache line moved between the two cores per launch).
+///
+/// Opaque: only the core makes the uncounted kind, so each kernel held that way is one of
+/// the built-ins, distinct non-zero-sized statics, and [`Args::checked_by`]'s identity by
+/// address holds for both kinds (a kernel held is alive, and two live objects do not share
+/// an address).
+#[derive(Clone)]
+pub struct KernelRef(Held);
+
+#[derive(Clone)]
+enum Held {
+    Static(&'static (dyn Kernel + 'static)),
+    Shared(Arc<dyn Kernel>),
+}
+
+impl KernelRef {
+    /// A built-in kernel (the core's statics only; see the type's note).
+    pub(crate) fn builtin(kernel: &'static (dyn Kernel + 'static)) -> KernelRef {
+        KernelRef(Held::Static(kernel))
+    }
+
+    /// The kernel's address, for identity.
+    fn as_ptr(&self) -> *const dyn Kernel {
+        match &self.0 {
+            Held::Static(k) => *k as *const dyn Kernel,
+            Held::Shared(k) => Arc::as_ptr(k),
+        }
+    }
+
+    /// Whether `a` and `b` hold the very same kernel object.
+    pub fn same(a: &KernelRef, b: &KernelRef) -> bool {
+        std::ptr::addr_eq(a.as_ptr(), b.as_ptr())
+    }
+}
+
+impl std::ops::Deref for KernelRef {
+    type Target = dyn Kernel;
+    fn deref(&self) -> &(dyn Kernel + 'static) {
+        match &self.0 {
+            Held::Static(k) => *k,
+            Held::Shared(k) => &**k,
+        }
+    }
+}
+
+impl From<Arc<dyn Kernel>> for KernelRef {
+    fn from(k: Arc<dyn Kernel>) -> KernelRef {
+        KernelRef(Held::Shared(k))
+    }
+}
+
+impl<K: Kernel + 'static> From<Arc<K>> for KernelRef {
+    fn from(k: Arc<K>) -> KernelRef {
+        KernelRef(Held::Shared(k))
+    }
+}
+
+impl From<&Arc<dyn Kernel>> for KernelRef {
+    fn from(k: &Arc<dyn Kernel>) -> KernelRef {
+        KernelRef(Held::Shared(k.clone()))
+    }
+}
+
+impl From<&KernelRef> for KernelRef {
+    fn from(k: &KernelRef) -> KernelRef {
+        k.clone()
+    }
+}
+
+impl std::fmt::Debug for KernelRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Kernel({:?})", self.name())
     }
 }
 
@@ -358,9 +436,9 @@ pub trait Kernel: Send + Sync {
     fn run(&self, args: &Args, cx: &RunContext) -> Result<(), KernelFailure>;
 }
 
-static REGISTRY: LazyLock<crate::sync::StaticRwLock<HashMap<String, Arc<dyn Kernel>>>> =
+static REGISTRY: LazyLock<crate::sync::StaticRwLock<HashMap<String, KernelRef>>> =
     LazyLock::new(|| {
-        let mut m: HashMap<String, Arc<dyn Kernel>> = HashMap::new();
+        let mut m: HashMap<String, KernelRef> = HashMap::new();
         for k in builtin::all() {
             m.insert(k.name().to_string(), k);
         }
@@ -368,7 +446,7 @@ static REGISTRY: LazyLock<crate::sync::StaticRwLock<HashMap<String, Arc<dyn Kern
     });
 
 static REGISTRY_FORK: crate::sync::ForkGuarded<
-    crate::sync::StaticRwLock<HashMap<String, Arc<dyn Kernel>>>,
+    crate::sync::StaticRwLock<HashMap<String, KernelRef>>,
 > = crate::sync::ForkGuarded::new(|| &REGISTRY);
 
 /// Around `fork()`: hold the registry's lock so no other thread is inside it when the
@@ -385,15 +463,15 @@ pub(crate) fn after_fork(child: bool) {
 
 /// Register a kernel under its name, replacing any kernel of that name. Returns the one it
 /// replaced.
-pub fn register(kernel: Arc<dyn Kernel>) -> Option<Arc<dyn Kernel>> {
+pub fn register(kernel: Arc<dyn Kernel>) -> Option<KernelRef> {
     // The name is asked before the lock is taken: `name` is user code, which must not run
     // while the registry is locked. The replaced kernel is dropped after the lock too.
     let name = kernel.name().to_string();
-    REGISTRY.write().insert(name, kernel)
+    REGISTRY.write().insert(name, kernel.into())
 }
 
 /// Look a kernel up by name.
-pub fn lookup(name: &str) -> Option<Arc<dyn Kernel>> {
+pub fn lookup(name: &str) -> Option<KernelRef> {
     REGISTRY.read().get(name).cloned()
 }
 
@@ -405,7 +483,7 @@ pub fn names() -> Vec<String> {
 }
 
 /// Look `name` up, or fail naming the registered kernels.
-pub fn find(name: &str) -> Result<Arc<dyn Kernel>> {
+pub fn find(name: &str) -> Result<KernelRef> {
     lookup(name).ok_or_else(|| {
         arg_error(
             "kernel",
@@ -506,7 +584,7 @@ impl Op for KernelOp {
 /// # Errors
 /// `ArgError` from the check; stream errors (destroyed stream, shutdown; in synchronous mode
 /// the kernel's own failure).
-pub fn launch(stream: &Stream, kernel: Arc<dyn Kernel>, args: Vec<KernelArg>) -> Result<()> {
+pub fn launch(stream: &Stream, kernel: impl Into<KernelRef>, args: Vec<KernelArg>) -> Result<()> {
     stream.launch(prepare(stream, kernel, args)?)
 }
 
@@ -516,7 +594,7 @@ pub fn launch(stream: &Stream, kernel: Arc<dyn Kernel>, args: Vec<KernelArg>) ->
 /// As [`launch`]; `ArgError` naming `block_dim` outside `1..=MAX_BLOCK_DIM`.
 pub fn launch_blocks(
     stream: &Stream,
-    kernel: Arc<dyn Kernel>,
+    kernel: impl Into<KernelRef>,
     args: Vec<KernelArg>,
     block_dim: Option<u32>,
 ) -> Result<()> {
@@ -530,7 +608,7 @@ pub fn launch_blocks(
 /// As [`prepare_blocks`].
 pub fn prepare(
     stream: &Stream,
-    kernel: Arc<dyn Kernel>,
+    kernel: impl Into<KernelRef>,
     args: Vec<KernelArg>,
 ) -> Result<Arc<dyn Op>> {
     prepare_blocks(stream, kernel, args, None)
@@ -543,14 +621,14 @@ pub fn prepare(
 /// `1..=MAX_BLOCK_DIM` (also when the kernel's own choice is).
 pub fn prepare_blocks(
     stream: &Stream,
-    kernel: Arc<dyn Kernel>,
+    kernel: impl Into<KernelRef>,
     args: Vec<KernelArg>,
     block_dim: Option<u32>,
 ) -> Result<Arc<dyn Op>> {
     if let Some(n) = block_dim {
         block::check_block_dim(i64::from(n))?;
     }
-    let args = Args::check_owned(kernel, args)?;
+    let args = Args::check_owned(kernel.into(), args)?;
     let kernel = &args.checked_by;
     for a in args.iter() {
         if let KernelArg::Tensor(t) = a {
