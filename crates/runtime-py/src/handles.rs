@@ -103,7 +103,10 @@ impl PyDeviceBuffer {
 
     /// Refuse (`ValueError` naming `arg`) a view that is not C-contiguous, for what reads
     /// its elements in C order (kernels, collectives).
-    pub fn require_c_contiguous(&self, arg: &str, what: &str) -> PyResult<()> {
+    ///
+    /// `arg` is formatted only for the error (launches pass `format_args!`, and a launch that
+    /// passes formats nothing).
+    pub fn require_c_contiguous(&self, arg: impl std::fmt::Display, what: &str) -> PyResult<()> {
         if !self.layout.is_c_contiguous() {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "{arg}: {what} take C-contiguous buffers; this view has shape {:?} and strides {:?} ({}); copy it into a C-contiguous buffer first (c = runtime.empty(buf.shape, buf.dtype); c.copy_to_device(buf))",

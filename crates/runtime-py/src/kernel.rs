@@ -462,7 +462,7 @@ fn native_args(py: Python<'_>, args: &Bound<'_, PyTuple>, c_abi: bool) -> PyResu
     for (i, a) in args.iter().enumerate() {
         if let Ok(b) = a.cast::<PyDeviceBuffer>() {
             let b = b.get();
-            b.require_c_contiguous(&format!("args[{i}]"), "native kernels")?;
+            b.require_c_contiguous(format_args!("args[{i}]"), "native kernels")?;
             let t =
                 Tensor::new(b.buffer(py)?, b.offset, b.dtype, b.shape_usize()).map_err(RtErr)?;
             out.push(KernelArg::Tensor(t));

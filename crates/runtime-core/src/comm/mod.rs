@@ -543,11 +543,11 @@ impl Communicator {
         Ok(())
     }
 
-    fn check_tensor(&self, arg: &str, t: &Tensor) -> Result<()> {
+    fn check_tensor(&self, arg: impl std::fmt::Display, t: &Tensor) -> Result<()> {
         t.buffer().check()?;
         if t.buffer().device() != self.device().index() {
             return Err(arg_error(
-                arg,
+                arg.to_string(),
                 format!(
                     "is on device {}, but rank {} of this communicator is on device {}",
                     t.buffer().device(),
@@ -671,8 +671,8 @@ impl Communicator {
         let dtype = sends[0].dtype();
         op.check_dtype(dtype)?;
         for (i, (s, r)) in sends.iter().zip(recvs).enumerate() {
-            self.check_tensor(&format!("send[{i}]"), s)?;
-            self.check_tensor(&format!("recv[{i}]"), r)?;
+            self.check_tensor(format_args!("send[{i}]"), s)?;
+            self.check_tensor(format_args!("recv[{i}]"), r)?;
             for (arg, t) in [("send", s), ("recv", r)] {
                 if t.dtype() != dtype {
                     return Err(arg_error(
@@ -685,7 +685,7 @@ impl Communicator {
                     ));
                 }
             }
-            self.same_len(&format!("recv[{i}]"), r, s.len())?;
+            self.same_len(format_args!("recv[{i}]"), r, s.len())?;
             self.in_place_or_disjoint(s, r, 0)?;
             for (j, (s2, r2)) in sends.iter().zip(recvs).enumerate().take(i) {
                 if overlaps(r, r2) || overlaps(r, s2) || overlaps(s, r2) {
@@ -1235,10 +1235,10 @@ impl Communicator {
         Ok(())
     }
 
-    fn same_len(&self, arg: &str, t: &Tensor, want: usize) -> Result<()> {
+    fn same_len(&self, arg: impl std::fmt::Display, t: &Tensor, want: usize) -> Result<()> {
         if t.len() != want {
             return Err(arg_error(
-                arg,
+                arg.to_string(),
                 format!("has {} elements; {want} expected", t.len()),
             ));
         }

@@ -536,11 +536,11 @@ impl Kernel for Builtin {
             }
             Builtin::Scale | Builtin::Axpy => {
                 let names = if *self == Builtin::Scale {
-                    ("out", "x, alpha")
+                    ("out", "out, x, alpha")
                 } else {
-                    ("y", "x, alpha")
+                    ("y", "y, x, alpha")
                 };
-                count(args, 3, k, &format!("{}, {}", names.0, names.1))?;
+                count(args, 3, k, names.1)?;
                 let (o, x) = (tensor(args, 0, names.0, k)?, tensor(args, 1, "x", k)?);
                 not_bool(o, names.0, k)?;
                 same(o, x, "x", k, true)?;
@@ -594,7 +594,7 @@ impl Kernel for Builtin {
                         format!("matmul: a is {m}x{ka} but b is {kb}x{n}; inner dimensions differ"),
                     ));
                 }
-                if c.shape != [m, n] {
+                if c.shape[..] != [m, n] {
                     return Err(err(
                         "c",
                         format!("matmul: c must be {m}x{n}, has shape {:?}", c.shape),

@@ -46,8 +46,16 @@ pub struct Tensor {
     buffer: Buffer,
     offset: u64,
     dtype: DType,
-    shape: Vec<usize>,
+    shape: Shape,
 }
+
+/// A tensor's shape, inline up to four axes. A launch's tensors live in its op, which the
+/// worker that ran it drops: a heap buffer of theirs would be freed there, across threads,
+/// which glibc serves through its arena lock (`_int_malloc` and futex calls were a fifth of
+/// a 3-buffer launch with one `Vec` per shape). The arguments' own `Vec` is one such free per
+/// launch; holding them inline too made every op several cache lines larger, which cost a
+/// no-op launch more than the free saves.
+type Shape = smallvec::SmallVec<[usize; 4]>;
 
 impl Tensor {
     /// A view of `shape` elements of `dtype` at byte `offset` of `buffer`; checks alignment
@@ -76,7 +84,7 @@ impl Tensor {
             buffer,
             offset,
             dtype,
-            shape,
+            shape: Shape::from_slice(&shape),
         })
     }
 

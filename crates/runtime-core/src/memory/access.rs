@@ -116,19 +116,34 @@ impl Tracker {
 
 impl Tracker {
     /// Note that command `target` of `stream` uses the allocation with `access`.
-    fn note(&self, stream: &Arc<dyn PendingWork>, target: u64, access: Access) {
-        let id = stream.work_id();
+    /// `id` is the stream's [`PendingWork::work_id`]; `stream` makes a handle on it, asked
+    /// only when the tracker does not hold one of that stream already (a launch loop on one
+    /// stream then changes no reference count of the stream: each such change was a cache
+    /// line shared with the stream's worker).
+    fn note(
+        &self,
+        id: u64,
+        stream: &impl Fn() -> Weak<dyn PendingWork>,
+        target: u64,
+        access: Access,
+    ) {
         let mut p = self.pending.lock();
         match access {
             Access::Write => {
                 // The new writer is ordered after this stream's earlier uses; other streams'
                 // readers are not, so those stay until done.
                 p.readers.retain(|r| r.id != id && !r.done());
-                p.writer = Some(Use {
-                    stream: Arc::downgrade(stream),
-                    id,
-                    target,
-                });
+                match &mut p.writer {
+                    // Stream ids are never reused: the handle names this very stream.
+                    Some(w) if w.id == id => w.target = target,
+                    w => {
+                        *w = Some(Use {
+                            stream: stream(),
+                            id,
+                            target,
+                        })
+                    }
+                }
             }
             Access::Read => {
                 if let Some(r) = p.readers.iter_mut().find(|r| r.id == id) {
@@ -138,7 +153,7 @@ impl Tracker {
                         p.readers.retain(|r| !r.done());
                     }
                     p.readers.push(Use {
-                        stream: Arc::downgrade(stream),
+                        stream: stream(),
                         id,
                         target,
                     });
@@ -167,7 +182,11 @@ impl Tracker {
 /// The allocations an op uses and how: sorted by allocation id, one entry per allocation
 /// (a write wins over a read of the same allocation).
 #[derive(Default, Clone)]
-pub struct AccessSet(Vec<(Arc<Tracker>, Access)>);
+pub struct AccessSet(Uses);
+
+/// An op's uses, inline up to four allocations (a launch's set lives in its op, and a heap
+/// buffer there would be freed by the worker, across threads).
+type Uses = smallvec::SmallVec<[(Arc<Tracker>, Access); 4]>;
 
 impl std::fmt::Debug for AccessSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -178,7 +197,7 @@ impl std::fmt::Debug for AccessSet {
 }
 
 /// The set that names nothing (ops that touch no device memory).
-static EMPTY: AccessSet = AccessSet(Vec::new());
+static EMPTY: AccessSet = AccessSet(Uses::new_const());
 
 impl AccessSet {
     /// The set that names nothing.
@@ -195,7 +214,7 @@ impl AccessSet {
         )
     }
 
-    fn from_vec(mut v: Vec<(Arc<Tracker>, Access)>) -> AccessSet {
+    fn from_vec(mut v: Uses) -> AccessSet {
         v.sort_by(|a, b| a.0.id.cmp(&b.0.id).then(b.1.cmp(&a.1)));
         v.dedup_by(|later, first| later.0.id == first.0.id);
         AccessSet(v)
@@ -217,9 +236,9 @@ impl AccessSet {
     }
 
     /// Note that command `target` of `stream` uses these allocations (when it is queued).
-    pub(crate) fn note(&self, stream: &Arc<dyn PendingWork>, target: u64) {
+    pub(crate) fn note(&self, id: u64, stream: impl Fn() -> Weak<dyn PendingWork>, target: u64) {
         for (a, m) in &self.0 {
-            a.note(stream, target, *m);
+            a.note(id, &stream, target, *m);
         }
     }
 

@@ -565,8 +565,11 @@ impl Stream {
             Command::Record(..) | Command::Wait(..) => None,
         };
         if let Some(uses) = uses.filter(|u| !u.is_empty()) {
-            let me: Arc<dyn PendingWork> = self.0.clone();
-            uses.note(&me, target);
+            uses.note(
+                s.work_id(),
+                || Arc::downgrade(&self.0) as std::sync::Weak<dyn PendingWork>,
+                target,
+            );
         }
         s.exec.mark_active(&self.0);
         let kind = cmd.kind();
