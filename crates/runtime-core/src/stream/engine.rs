@@ -263,6 +263,30 @@ pub(crate) fn linger_on(
     )
 }
 
+/// How often a worker moves off its submitter's core at most: a few microseconds each time
+/// (two system calls and a migration), and where the OS keeps putting the two threads
+/// together (every other core busy), at most this often in vain.
+const MOVE_OFF_EVERY: Duration = Duration::from_millis(5);
+
+thread_local! {
+    /// When this worker last moved off its submitter's core.
+    static MOVED_OFF: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// A worker lingering for its submitter's next command found the submitter on its own core:
+/// move to another ([`crate::sync::move_off_cpu`]), unless it did so within
+/// [`MOVE_OFF_EVERY`]. Returns whether it moved (it then no longer shares the core).
+fn move_off_submitters_core(now: Instant) -> bool {
+    let due = MOVED_OFF
+        .with(std::cell::Cell::get)
+        .is_none_or(|last| now.duration_since(last) >= MOVE_OFF_EVERY);
+    if !due {
+        return false;
+    }
+    MOVED_OFF.with(|m| m.set(Some(now)));
+    crate::sync::move_off_cpu(crate::sync::current_cpu())
+}
+
 pub(crate) struct Engine {
     kind: EngineKind,
     device: usize,
@@ -404,7 +428,8 @@ impl Engine {
     /// another stream is waiting on this engine, and on leaving wakes a sleeper whenever a
     /// stream waits. Returns whether `arrived()` became true.
     ///
-    /// With `share_core` (the submitter last ran on this core) it yields between looks
+    /// With `share_core` (the submitter last ran on this core) the worker first moves to
+    /// another core ([`move_off_submitters_core`]); where it stays, it yields between looks
     /// instead of spinning: the submitter cannot send its next command while this worker
     /// holds the core (each launch + synchronize took the whole LINGER, 27 us, with a third
     /// busy thread on two cores).
@@ -423,6 +448,7 @@ impl Engine {
             return false;
         }
         let start = Instant::now();
+        let share_core = share_core && !move_off_submitters_core(start);
         // Look less often the longer nothing comes: each look pulls the cache line the
         // launcher writes, so a launcher in a tight loop gets several launches in between
         // (and they run as one batch), while a command right after the last still starts
