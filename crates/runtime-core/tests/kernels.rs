@@ -1076,3 +1076,32 @@ fn streamed_outputs_match_the_plain_path() {
         check(&format!("copy, {blocks} blocks"), &|i| b[i]);
     }
 }
+
+/// A launch holds its buffers until it has run, and no longer: with batching on (the default)
+/// the queue keeps the launch's box for a later launch, but drops the launch itself as it runs.
+#[test]
+fn a_launch_lets_its_buffers_go_once_it_has_run() {
+    let c = Ctx::new();
+    let b = c.alloc(4096);
+    for _ in 0..3 {
+        c.run(
+            "fill",
+            vec![tensor::<f32>(&b, 0, &[1024]), KernelArg::Float(2.0)],
+        );
+        assert_eq!(b.ref_count(), 1, "only this test's handle is left");
+    }
+    c.launch(
+        "fill",
+        vec![tensor::<f32>(&b, 0, &[1024]), KernelArg::Float(3.0)],
+    )
+    .unwrap();
+    let memory = c.rt.device(0).unwrap().memory();
+    let live = memory.stats().active_allocations;
+    drop(b);
+    c.s.synchronize(None).unwrap();
+    assert_eq!(
+        memory.stats().active_allocations,
+        live - 1,
+        "the queued launch held the buffer, and let it go once it ran"
+    );
+}

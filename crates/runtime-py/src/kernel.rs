@@ -516,8 +516,10 @@ fn launch_native(
     c_abi: bool,
 ) -> PyResult<()> {
     let args = native_args(py, args, c_abi)?;
-    let op = kernel::prepare_blocks(s, k, args, blocks).map_err(RtErr)?;
-    wait::submit(py, s, op)
+    if kernel::enqueue_blocks(s, k, args, blocks).map_err(RtErr)? {
+        wait::after_enqueue(py, s)?;
+    }
+    Ok(())
 }
 
 fn to_tuple<'py>(

@@ -593,7 +593,7 @@ impl Op for KernelOp {
 /// `ArgError` from the check; stream errors (destroyed stream, shutdown; in synchronous mode
 /// the kernel's own failure).
 pub fn launch(stream: &Stream, kernel: impl Into<KernelRef>, args: Vec<KernelArg>) -> Result<()> {
-    stream.launch(prepare(stream, kernel, args)?)
+    stream.launch_owned(build(stream, kernel.into(), args, None)?)
 }
 
 /// [`launch`] as `block_dim` blocks (`None`: as many as the kernel chooses).
@@ -606,7 +606,23 @@ pub fn launch_blocks(
     args: Vec<KernelArg>,
     block_dim: Option<u32>,
 ) -> Result<()> {
-    stream.launch(prepare_blocks(stream, kernel, args, block_dim)?)
+    stream.launch_owned(build(stream, kernel.into(), args, block_dim)?)
+}
+
+/// [`launch_blocks`] without its wait for room in a full stream, for callers that wait
+/// themselves after letting a lock go (the Python bindings release the interpreter's lock,
+/// which queued Python kernels need): returns whether the launch was queued (false: captured
+/// into a graph). In synchronous mode the caller waits for the kernel.
+///
+/// # Errors
+/// As [`launch_blocks`].
+pub fn enqueue_blocks(
+    stream: &Stream,
+    kernel: impl Into<KernelRef>,
+    args: Vec<KernelArg>,
+    block_dim: Option<u32>,
+) -> Result<bool> {
+    stream.enqueue_owned(build(stream, kernel.into(), args, block_dim)?)
 }
 
 /// Check `args` against `kernel` for a launch on `stream` and build the stream op, without
@@ -633,10 +649,20 @@ pub fn prepare_blocks(
     args: Vec<KernelArg>,
     block_dim: Option<u32>,
 ) -> Result<Arc<dyn Op>> {
+    Ok(Arc::new(build(stream, kernel.into(), args, block_dim)?))
+}
+
+/// The op of a launch: [`prepare_blocks`] before it is put anywhere.
+fn build(
+    stream: &Stream,
+    kernel: KernelRef,
+    args: Vec<KernelArg>,
+    block_dim: Option<u32>,
+) -> Result<KernelOp> {
     if let Some(n) = block_dim {
         block::check_block_dim(i64::from(n))?;
     }
-    let args = Args::check_owned(kernel.into(), args)?;
+    let args = Args::check_owned(kernel, args)?;
     let kernel = &args.checked_by;
     for a in args.iter() {
         if let KernelArg::Tensor(t) = a {
@@ -672,14 +698,14 @@ pub fn prepare_blocks(
             (n, n > 1 && kernel.wakes_workers(&args, n))
         }
     };
-    Ok(Arc::new(KernelOp {
+    Ok(KernelOp {
         name: OpName::new(kernel.name()),
         args,
         accesses,
         blocks,
         wake,
         exec: (blocks > 1).then(|| exec.clone()),
-    }))
+    })
 }
 
 /// Launching a registered kernel by name: `stream.launch_kernel("scale", args)` with this

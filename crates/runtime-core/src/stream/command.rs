@@ -112,10 +112,46 @@ where
     }
 }
 
+/// A box holding one queued op, given back to the stream's submitters once the op has run
+/// and been dropped, so that a launch loop allocates no op: the launching thread fills a box
+/// an earlier launch emptied. An op in its own allocation (`Command::Op`) was allocated on
+/// the launching thread, dropped by the worker and freed where it came from
+/// ([`super::reclaim`]): a read of a count the worker wrote, two atomic updates and a
+/// malloc/free pair per launch, about a quarter of a no-op launch.
+pub(crate) trait Reusable: Send {
+    /// The op the box holds (`None` once emptied).
+    fn op(&self) -> Option<&dyn Op>;
+    /// Drop the op (its destructor runs here, on the worker that ran it), keeping the box.
+    fn clear(&mut self);
+    /// For [`Commands::push_owned`], to find a box of its op's type.
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
+}
+
+/// The [`Reusable`] box of an op of type `T`.
+pub(crate) struct OpBox<T>(Option<T>);
+
+impl<T: Op + 'static> Reusable for OpBox<T> {
+    fn op(&self) -> Option<&dyn Op> {
+        self.0.as_ref().map(|op| op as &dyn Op)
+    }
+    fn clear(&mut self) {
+        self.0 = None;
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+/// Emptied boxes a stream keeps for its submitters, at most: a launch takes one, and a
+/// worker gives a batch's worth back at once.
+const SPARE_BOXES: usize = 256;
+
 /// A queued command.
-#[derive(Clone)]
 pub(crate) enum Command {
     Op(Arc<dyn Op>),
+    /// An op owned by the queue, in a box that goes back to the stream's submitters once the
+    /// op has run ([`Reusable`]).
+    Boxed(Box<dyn Reusable>),
     /// Complete `event`'s record number `.1`.
     Record(Arc<EventInner>, u64),
     /// Block the stream until `event` has completed record number `.1`.
@@ -129,6 +165,7 @@ impl Command {
     pub(crate) fn kind(&self) -> Option<OpKind> {
         match self {
             Command::Op(op) => Some(op.kind()),
+            Command::Boxed(b) => b.op().map(Op::kind),
             Command::Graph(..) => Some(OpKind::Compute),
             Command::Record(..) | Command::Wait(..) => None,
         }
@@ -150,7 +187,15 @@ impl Command {
 pub(crate) struct Commands {
     ready: crate::sync::lock::Mutex<CommandQueue>,
     /// On a cache line of its own: submitters write it, the runner reads it once per batch.
-    incoming: CacheLine<crate::sync::lock::Mutex<CommandQueue>>,
+    incoming: CacheLine<crate::sync::lock::Mutex<Incoming>>,
+}
+
+/// What submitters share with the runner: the commands queued since the runner last took a
+/// batch, and the emptied [`Reusable`] boxes it gave back then.
+#[derive(Default)]
+struct Incoming {
+    queue: CommandQueue,
+    spare: Vec<Box<dyn Reusable>>,
 }
 
 /// A value alone on its 64-byte cache line (crossbeam's `CachePadded` pads to 128 bytes on
@@ -171,28 +216,76 @@ impl Commands {
     /// Queue `cmd` behind the others (in `incoming` when `batching`).
     pub(crate) fn push(&self, cmd: Command, batching: bool) {
         if batching {
-            self.incoming.lock().push(cmd);
+            self.incoming.lock().queue.push(cmd);
         } else {
             self.ready.lock().push(cmd);
         }
     }
 
-    /// Take the next command: `ready`'s first, or, when `ready` is empty, the batch that
-    /// arrived in `incoming` (swapped in whole: `incoming` gets `ready`'s empty buffer, so a
-    /// stream that keeps running keeps both buffers instead of growing one per batch; they
-    /// are given back when the stream goes idle, [`Commands::is_empty_trimming`]).
+    /// Queue `op` behind the others, in `incoming` (batching on), in an emptied box of its
+    /// type when one was given back. A spare box of another type that comes first is freed:
+    /// it holds no op, so nothing but the free runs under the lock.
+    pub(crate) fn push_owned<T: Op + 'static>(&self, op: T) {
+        let mut incoming = self.incoming.lock();
+        let mut op = Some(op);
+        let mut boxed = None;
+        while let Some(mut spare) = incoming.spare.pop() {
+            if let Some(slot) = spare.as_any_mut().downcast_mut::<OpBox<T>>() {
+                slot.0 = op.take();
+                boxed = Some(spare);
+                break;
+            }
+        }
+        let boxed = boxed.unwrap_or_else(|| Box::new(OpBox(op.take())));
+        incoming.queue.push(Command::Boxed(boxed));
+    }
+
+    /// Take the next command: `ready`'s first, or the batch waiting in `incoming`
+    /// ([`Commands::take_batch`]). The runner does the two steps itself, pausing between
+    /// them (`Engine::gather`).
+    #[cfg(test)]
     pub(crate) fn pop(&self) -> Option<Command> {
+        self.pop_ready()
+            .or_else(|| self.take_batch(&mut Vec::new()))
+    }
+
+    /// Take `ready`'s first command, leaving `incoming` alone.
+    pub(crate) fn pop_ready(&self) -> Option<Command> {
+        self.ready.lock().pop()
+    }
+
+    /// Once `ready` ran dry: take the batch that arrived in `incoming` (swapped in whole:
+    /// `incoming` gets `ready`'s empty buffer, so a stream that keeps running keeps both
+    /// buffers instead of growing one per batch; they are given back when the stream goes
+    /// idle, [`Commands::is_empty_trimming`]) and return its first command. The boxes the
+    /// runner emptied since (`emptied`) go to the submitters with the same lock.
+    pub(crate) fn take_batch(&self, emptied: &mut Vec<Box<dyn Reusable>>) -> Option<Command> {
         let mut ready = self.ready.lock();
         if let Some(cmd) = ready.pop() {
             return Some(cmd);
         }
         let mut incoming = self.incoming.lock();
-        if incoming.is_empty() {
-            return None;
+        let excess = incoming.give_back(emptied);
+        let batch = !incoming.queue.is_empty();
+        if batch {
+            std::mem::swap(&mut *ready, &mut incoming.queue);
         }
-        std::mem::swap(&mut *ready, &mut *incoming);
         drop(incoming);
-        ready.pop()
+        drop(excess);
+        if batch {
+            ready.pop()
+        } else {
+            None
+        }
+    }
+
+    /// Give the boxes the runner emptied (`emptied`) to the submitters.
+    pub(crate) fn give_back(&self, emptied: &mut Vec<Box<dyn Reusable>>) {
+        if emptied.is_empty() {
+            return;
+        }
+        let excess = self.incoming.lock().give_back(emptied);
+        drop(excess);
     }
 
     /// Put back a command the runner took but did not run: it stays first.
@@ -203,7 +296,7 @@ impl Commands {
     /// Whether no command is queued.
     pub(crate) fn is_empty(&self) -> bool {
         let ready = self.ready.lock();
-        ready.is_empty() && self.incoming.lock().is_empty()
+        ready.is_empty() && self.incoming.lock().queue.is_empty()
     }
 
     /// [`Commands::is_empty`], for a runner letting the stream go: when empty, buffers with
@@ -213,14 +306,17 @@ impl Commands {
     pub(crate) fn is_empty_trimming(&self) -> bool {
         let mut ready = self.ready.lock();
         let mut incoming = self.incoming.lock();
-        if !(ready.is_empty() && incoming.is_empty()) {
+        if !(ready.is_empty() && incoming.queue.is_empty()) {
             return false;
         }
-        for q in [&mut *ready, &mut *incoming] {
+        for q in [&mut *ready, &mut incoming.queue] {
             if q.0.capacity() > KEEP_WHEN_EMPTY {
                 q.0 = std::collections::VecDeque::new();
             }
         }
+        // Emptied boxes hold no op: freeing them under the lock runs no destructor of ours.
+        incoming.spare.truncate(KEEP_WHEN_EMPTY);
+        incoming.spare.shrink_to(KEEP_WHEN_EMPTY);
         true
     }
 
@@ -230,7 +326,20 @@ impl Commands {
         if !ready.is_empty() {
             return ready.first_kind();
         }
-        self.incoming.lock().first_kind()
+        self.incoming.lock().queue.first_kind()
+    }
+}
+
+impl Incoming {
+    /// Take the boxes in `emptied` as spares, up to [`SPARE_BOXES`]; returns the ones beyond,
+    /// to be freed once the lock is let go.
+    fn give_back(&mut self, emptied: &mut Vec<Box<dyn Reusable>>) -> Vec<Box<dyn Reusable>> {
+        self.spare.append(emptied);
+        if self.spare.len() > SPARE_BOXES {
+            self.spare.split_off(SPARE_BOXES)
+        } else {
+            Vec::new()
+        }
     }
 }
 
@@ -292,6 +401,122 @@ mod tests {
         assert!(q.is_empty());
     }
 
+    #[test]
+    fn ready_commands_come_first_and_a_batch_arrives_only_when_taken() {
+        let q = Commands::default();
+        q.push(record(1), false);
+        q.push(record(2), true);
+        q.push(record(3), true);
+        assert_eq!(q.pop_ready().map(|c| id_of(&c)), Some(1));
+        assert!(q.pop_ready().is_none(), "the batch waits in `incoming`");
+        q.push(record(4), true);
+        assert_eq!(q.take_batch(&mut Vec::new()).map(|c| id_of(&c)), Some(2));
+        let rest: Vec<u64> = std::iter::from_fn(|| q.pop_ready())
+            .map(|c| id_of(&c))
+            .collect();
+        assert_eq!(rest, [3, 4], "the whole batch came over at once");
+        assert!(q.take_batch(&mut Vec::new()).is_none());
+        assert!(q.is_empty());
+    }
+
+    /// An op that counts its drops.
+    struct Counted(Arc<std::sync::atomic::AtomicUsize>);
+    impl sealed::Sealed for Counted {}
+    impl Op for Counted {
+        fn name(&self) -> &str {
+            "counted"
+        }
+        fn run(&self) -> Result<(), KernelFailure> {
+            Ok(())
+        }
+    }
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// An op of another type.
+    struct Other;
+    impl sealed::Sealed for Other {}
+    impl Op for Other {
+        fn name(&self) -> &str {
+            "other"
+        }
+        fn run(&self) -> Result<(), KernelFailure> {
+            Ok(())
+        }
+    }
+
+    /// What the runner does with a boxed command: run (here: nothing), empty, keep the box.
+    fn run_boxed(cmd: Command, emptied: &mut Vec<Box<dyn Reusable>>) {
+        let Command::Boxed(mut b) = cmd else {
+            unreachable!("only owned ops are queued here")
+        };
+        assert!(b.op().is_some());
+        b.clear();
+        assert!(b.op().is_none());
+        emptied.push(b);
+    }
+
+    #[test]
+    fn an_owned_op_is_dropped_once_run_and_its_box_carries_the_next_op() {
+        let q = Commands::default();
+        let drops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut emptied = Vec::new();
+        q.push_owned(Counted(drops.clone()));
+        let first = q.take_batch(&mut emptied).unwrap();
+        let Command::Boxed(b) = &first else {
+            unreachable!("pushed owned")
+        };
+        let first_box = std::ptr::addr_of!(**b).cast::<u8>();
+        run_boxed(first, &mut emptied);
+        assert_eq!(
+            drops.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "dropped as it ran"
+        );
+        q.give_back(&mut emptied);
+        assert!(emptied.is_empty());
+        q.push_owned(Counted(drops.clone()));
+        let second = q.take_batch(&mut emptied).unwrap();
+        let Command::Boxed(b) = &second else {
+            unreachable!("pushed owned")
+        };
+        assert_eq!(
+            std::ptr::addr_of!(**b).cast::<u8>(),
+            first_box,
+            "the emptied box came back"
+        );
+        run_boxed(second, &mut emptied);
+        assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 2);
+        // A spare of another type is let go, not filled.
+        q.give_back(&mut emptied);
+        q.push_owned(Other);
+        assert!(q.incoming.lock().spare.is_empty());
+    }
+
+    #[test]
+    fn spare_boxes_are_bounded_and_an_idle_queue_keeps_few() {
+        let q = Commands::default();
+        let drops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut emptied = Vec::new();
+        for _ in 0..SPARE_BOXES + 10 {
+            q.push_owned(Counted(drops.clone()));
+        }
+        while let Some(cmd) = q.take_batch(&mut emptied) {
+            run_boxed(cmd, &mut emptied);
+        }
+        q.give_back(&mut emptied);
+        assert_eq!(q.incoming.lock().spare.len(), SPARE_BOXES);
+        assert!(q.is_empty_trimming());
+        assert_eq!(q.incoming.lock().spare.len(), KEEP_WHEN_EMPTY);
+        assert_eq!(
+            drops.load(std::sync::atomic::Ordering::SeqCst),
+            SPARE_BOXES + 10
+        );
+    }
+
     fn record(id: u64) -> Command {
         Command::Record(crate::event::Event::new().0, id)
     }
@@ -321,7 +546,12 @@ mod tests {
     #[test]
     fn a_drained_burst_gives_its_buffers_back_and_a_short_queue_keeps_them() {
         let q = Commands::default();
-        let caps = |q: &Commands| (q.ready.lock().0.capacity(), q.incoming.lock().0.capacity());
+        let caps = |q: &Commands| {
+            (
+                q.ready.lock().0.capacity(),
+                q.incoming.lock().queue.0.capacity(),
+            )
+        };
         assert_eq!(caps(&q), (0, 0), "an unused queue allocates nothing");
         for batching in [false, true] {
             for id in 0..1000 {

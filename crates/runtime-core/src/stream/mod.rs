@@ -54,7 +54,7 @@ use crate::sync::lock::Mutex;
 use crate::clock::{deadline_after, now_ns};
 use crate::error::{DeviceError, KernelFailure, Result, StreamError};
 use crate::event::{Event, Wake};
-use crate::memory::access::PendingWork;
+use crate::memory::access::{AccessSet, PendingWork};
 use crate::memory::pinned::PinnedBuffer;
 use crate::memory::{Buffer, Element};
 use crate::trace;
@@ -387,18 +387,42 @@ impl Stream {
     /// otherwise refused with `NotPermitted` before anything is queued (never "refused, but
     /// run anyway").
     pub(crate) fn enqueue(&self, op: Arc<dyn Op>) -> Result<bool> {
+        self.enqueue_as(op)
+    }
+
+    /// [`Stream::launch`] of an op the stream owns from here on: queued in a box an earlier
+    /// launch emptied (no allocation per launch) when batching is on; captured, or run inline,
+    /// as any op otherwise.
+    pub(crate) fn launch_owned<T: Op + 'static>(&self, op: T) -> Result<()> {
+        if self.enqueue_owned(op)? {
+            self.after_submit()?;
+        }
+        Ok(())
+    }
+
+    /// [`Stream::enqueue`] of an op the stream owns from here on (see
+    /// [`Stream::launch_owned`]).
+    pub(crate) fn enqueue_owned<T: Op + 'static>(&self, op: T) -> Result<bool> {
+        if self.0.exec.options.batching() {
+            self.enqueue_as(Owned(op))
+        } else {
+            self.enqueue_as(Arc::new(op) as Arc<dyn Op>)
+        }
+    }
+
+    fn enqueue_as(&self, op: impl Queueable) -> Result<bool> {
         {
             let _submitting = self.enter()?;
             if let Some(session) = self.session() {
-                session.push(self.0.id, Node::Op(op));
+                session.push(self.0.id, Node::Op(op.shared()));
                 return Ok(false);
             }
             if !(self.is_sync_mode() && engine::on_worker_thread()) {
-                self.submit(Command::Op(op));
+                op.submit_to(self);
                 return Ok(true);
             }
         }
-        if self.run_inline_from_runtime_thread(&op)? {
+        if self.run_inline_from_runtime_thread(&op.shared())? {
             return Ok(true);
         }
         Err(self.busy_from_runtime_thread("a synchronous-mode launch"))
@@ -561,22 +585,51 @@ impl Stream {
                 reclaim::note(op);
                 Some(op.accesses())
             }
+            Command::Boxed(b) => b.op().map(Op::accesses),
             Command::Graph(g, _) => Some(&g.accesses),
             Command::Record(..) | Command::Wait(..) => None,
         };
-        if let Some(uses) = uses.filter(|u| !u.is_empty()) {
-            uses.note(
-                s.work_id(),
-                || Arc::downgrade(&self.0) as std::sync::Weak<dyn PendingWork>,
-                target,
-            );
-        }
-        s.exec.mark_active(&self.0);
+        self.note_uses(uses, target);
         let kind = cmd.kind();
         if trace::enabled() {
             trace_enqueue(s, &cmd);
         }
         s.queue.push(cmd, s.exec.options.batching());
+        self.schedule_if_idle(kind);
+    }
+
+    /// [`Stream::submit`] of an op the queue owns, in a reused box ([`command::Reusable`]);
+    /// batching on only (the boxes come back through `incoming`).
+    fn submit_owned<T: Op + 'static>(&self, op: T) {
+        self.legacy_barrier();
+        let s = &self.0;
+        let target = s.done.submit();
+        self.note_uses(Some(op.accesses()), target);
+        let kind = Some(op.kind());
+        if trace::enabled() {
+            trace_named(s, op.name().to_string());
+        }
+        s.queue.push_owned(op);
+        self.schedule_if_idle(kind);
+    }
+
+    /// Note that the command counted as `target` uses `uses` (host access to those
+    /// allocations then waits for it), and that the stream has work.
+    fn note_uses(&self, uses: Option<&AccessSet>, target: u64) {
+        if let Some(uses) = uses.filter(|u| !u.is_empty()) {
+            uses.note(
+                self.0.work_id(),
+                || Arc::downgrade(&self.0) as std::sync::Weak<dyn PendingWork>,
+                target,
+            );
+        }
+        self.0.exec.mark_active(&self.0);
+    }
+
+    /// After a push: hand an idle stream to an engine (`kind`: the engine its first command
+    /// wants).
+    fn schedule_if_idle(&self, kind: Option<OpKind>) {
+        let s = &self.0;
         // Load first: a stream already running (the common case in a launch loop) is only
         // read, where a failing compare-exchange would still take its cache line from the
         // runner.
@@ -986,10 +1039,16 @@ pub(crate) fn timed_out(what: String, timeout: Option<Duration>) -> crate::error
 fn trace_enqueue(s: &StreamInner, cmd: &Command) {
     let name = match cmd {
         Command::Op(op) => op.name().to_string(),
+        Command::Boxed(b) => b.op().map_or_else(String::new, |op| op.name().to_string()),
         Command::Record(ev, _) => format!("record(Event#{})", ev.id),
         Command::Wait(ev, _) => format!("wait(Event#{})", ev.id),
         Command::Graph(g, _) => format!("graph({} nodes)", g.nodes.len()),
     };
+    trace_named(s, name);
+}
+
+/// Trace the enqueue of a command named `name`.
+fn trace_named(s: &StreamInner, name: String) {
     trace::push(trace::Record {
         name,
         device: s.exec.device(),
@@ -1108,6 +1167,34 @@ impl Drop for RunningGuard {
     }
 }
 
+/// How [`Stream::enqueue_as`] holds an op: shared (`Arc<dyn Op>`, also for capture and
+/// inline runs) or owned by the queue ([`Owned`]).
+trait Queueable {
+    fn shared(self) -> Arc<dyn Op>;
+    fn submit_to(self, stream: &Stream);
+}
+
+impl Queueable for Arc<dyn Op> {
+    fn shared(self) -> Arc<dyn Op> {
+        self
+    }
+    fn submit_to(self, stream: &Stream) {
+        stream.submit(Command::Op(self));
+    }
+}
+
+/// An op the queue owns (in a reused box: [`command::Reusable`]).
+struct Owned<T>(T);
+
+impl<T: Op + 'static> Queueable for Owned<T> {
+    fn shared(self) -> Arc<dyn Op> {
+        Arc::new(self.0)
+    }
+    fn submit_to(self, stream: &Stream) {
+        stream.submit_owned(self.0);
+    }
+}
+
 /// Run a stream that the caller has moved to `RUNNING`, until it is empty, blocked, handed
 /// to another engine, or has used its time slice while others wait.
 pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
@@ -1125,15 +1212,29 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
     }
     let mut ran = 0u32;
     let mut linger = engine::Linger::new();
+    // Boxes of the ops this run emptied, given back to the submitters with each batch taken.
+    let mut emptied: Vec<Box<dyn command::Reusable>> = Vec::new();
     let mut clock = BusyClock::start(&s.exec.engines);
     let began = clock.mark;
     loop {
-        let cmd = s.queue.pop();
+        let (cmd, first) = match s.queue.pop_ready() {
+            Some(cmd) => (Some(cmd), 0),
+            None => {
+                // `ready` ran dry: the next batch is what arrived in `incoming` meanwhile.
+                let first = linger.first_pause(s.done.awaited());
+                if let Runner::Engine(mine) = runner {
+                    if ran > 0 && s.exec.options.batching() && !s.done.submitter_shares_core() {
+                        s.exec.engines.get(mine).gather(first, || s.done.awaited());
+                    }
+                }
+                (s.queue.take_batch(&mut emptied), first)
+            }
+        };
         let Some(cmd) = cmd else {
+            s.queue.give_back(&mut emptied);
             if let Runner::Engine(mine) = runner {
                 // A command counted (`submitted`) but not yet pushed is microseconds away.
                 let engine = s.exec.engines.get(mine);
-                let first = linger.first_pause(s.done.awaited());
                 if engine.linger(
                     s.done.submitter_shares_core(),
                     first,
@@ -1179,7 +1280,7 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
             }
         }
         let compute = cmd.kind() == Some(OpKind::Compute);
-        let step = execute(s, cmd);
+        let step = execute(s, cmd, &mut emptied);
         clock.ran(compute);
         linger.ran();
         match step {
@@ -1307,10 +1408,25 @@ fn run_held(s: &StreamInner, op: &dyn Op) {
     }
 }
 
-fn execute(s: &Arc<StreamInner>, cmd: Command) -> Step {
+/// Run `cmd`; the box of a [`Command::Boxed`] op, emptied once the op has run, goes to
+/// `emptied` (the op's destructor runs here, as an `Arc`'d op's does when its last handle is
+/// dropped).
+fn execute(
+    s: &Arc<StreamInner>,
+    cmd: Command,
+    emptied: &mut Vec<Box<dyn command::Reusable>>,
+) -> Step {
     match cmd {
         Command::Op(op) => {
             run_op(s, op.as_ref());
+            Step::Done
+        }
+        Command::Boxed(mut b) => {
+            if let Some(op) = b.op() {
+                run_op(s, op);
+            }
+            b.clear();
+            emptied.push(b);
             Step::Done
         }
         Command::Record(ev, id) => {
