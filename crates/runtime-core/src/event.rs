@@ -745,12 +745,12 @@ impl Event {
         }
         if !self.0.blocking {
             let until = Instant::now() + Duration::from_micros(50);
-            let backoff = crossbeam_utils::Backoff::new();
+            let pause = crate::sync::Pause::new();
             while Instant::now() < until {
                 if self.0.gate.latest() >= target {
                     return Ok(true);
                 }
-                backoff.spin();
+                pause.spin();
             }
         }
         if crate::sync::on_runtime_thread() {

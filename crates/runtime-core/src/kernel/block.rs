@@ -21,6 +21,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::CachePadded;
+
 use crate::error::{ArgError, KernelFailure};
 use crate::memory::access::{self, Lending};
 use crate::stream::engine::Help;
@@ -224,20 +226,7 @@ pub(crate) fn run_blocks_on(
     if block_num <= 1 {
         return as_block(RunContext::single(), || body(RunContext::single()));
     }
-    let launch = Arc::new(Launch {
-        name: name.to_string(),
-        block_num,
-        next: AtomicU32::new(0),
-        done: AtomicU32::new(0),
-        helpers: AtomicU32::new(0),
-        launch: launch_id,
-        lending: access::lend(launch_id),
-        state: Mutex::new(State {
-            body: Some(body.clone()),
-            failure: None,
-        }),
-        left: Condvar::new(),
-    });
+    let launch = Arc::new(Launch::new(name, block_num, body.clone(), launch_id));
     let help: Arc<dyn Help> = launch.clone();
     let offer = waiters_help
         .then(|| crate::stream::offer_help(&help))
@@ -276,18 +265,26 @@ struct Launch {
     name: String,
     block_num: u32,
     /// The next block to claim (may run past `block_num`: nothing left).
-    next: AtomicU32,
-    /// Blocks that have run.
-    done: AtomicU32,
-    /// Helpers between joining (under `state`'s lock) and leaving.
-    helpers: AtomicU32,
+    next: CachePadded<AtomicU32>,
+    /// What the op's thread waits for ([`Launch::finish`]): the blocks not yet run plus the
+    /// helpers inside (joined under `state`'s lock, leaving after they let go of the body),
+    /// and [`SLEEPING`] once the op's thread may sleep on `left`. On a cache line of its own,
+    /// and changed by one atomic update per block and per helper leaving: the op's thread
+    /// reads it in a loop, and each update elsewhere has to take the line back from it (with
+    /// the claim counter, two counters and the lock on one line, a helper's way out took
+    /// about 0.5 us).
+    pending: CachePadded<AtomicU64>,
     /// The launch's id (its blocks' `RunContext::launch`).
     launch: u64,
     lending: Arc<Lending>,
     state: Mutex<State>,
-    /// Signalled by each helper that leaves.
+    /// Signalled by the update that brings `pending` to zero once the op's thread may sleep.
     left: Condvar,
 }
+
+/// The flag of [`Launch::pending`] set by the op's thread, under `state`'s lock, before it
+/// sleeps on `left`.
+const SLEEPING: u64 = 1 << 63;
 
 struct State {
     /// Taken out by the op's thread once every block ran and every helper left, so the body
@@ -298,6 +295,22 @@ struct State {
 }
 
 impl Launch {
+    fn new(name: &str, block_num: u32, body: Arc<BlockBody>, launch: u64) -> Launch {
+        Launch {
+            name: name.to_string(),
+            block_num,
+            next: CachePadded::new(AtomicU32::new(0)),
+            pending: CachePadded::new(AtomicU64::new(u64::from(block_num))),
+            launch,
+            lending: access::lend(launch),
+            state: Mutex::new(State {
+                body: Some(body),
+                failure: None,
+            }),
+            left: Condvar::new(),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -319,23 +332,43 @@ impl Launch {
                     st.failure = Some((i, e));
                 }
             }
-            self.done.fetch_add(1, Ordering::SeqCst);
+            self.settle_one();
+        }
+    }
+
+    /// One block ran, or one helper left: count it down from `pending`, and wake the op's
+    /// thread if this was the last and it sleeps. (Taking the lock before the notification
+    /// orders it after the op's thread started waiting: it set [`SLEEPING`] and checked
+    /// `pending` under that lock.)
+    fn settle_one(&self) {
+        if self.pending.fetch_sub(1, Ordering::SeqCst) == SLEEPING | 1 {
+            let st = self.lock();
+            self.left.notify_all();
+            drop(st);
         }
     }
 
     /// On the op's thread, after it ran out of blocks to claim: wait for the blocks helpers
     /// run and for every helper to leave, then drop the body and report.
     fn finish(&self) -> Result<(), KernelFailure> {
-        let settled = || {
-            self.done.load(Ordering::SeqCst) == self.block_num
-                && self.helpers.load(Ordering::SeqCst) == 0
-        };
+        let settled = || self.pending.load(Ordering::SeqCst) & !SLEEPING == 0;
         let until = Instant::now() + SPIN;
+        let pause = crate::sync::Pause::new();
+        let mut turn = 0u32;
         while !settled() && Instant::now() < until {
-            std::thread::yield_now();
+            // Mostly spin (the blocks left run on other cores); yield now and then, for a
+            // helper that shares this core.
+            turn += 1;
+            if turn.is_multiple_of(8) {
+                std::thread::yield_now();
+            } else {
+                pause.spin();
+            }
         }
         let mut st = self.lock();
-        while !settled() {
+        // Checked again under the lock, which a helper joins under: one that joined after
+        // the spin saw nothing pending is waited for too.
+        while self.pending.fetch_or(SLEEPING, Ordering::SeqCst) & !SLEEPING != 0 {
             st = self.left.wait(st).unwrap_or_else(PoisonError::into_inner);
         }
         let body = st.body.take();
@@ -363,7 +396,7 @@ impl Help for Launch {
             let Some(body) = st.body.clone() else {
                 return;
             };
-            self.helpers.fetch_add(1, Ordering::SeqCst);
+            self.pending.fetch_add(1, Ordering::SeqCst);
             body
         };
         {
@@ -373,10 +406,7 @@ impl Help for Launch {
         // Dropped before leaving: the op's thread holds the body until every helper left,
         // so this is never the last reference.
         drop(body);
-        let st = self.lock();
-        self.helpers.fetch_sub(1, Ordering::SeqCst);
-        self.left.notify_all();
-        drop(st);
+        self.settle_one();
     }
 }
 
@@ -402,6 +432,71 @@ mod tests {
                     assert_eq!(at, len);
                 }
             }
+        }
+    }
+
+    /// The op's thread and helpers joining at any moment (before the first block, during,
+    /// after the last, after the op's thread took the body): every block runs exactly once,
+    /// the op's thread returns only after every helper left, and the body is dropped there.
+    #[test]
+    fn the_op_waits_for_every_block_and_helper_and_drops_the_body_itself() {
+        struct DroppedOn(Arc<Mutex<Option<std::thread::ThreadId>>>);
+        impl Drop for DroppedOn {
+            fn drop(&mut self) {
+                *self.0.lock().unwrap() = Some(std::thread::current().id());
+            }
+        }
+        for round in 0..300u32 {
+            let blocks = 1 + round % 7;
+            let ran: Arc<Vec<AtomicU32>> =
+                Arc::new((0..blocks).map(|_| AtomicU32::new(0)).collect());
+            let inside = Arc::new(AtomicU32::new(0));
+            let dropped_on = Arc::new(Mutex::new(None));
+            let guard = DroppedOn(dropped_on.clone());
+            let (r, ins) = (ran.clone(), inside.clone());
+            let body: Arc<BlockBody> = Arc::new(move |cx: RunContext| {
+                let _keep = &guard;
+                ins.fetch_add(1, Ordering::SeqCst);
+                for _ in 0..(cx.block_idx() * 50) {
+                    std::hint::spin_loop();
+                }
+                r[cx.block_idx() as usize].fetch_add(1, Ordering::SeqCst);
+                ins.fetch_sub(1, Ordering::SeqCst);
+                Ok(())
+            });
+            let launch = Arc::new(Launch::new("k", blocks, body.clone(), 0));
+            let helpers: Vec<_> = (0..3)
+                .map(|h| {
+                    let l = launch.clone();
+                    std::thread::spawn(move || {
+                        for _ in 0..(h * (round % 5) * 40) {
+                            std::hint::spin_loop();
+                        }
+                        l.help();
+                    })
+                })
+                .collect();
+            {
+                let _borrowed = launch.lending.enter();
+                launch.run_claimed(&*body);
+            }
+            drop(body);
+            launch.finish().unwrap();
+            assert_eq!(
+                inside.load(Ordering::SeqCst),
+                0,
+                "a block still ran after finish"
+            );
+            assert_eq!(
+                *dropped_on.lock().unwrap(),
+                Some(std::thread::current().id()),
+                "the body was dropped by the op's thread"
+            );
+            for h in helpers {
+                h.join().unwrap();
+            }
+            let counts: Vec<u32> = ran.iter().map(|c| c.load(Ordering::SeqCst)).collect();
+            assert_eq!(counts, vec![1; blocks as usize], "round {round}");
         }
     }
 

@@ -182,7 +182,7 @@ impl Completion {
     #[cfg(not(loom))]
     fn spin(&self, target: u64, limit: Duration, help: &dyn Fn() -> bool) -> bool {
         let mut until = Instant::now() + limit;
-        let backoff = crossbeam_utils::Backoff::new();
+        let pause = crate::sync::Pause::new();
         let mut n = 0u32;
         while Instant::now() < until {
             if self.reached(target) {
@@ -199,7 +199,7 @@ impl Completion {
             {
                 std::thread::yield_now();
             } else {
-                backoff.spin();
+                pause.spin();
             }
         }
         false
