@@ -17,6 +17,12 @@ use std::time::Instant;
 
 use crate::sync::{current_cpu, AtomicU64, AtomicUsize, Condvar, Mutex, Ordering};
 
+/// A spinning waiter whose stream's runner is on another core yields once every this many
+/// looks: about every 6 us with [`crate::sync::Pause`]'s pauses (about as often as it did
+/// with crossbeam's longer ones; every 8th look was a system call every 1.5 us).
+#[cfg(not(loom))]
+const YIELD_EVERY: u32 = 32;
+
 pub(crate) struct Completion {
     /// Written by submitters, on a cache line of its own: the runner writes `completed` (and
     /// `waiters`) after every command, and sharing one line made every launch pull it back
@@ -176,9 +182,10 @@ impl Completion {
     /// this core, yield every turn: on two cores with a third busy thread (a BLAS or OpenMP
     /// thread spinning after its call) the runner can be queued behind this very waiter, and
     /// a graph replay + synchronize measured 4 us yielding every 8th turn against 2.4 us
-    /// yielding every other turn. Otherwise yield only every 8th turn: each yield can hand the core
-    /// to an unrelated busy thread for a whole time slice (`Backoff::snooze`, which yields on
-    /// every turn, measured a no-op launch + synchronize 2-3x slower on a loaded machine).
+    /// yielding every other turn. Otherwise yield only every [`YIELD_EVERY`]th turn: each
+    /// yield can hand the core to an unrelated busy thread for a whole time slice
+    /// (`Backoff::snooze`, which yields on every turn, measured a no-op launch + synchronize
+    /// 2-3x slower on a loaded machine), and costs a system call when there is none.
     #[cfg(not(loom))]
     fn spin(&self, target: u64, limit: Duration, help: &dyn Fn() -> bool) -> bool {
         let mut until = Instant::now() + limit;
@@ -194,7 +201,7 @@ impl Completion {
                 continue;
             }
             n += 1;
-            if n.is_multiple_of(8)
+            if n.is_multiple_of(YIELD_EVERY)
                 || self.runner_cpu.load(std::sync::atomic::Ordering::Relaxed) == current_cpu()
             {
                 std::thread::yield_now();
