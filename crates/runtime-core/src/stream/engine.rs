@@ -265,9 +265,10 @@ pub(crate) fn linger_on(
     )
 }
 
-/// How often a worker moves off its submitter's core at most: a few microseconds each time
-/// (two system calls and a migration), and where the OS keeps putting the two threads
-/// together (every other core busy), at most this often in vain.
+/// How often a worker that stays awake moves off its submitter's core at most: a few
+/// microseconds each time (two system calls and a migration), and where the OS keeps putting
+/// the two threads together (every other core busy), at most this often in vain. A worker
+/// that slept since its last move may move at once (`Engine::work`).
 const MOVE_OFF_EVERY: Duration = Duration::from_millis(5);
 
 thread_local! {
@@ -545,7 +546,13 @@ impl Engine {
         loop {
             let msg = match self.try_pop().or_else(|| self.spin_pop()) {
                 Some(m) => m,
-                None => self.idle.sleep_pop(|| self.try_pop()),
+                None => {
+                    // Where a woken thread runs is the OS's choice anew (beside its waker, as
+                    // often as not): a move off the submitter's core made before this sleep
+                    // must not keep the next one from being made at once.
+                    MOVED_OFF.with(|m| m.set(None));
+                    self.idle.sleep_pop(|| self.try_pop())
+                }
             };
             match msg {
                 Msg::Stop => return,
