@@ -34,7 +34,7 @@ pub(crate) struct Completion {
     spinning: std::sync::atomic::AtomicU32,
     lock: Mutex<()>,
     cv: Condvar,
-    /// CPU of the engine worker that began running the stream last; a hint, never ordered.
+    /// CPU of the engine worker running the stream, as it last noted it; a hint, never ordered.
     runner_cpu: std::sync::atomic::AtomicU32,
 }
 
@@ -61,7 +61,8 @@ impl Completion {
         }
     }
 
-    /// Note that an engine worker on the calling thread begins running the stream.
+    /// Note the CPU of the engine worker running the stream, on that worker: when it begins
+    /// running it, and when it resumes after lingering (it may have moved meanwhile).
     pub(crate) fn note_runner(&self) {
         self.runner_cpu
             .store(current_cpu(), std::sync::atomic::Ordering::Relaxed);

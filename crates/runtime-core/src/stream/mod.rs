@@ -1241,6 +1241,9 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
                     || !s.done.is_idle(),
                     || s.done.awaited(),
                 ) {
+                    // The linger may have moved this worker off its submitter's core: a
+                    // waiter that still saw the old CPU would yield to a runner not there.
+                    s.done.note_runner();
                     clock.idled();
                     continue;
                 }
