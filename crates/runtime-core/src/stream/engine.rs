@@ -280,14 +280,26 @@ thread_local! {
 /// move to another ([`crate::sync::move_off_cpu`]), unless it did so within
 /// [`MOVE_OFF_EVERY`]. Returns whether it moved (it then no longer shares the core).
 fn move_off_submitters_core(now: Instant) -> bool {
-    let due = MOVED_OFF
-        .with(std::cell::Cell::get)
-        .is_none_or(|last| now.duration_since(last) >= MOVE_OFF_EVERY);
-    if !due {
+    if !move_due(now) {
         return false;
     }
     MOVED_OFF.with(|m| m.set(Some(now)));
     crate::sync::move_off_cpu(crate::sync::current_cpu())
+}
+
+/// Whether this worker may move off its submitter's core at `now`: it never moved, or last
+/// did [`MOVE_OFF_EVERY`] ago, or slept since ([`forget_move`]).
+fn move_due(now: Instant) -> bool {
+    MOVED_OFF
+        .with(std::cell::Cell::get)
+        .is_none_or(|last| now.duration_since(last) >= MOVE_OFF_EVERY)
+}
+
+/// This worker is about to sleep: where it wakes is the OS's choice anew (beside its waker,
+/// as often as not), so a move made before must not keep the next one from being made at
+/// once.
+fn forget_move() {
+    MOVED_OFF.with(|m| m.set(None));
 }
 
 pub(crate) struct Engine {
@@ -547,10 +559,7 @@ impl Engine {
             let msg = match self.try_pop().or_else(|| self.spin_pop()) {
                 Some(m) => m,
                 None => {
-                    // Where a woken thread runs is the OS's choice anew (beside its waker, as
-                    // often as not): a move off the submitter's core made before this sleep
-                    // must not keep the next one from being made at once.
-                    MOVED_OFF.with(|m| m.set(None));
+                    forget_move();
                     self.idle.sleep_pop(|| self.try_pop())
                 }
             };
@@ -689,5 +698,25 @@ impl Engines {
         self.compute.stop();
         self.copy.stop();
         self.serial.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_moves_again_after_a_sleep_or_after_the_interval_while_awake() {
+        let now = Instant::now();
+        assert!(move_due(now), "a worker that never moved may move");
+        MOVED_OFF.with(|m| m.set(Some(now)));
+        assert!(!move_due(now), "not again at once while awake");
+        assert!(!move_due(now + MOVE_OFF_EVERY / 2));
+        assert!(
+            move_due(now + MOVE_OFF_EVERY),
+            "again once the interval passed"
+        );
+        forget_move();
+        assert!(move_due(now), "at once after a sleep");
     }
 }
