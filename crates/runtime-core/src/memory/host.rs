@@ -379,12 +379,17 @@ impl Arena {
         }
     }
 
-    /// Make `[offset, offset + len)` read as zero, writing only pages that are resident.
+    /// Make `[offset, offset + len)` read as zero, writing only pages that hold data.
     ///
-    /// A page of the memory file that is not resident has never been touched since its last
-    /// release (a hole), so it already reads as zero, provided it cannot have been swapped out: with
-    /// swap configured every page is written. Whole-page interiors are asked with `mincore`;
-    /// partial pages at the ends are always written.
+    /// A page of the memory file that holds no data has never been touched since its last
+    /// release (a hole), so it already reads as zero, provided it cannot have been swapped out
+    /// unnoticed: with swap configured every page is written. Partial pages at the ends are
+    /// always written. For the whole-page interior, the file is asked first where its data
+    /// starts ([`Arena::first_data`]: one `lseek`, so a block nobody touched costs one
+    /// system call); from there, the mapping is asked which pages are resident (`mincore`).
+    /// `mincore` alone looks up every page the mapping never touched in the file (about 8 us
+    /// per untouched MiB here), and `lseek(SEEK_HOLE)` walks every page that holds data
+    /// (about 7 us per touched MiB), while `mincore` reads a touched page's table entry.
     pub fn zero(&self, offset: u64, len: u64) {
         self.check(offset, len);
         let start = offset.next_multiple_of(PAGE);
@@ -395,6 +400,37 @@ impl Arena {
         }
         self.fill(offset, start - offset, 0);
         self.fill(end, offset + len - end, 0);
+        match self.first_data(start, end) {
+            Some(None) => {}
+            Some(Some(data)) => self.zero_resident(data, end),
+            None => self.zero_resident(start, end),
+        }
+    }
+
+    /// The first page of `[start, end)` (arena offsets, page aligned) whose file range holds
+    /// data (`lseek(SEEK_DATA)` on the device memory file), `Some(None)` when none does;
+    /// `None` when the arena has no range of our file (an imported one) or the file cannot be
+    /// asked.
+    fn first_data(&self, start: u64, end: u64) -> Option<Option<u64>> {
+        let Backing::Own { file, offset: base } = &self.backing else {
+            return None;
+        };
+        let at = libc::off_t::try_from(base + start).ok()?;
+        // SAFETY: a plain system call on our own open file; it moves only the file position,
+        // which nothing of the runtime uses (the file is only mapped).
+        let r = unsafe { libc::lseek(file.fd(), at, libc::SEEK_DATA) };
+        if r < 0 {
+            // ENXIO: no data from `start` to the end of the file.
+            return (io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO))
+                .then_some(None);
+        }
+        let data = (r as u64).checked_sub(*base)? / PAGE * PAGE;
+        Some((data < end).then_some(data.max(start)))
+    }
+
+    /// Zero the pages of `[start, end)` (page aligned) that are resident in the mapping,
+    /// asking `mincore`; every page when it cannot be asked.
+    fn zero_resident(&self, start: u64, end: u64) {
         let pages = ((end - start) / PAGE) as usize;
         let mut resident = vec![0u8; pages];
         // SAFETY: [start, end) is page aligned and inside the mapping; `resident` holds one
@@ -887,6 +923,49 @@ mod tests {
         assert_eq!(b[0], 3);
         assert!(b[1..8001].iter().all(|&x| x == 0));
         assert!(b[8001..].iter().all(|&x| x == 3));
+    }
+
+    #[test]
+    fn the_file_says_where_the_first_touched_page_is() {
+        let a = Arena::map(1 << 20).unwrap();
+        // A block nobody touched holds no data at all.
+        assert_eq!(a.first_data(0, 1 << 20), Some(None));
+        a.fill(5 * PAGE + 1, 1, 9);
+        a.fill(7 * PAGE, 3 * PAGE, 9);
+        assert_eq!(a.first_data(0, 1 << 20), Some(Some(5 * PAGE)));
+        assert_eq!(a.first_data(6 * PAGE, 1 << 20), Some(Some(7 * PAGE)));
+        assert_eq!(a.first_data(8 * PAGE, 9 * PAGE), Some(Some(8 * PAGE)));
+        // Data after the asked range does not count.
+        assert_eq!(a.first_data(0, 5 * PAGE), Some(None));
+        assert_eq!(a.first_data(10 * PAGE, 1 << 20), Some(None));
+        a.zero(0, 1 << 20);
+        let mut back = vec![1u8; 1 << 20];
+        a.read(0, &mut back);
+        assert!(back.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn an_imported_arena_is_zeroed_through_its_resident_pages() {
+        let a = Arena::map(1 << 20).unwrap();
+        let (file, offset) = a.file_range().map(|(f, o)| (f.clone(), o)).unwrap();
+        // Our own file, opened again (as another process would open it).
+        let again = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/self/fd/{}", file.fd()))
+            .unwrap();
+        let b = Arena::map_file(&again, offset, 1 << 20).unwrap();
+        assert_eq!(b.first_data(0, 1 << 20), None);
+        b.fill(3 * PAGE, 2 * PAGE + 5, 4);
+        let mut back = vec![0u8; 1 << 20];
+        a.read(0, &mut back);
+        assert_eq!(
+            back.iter().filter(|&&x| x == 4).count() as u64,
+            2 * PAGE + 5
+        );
+        b.zero(0, 1 << 20);
+        a.read(0, &mut back);
+        assert!(back.iter().all(|&x| x == 0));
     }
 
     #[test]

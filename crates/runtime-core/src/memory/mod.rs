@@ -60,7 +60,7 @@
 //!   `MADV_REMOVE`); free slab slots are zeroed when freed (they are small); cached large
 //!   blocks are zeroed by the scrubber before they are reused, or by the allocating caller
 //!   when it takes one the scrubber has not reached (only the pages that were touched: an
-//!   untouched block costs one `mincore` call), which it prefers to mapping fresh memory
+//!   untouched block costs one `lseek` on the memory file), which it prefers to mapping fresh memory
 //!   (blocks over [`SCRUB_FILL_MAX`] are released rather than filled, so RAM follows what was
 //!   touched).
 //! * RAM is spent only on touched pages: mappings are `MAP_NORESERVE` and committed on first
@@ -612,8 +612,8 @@ impl DeviceMemory {
                 return Some(Take::Cached(arena, false));
             }
             // The scrubber is behind: reuse a dirty block of this size, zeroing it here
-            // (`Arena::zero`: one `mincore` call, and a fill of only the pages that were
-            // touched), rather than map fresh memory. A fresh mapping costs a system call now
+            // (`Arena::zero`: one `lseek` for a block nobody touched, and a fill of only the
+            // pages that were touched), rather than map fresh memory. A fresh mapping costs a system call now
             // and a page fault per page at first touch, and which of the two an allocation got
             // depended on whether the scrubber had a core in time (1 MiB: 0.4-14 us between
             // runs of one benchmark).
