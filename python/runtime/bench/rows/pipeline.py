@@ -65,7 +65,9 @@ def scaling_rows(cfg: Config) -> list[Row]:
                 reps=cfg.mm_reps,
                 group="scaling",
                 references=("stdlib",),
-                note="wall time / (streams x matmuls): weak scaling | stdlib (host reference, not "
+                note="wall time / (streams x matmuls): weak scaling; each matmul one block "
+                "(block_dim=1), so the streams, not the blocks of one launch, share the cores "
+                "| stdlib (host reference, not "
                 "the same work): hashlib.sha256 of 64 KiB in n worker threads (the GIL released), "
                 "how far this host lets n threads of native code scale right now",
             )
@@ -222,7 +224,7 @@ def _rt_matmul(ctx, n):
         t0 = _now()
         for _ in range(M):
             for i in range(n):
-                mm(c[i], a[i], b[i], stream=streams[i])
+                mm(c[i], a[i], b[i], stream=streams[i], block_dim=1)
         for s in streams:
             s.synchronize()
         return (_now() - t0) / (n * M)
