@@ -346,6 +346,12 @@ impl KernelRef {
         KernelRef(Held::Static(kernel))
     }
 
+    /// Whether it is one of the core's built-in kernels: Rust code of this crate, which
+    /// calls no code of its users while it runs.
+    fn is_builtin(&self) -> bool {
+        matches!(self.0, Held::Static(_))
+    }
+
     /// The kernel's address, for identity.
     fn as_ptr(&self) -> *const dyn Kernel {
         match &self.0 {
@@ -570,7 +576,15 @@ impl Op for KernelOp {
             Some(exec) if self.blocks > 1 => exec,
             _ => {
                 let cx = RunContext::single();
-                return block::as_block(cx, || self.args.checked_by.run(&self.args, &cx));
+                let kernel = &self.args.checked_by;
+                if kernel.is_builtin() {
+                    // Only code a kernel calls reads the thread's current block
+                    // (`block::current`), and a built-in calls none of its users' code: no
+                    // thread-local to set and restore (a graph replay runs a hundred of these
+                    // per command).
+                    return kernel.run(&self.args, &cx);
+                }
+                return block::as_block(cx, || kernel.run(&self.args, &cx));
             }
         };
         let launch = block::new_launch();

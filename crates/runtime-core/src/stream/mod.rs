@@ -1381,7 +1381,12 @@ fn run_op(s: &StreamInner, op: &dyn Op) {
     if s.failed.load(Ordering::SeqCst) {
         return; // skipped behind an unreported error
     }
-    match op.accesses().acquire() {
+    let accesses = op.accesses();
+    if accesses.is_empty() {
+        // Nothing to hold (a no-op, a kernel of scalars only): no holding to build or drop.
+        return run_unheld(s, op);
+    }
+    match accesses.acquire() {
         Ok(_held) => run_held(s, op),
         Err(e) => fail(s, KernelFailure::new(op.name(), e.to_string())),
     }
@@ -1392,8 +1397,13 @@ fn run_held(s: &StreamInner, op: &dyn Op) {
     if s.failed.load(Ordering::SeqCst) {
         return;
     }
+    run_unheld(s, op);
+}
+
+/// Run `op` (its allocations held, or none to hold), on a stream found not failed.
+fn run_unheld(s: &StreamInner, op: &dyn Op) {
     let t0 = trace::enabled().then(now_ns);
-    let result = panics::run_caught(op.name(), || op.run());
+    let result = panics::run_caught_named(|| op.name(), || op.run());
     if let Some(t0) = t0 {
         trace::push(trace::Record {
             name: op.name().to_string(),

@@ -43,6 +43,15 @@ pub(crate) fn run_caught(
     name: &str,
     f: impl FnOnce() -> Result<(), KernelFailure>,
 ) -> Result<(), KernelFailure> {
+    run_caught_named(|| name, f)
+}
+
+/// [`run_caught`], asking the op's name only when it panicked (an op's name may cost a
+/// conversion, and a graph replay runs a hundred ops per command).
+pub(crate) fn run_caught_named<'a>(
+    name: impl FnOnce() -> &'a str,
+    f: impl FnOnce() -> Result<(), KernelFailure>,
+) -> Result<(), KernelFailure> {
     install_hook();
     let outer = IN_OP.with(|c| c.replace(true));
     let result = catch_unwind(AssertUnwindSafe(f));
@@ -58,7 +67,7 @@ pub(crate) fn run_caught(
             Some(at) => format!("panicked at {at}: {msg}"),
             None => format!("panicked: {msg}"),
         };
-        Err(KernelFailure::new(name, msg))
+        Err(KernelFailure::new(name(), msg))
     })
 }
 
