@@ -128,6 +128,46 @@ pub(crate) fn move_off_cpu(cpu: u32) -> bool {
     true
 }
 
+/// How often a thread that stays awake moves off the core of the thread feeding it at most
+/// ([`move_off_feeders_core`]): a few microseconds each time (two system calls and a
+/// migration), and where the OS keeps putting the two threads together (every other core
+/// busy), at most this often in vain. A thread that slept since its last move
+/// ([`forget_move`]) may move at once.
+pub(crate) const MOVE_OFF_EVERY: std::time::Duration = std::time::Duration::from_millis(5);
+
+thread_local! {
+    /// When this thread last moved off its feeder's core.
+    static MOVED_OFF: std::cell::Cell<Option<std::time::Instant>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// A runtime thread (an engine worker lingering for its submitter's next command, a copy
+/// helper running a piece of its poster's copy) found the thread that feeds it on its own
+/// core: move to another ([`move_off_cpu`]), unless it did so within [`MOVE_OFF_EVERY`]
+/// while awake. Returns whether it moved (it then no longer shares the core).
+pub(crate) fn move_off_feeders_core(now: std::time::Instant) -> bool {
+    if !move_due(now) {
+        return false;
+    }
+    MOVED_OFF.with(|m| m.set(Some(now)));
+    move_off_cpu(current_cpu())
+}
+
+/// Whether this thread may move off its feeder's core at `now`: it never moved, or last did
+/// [`MOVE_OFF_EVERY`] ago, or slept since ([`forget_move`]).
+fn move_due(now: std::time::Instant) -> bool {
+    MOVED_OFF
+        .with(std::cell::Cell::get)
+        .is_none_or(|last| now.duration_since(last) >= MOVE_OFF_EVERY)
+}
+
+/// This thread is about to sleep: where it wakes is the OS's choice anew (beside its waker,
+/// as often as not), so a move made before must not keep the next one from being made at
+/// once.
+pub(crate) fn forget_move() {
+    MOVED_OFF.with(|m| m.set(None));
+}
+
 /// Thread starts still to fail on purpose (the `testing` feature's `inject_spawn_failures`).
 static SPAWN_FAILURES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -541,6 +581,21 @@ mod tests {
                 None => vec![p.parse().unwrap()],
             })
             .collect()
+    }
+
+    #[test]
+    fn a_thread_moves_again_after_a_sleep_or_after_the_interval_while_awake() {
+        let now = std::time::Instant::now();
+        assert!(move_due(now), "a thread that never moved may move");
+        MOVED_OFF.with(|m| m.set(Some(now)));
+        assert!(!move_due(now), "not again at once while awake");
+        assert!(!move_due(now + MOVE_OFF_EVERY / 2));
+        assert!(
+            move_due(now + MOVE_OFF_EVERY),
+            "again once the interval passed"
+        );
+        forget_move();
+        assert!(move_due(now), "at once after a sleep");
     }
 
     #[test]

@@ -265,43 +265,6 @@ pub(crate) fn linger_on(
     )
 }
 
-/// How often a worker that stays awake moves off its submitter's core at most: a few
-/// microseconds each time (two system calls and a migration), and where the OS keeps putting
-/// the two threads together (every other core busy), at most this often in vain. A worker
-/// that slept since its last move may move at once (`Engine::work`).
-const MOVE_OFF_EVERY: Duration = Duration::from_millis(5);
-
-thread_local! {
-    /// When this worker last moved off its submitter's core.
-    static MOVED_OFF: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
-}
-
-/// A worker lingering for its submitter's next command found the submitter on its own core:
-/// move to another ([`crate::sync::move_off_cpu`]), unless it did so within
-/// [`MOVE_OFF_EVERY`]. Returns whether it moved (it then no longer shares the core).
-fn move_off_submitters_core(now: Instant) -> bool {
-    if !move_due(now) {
-        return false;
-    }
-    MOVED_OFF.with(|m| m.set(Some(now)));
-    crate::sync::move_off_cpu(crate::sync::current_cpu())
-}
-
-/// Whether this worker may move off its submitter's core at `now`: it never moved, or last
-/// did [`MOVE_OFF_EVERY`] ago, or slept since ([`forget_move`]).
-fn move_due(now: Instant) -> bool {
-    MOVED_OFF
-        .with(std::cell::Cell::get)
-        .is_none_or(|last| now.duration_since(last) >= MOVE_OFF_EVERY)
-}
-
-/// This worker is about to sleep: where it wakes is the OS's choice anew (beside its waker,
-/// as often as not), so a move made before must not keep the next one from being made at
-/// once.
-fn forget_move() {
-    MOVED_OFF.with(|m| m.set(None));
-}
-
 pub(crate) struct Engine {
     kind: EngineKind,
     device: usize,
@@ -466,7 +429,7 @@ impl Engine {
     /// stream waits. Returns whether `arrived()` became true.
     ///
     /// With `share_core` (the submitter last ran on this core) the worker first moves to
-    /// another core ([`move_off_submitters_core`]); where it stays, it yields between looks
+    /// another core ([`crate::sync::move_off_feeders_core`]); where it stays, it yields between looks
     /// instead of spinning: the submitter cannot send its next command while this worker
     /// holds the core (each launch + synchronize took the whole LINGER, 27 us, with a third
     /// busy thread on two cores).
@@ -485,7 +448,7 @@ impl Engine {
             return false;
         }
         let start = Instant::now();
-        let share_core = share_core && !move_off_submitters_core(start);
+        let share_core = share_core && !crate::sync::move_off_feeders_core(start);
         // Look less often the longer nothing comes: each look pulls the cache line the
         // launcher writes, so a launcher in a tight loop gets several launches in between
         // (and they run as one batch), while a command right after the last still starts
@@ -559,7 +522,7 @@ impl Engine {
             let msg = match self.try_pop().or_else(|| self.spin_pop()) {
                 Some(m) => m,
                 None => {
-                    forget_move();
+                    crate::sync::forget_move();
                     self.idle.sleep_pop(|| self.try_pop())
                 }
             };
@@ -698,25 +661,5 @@ impl Engines {
         self.compute.stop();
         self.copy.stop();
         self.serial.stop();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_worker_moves_again_after_a_sleep_or_after_the_interval_while_awake() {
-        let now = Instant::now();
-        assert!(move_due(now), "a worker that never moved may move");
-        MOVED_OFF.with(|m| m.set(Some(now)));
-        assert!(!move_due(now), "not again at once while awake");
-        assert!(!move_due(now + MOVE_OFF_EVERY / 2));
-        assert!(
-            move_due(now + MOVE_OFF_EVERY),
-            "again once the interval passed"
-        );
-        forget_move();
-        assert!(move_due(now), "at once after a sleep");
     }
 }
