@@ -6,6 +6,10 @@
 //! The mutex and condvar share one by-value API on both sides (`wait` takes and returns the
 //! guard, as loom's does). `SleepMutex` / `SleepCondvar` are std's futex-based pair (for
 //! locks idle threads sleep on; see there), loom's under `cfg(loom)`.
+//!
+//! Also what hand-offs between threads ask of the CPU and the OS: which CPU a thread is on
+//! and moving a worker off its feeder's ([`current_cpu`], [`move_off_feeders_core`]), and
+//! fetching a cache line before writing it ([`prefetch_for_write`]).
 
 std::thread_local! {
     static RUNTIME_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
@@ -81,6 +85,58 @@ pub(crate) fn current_cpu() -> u32 {
     // CPU number or -1.
     let cpu = unsafe { libc::sched_getcpu() };
     u32::try_from(cpu).unwrap_or(u32::MAX)
+}
+
+/// Ask the CPU to bring the cache lines of `size` bytes at `p` into this core's cache ready
+/// to be written (x86's `prefetchw`), so that a store there later does not wait for the line
+/// to leave another core. A hint: it reads and writes nothing, and any address, even one no
+/// longer allocated, is fine. Nothing on other machines, or on an x86 CPU without the
+/// instruction.
+///
+/// For a launching thread that will fill a box the worker has read (`Commands::push_owned`):
+/// without the hint the store waited for the worker's copy to be invalidated, and the lock
+/// released after it (a locked instruction drains the store buffer) stalled the launch until
+/// then, the largest single cost of a no-op launch in `perf`.
+pub(crate) fn prefetch_for_write(p: *const u8, size: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !has_prefetchw() {
+            return;
+        }
+        for offset in (0..size).step_by(64) {
+            let line = p.wrapping_add(offset);
+            // SAFETY: `prefetchw` is a hint that does not access memory as far as the program
+            // can tell: it never faults (an unmapped or invalid address is ignored), changes
+            // no register but none named, and leaves the flags and the stack alone. The CPU
+            // has the instruction (`has_prefetchw`).
+            unsafe {
+                std::arch::asm!(
+                    "prefetchw [{0}]",
+                    in(reg) line,
+                    options(nostack, preserves_flags, readonly)
+                );
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, size);
+}
+
+/// Whether the CPU has `prefetchw` (CPUID 8000_0001h, ECX bit 8). A plain cache, as in
+/// `engine::max_spinners` (a `OnceLock` is not safe across `fork`): 0 unknown, 1 no, 2 yes.
+#[cfg(target_arch = "x86_64")]
+fn has_prefetchw() -> bool {
+    static HAS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+    match HAS.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => {
+            let max = std::arch::x86_64::__cpuid(0x8000_0000).eax;
+            let has =
+                max >= 0x8000_0001 && std::arch::x86_64::__cpuid(0x8000_0001).ecx & (1 << 8) != 0;
+            HAS.store(1 + u8::from(has), std::sync::atomic::Ordering::Relaxed);
+            has
+        }
+        v => v == 2,
+    }
 }
 
 /// Move the calling thread off CPU `cpu` onto another CPU it may run on, and leave it free to
@@ -552,6 +608,23 @@ pub(crate) mod lock {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prefetch_for_write_changes_nothing_whatever_the_address() {
+        let mut v = vec![7u8; 256];
+        prefetch_for_write(v.as_ptr(), v.len());
+        v[255] = 8;
+        let freed = v.as_ptr();
+        drop(v);
+        // A freed block, a null pointer, the top of the address space: hints only.
+        prefetch_for_write(freed, 256);
+        prefetch_for_write(std::ptr::null(), 4096);
+        prefetch_for_write(usize::MAX as *const u8, 64);
+        prefetch_for_write(std::ptr::dangling(), 0);
+        let w = [1u32; 16];
+        prefetch_for_write(w.as_ptr().cast(), 64);
+        assert!(w.iter().all(|&x| x == 1));
+    }
 
     #[test]
     fn a_pause_doubles_from_one_hint_up_to_its_bound() {

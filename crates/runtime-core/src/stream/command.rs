@@ -224,20 +224,39 @@ impl Commands {
 
     /// Queue `op` behind the others, in `incoming` (batching on), in an emptied box of its
     /// type when one was given back. A spare box of another type that comes first is freed:
-    /// it holds no op, so nothing but the free runs under the lock.
+    /// it holds no op, so nothing but the free runs under the lock. The box the next launch
+    /// will take is then fetched ready to write ([`crate::sync::prefetch_for_write`]), while
+    /// this launch returns and the next one is checked. (The op moves once, into its box:
+    /// each move through an `Option` on the way was a copy of the whole op.)
     pub(crate) fn push_owned<T: Op + 'static>(&self, op: T) {
         let mut incoming = self.incoming.lock();
-        let mut op = Some(op);
-        let mut boxed = None;
-        while let Some(mut spare) = incoming.spare.pop() {
-            if let Some(slot) = spare.as_any_mut().downcast_mut::<OpBox<T>>() {
-                slot.0 = op.take();
-                boxed = Some(spare);
-                break;
+        let spare = loop {
+            match incoming.spare.pop() {
+                Some(mut b) => {
+                    if b.as_any_mut().is::<OpBox<T>>() {
+                        break Some(b);
+                    }
+                }
+                None => break None,
             }
-        }
-        let boxed = boxed.unwrap_or_else(|| Box::new(OpBox(op.take())));
+        };
+        let boxed = match spare {
+            Some(mut b) => {
+                if let Some(slot) = b.as_any_mut().downcast_mut::<OpBox<T>>() {
+                    slot.0 = Some(op);
+                }
+                b
+            }
+            None => Box::new(OpBox(Some(op))),
+        };
         incoming.queue.push(Command::Boxed(boxed));
+        if let Some(next) = incoming.spare.last() {
+            let next: &dyn Reusable = &**next;
+            crate::sync::prefetch_for_write(
+                std::ptr::from_ref(next).cast(),
+                std::mem::size_of_val(next),
+            );
+        }
     }
 
     /// Take the next command: `ready`'s first, or the batch waiting in `incoming`
