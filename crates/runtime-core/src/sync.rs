@@ -106,9 +106,9 @@ pub(crate) fn prefetch_for_write(p: *const u8, size: usize) {
         for offset in (0..size).step_by(64) {
             let line = p.wrapping_add(offset);
             // SAFETY: `prefetchw` is a hint that does not access memory as far as the program
-            // can tell: it never faults (an unmapped or invalid address is ignored), changes
-            // no register but none named, and leaves the flags and the stack alone. The CPU
-            // has the instruction (`has_prefetchw`).
+            // can tell: it never faults (an unmapped or invalid address is ignored), writes
+            // no register, and leaves the flags and the stack alone. The CPU has the
+            // instruction (`has_prefetchw`).
             unsafe {
                 std::arch::asm!(
                     "prefetchw [{0}]",
