@@ -1036,7 +1036,7 @@ proptest! {
     }
 }
 
-/// Outputs past `STREAM_BYTES` are written through an L1 buffer with streaming stores:
+/// Outputs past `STREAM_BYTES` are written with streaming stores, a few cache lines at a time:
 /// the values are those of the plain path, at an offset that misaligns the output (head and
 /// tail around the aligned body), with an odd length, as one block and as several, and the
 /// bytes around the output stay untouched.
