@@ -145,6 +145,48 @@ fn a_panic_is_reported_at_the_next_synchronize() {
     assert!(message.contains("kaboom 42"), "{message}");
 }
 
+/// A graph replay runs its consecutive ops as one unit (`panics::OpScope`): a panic in one
+/// node is reported as that kernel's, with its own message, the ops behind it are skipped,
+/// the record after them still completes, and the next replay runs every node again.
+#[test]
+fn a_panic_inside_a_graph_replay_is_that_nodes_failure() {
+    let (_g, rt) = init();
+    let s = Stream::new(rt.device(0).unwrap(), 0).unwrap();
+    let (before, behind) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let e = Event::new();
+    s.begin_capture().unwrap();
+    s.launch(count_op(&before)).unwrap();
+    s.launch(count_op(&before)).unwrap();
+    s.launch(panicking_op()).unwrap();
+    s.launch(count_op(&behind)).unwrap();
+    s.record(&e).unwrap();
+    let g = s.end_capture().unwrap();
+    for replay in 1..=2 {
+        s.launch_graph(&g).unwrap();
+        let message = expect_kernel_error(s.synchronize(None), "panicky_kernel", &s);
+        assert!(message.contains("kaboom 42"), "{message}");
+        assert!(message.contains("kernel_errors.rs:"), "location: {message}");
+        assert_eq!(
+            before.load(Ordering::SeqCst),
+            2 * replay,
+            "the nodes before ran"
+        );
+        assert_eq!(
+            behind.load(Ordering::SeqCst),
+            0,
+            "the node behind was skipped"
+        );
+        assert!(e.query().unwrap(), "the record after the failure completed");
+    }
+    s.launch(count_op(&behind)).unwrap();
+    s.synchronize(None).unwrap();
+    assert_eq!(
+        behind.load(Ordering::SeqCst),
+        1,
+        "the stream runs new work after the report"
+    );
+}
+
 #[test]
 fn a_panic_with_a_non_string_payload_is_reported() {
     let (_g, rt) = init();

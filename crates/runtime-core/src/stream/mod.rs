@@ -504,7 +504,7 @@ impl Stream {
         let idle = held.is_some();
         if let Some(held) = held {
             s.done.submit();
-            run_held(s, op.as_ref());
+            run_held(s, op.as_ref(), &panics::OpScope::enter());
             drop(held);
             complete_one(s);
         }
@@ -1378,32 +1378,37 @@ fn check_wait(s: &StreamInner, ev: &crate::event::EventInner) {
 }
 
 fn run_op(s: &StreamInner, op: &dyn Op) {
+    run_op_in(s, op, &panics::OpScope::enter());
+}
+
+/// [`run_op`] for one of the ops run in `scope` (a graph replay's nodes).
+fn run_op_in(s: &StreamInner, op: &dyn Op, scope: &panics::OpScope) {
     if s.failed.load(Ordering::SeqCst) {
         return; // skipped behind an unreported error
     }
     let accesses = op.accesses();
     if accesses.is_empty() {
         // Nothing to hold (a no-op, a kernel of scalars only): no holding to build or drop.
-        return run_unheld(s, op);
+        return run_unheld(s, op, scope);
     }
     match accesses.acquire() {
-        Ok(_held) => run_held(s, op),
+        Ok(_held) => run_held(s, op, scope),
         Err(e) => fail(s, KernelFailure::new(op.name(), e.to_string())),
     }
 }
 
 /// Run `op`, whose allocations the caller holds (see [`crate::memory::access`]).
-fn run_held(s: &StreamInner, op: &dyn Op) {
+fn run_held(s: &StreamInner, op: &dyn Op, scope: &panics::OpScope) {
     if s.failed.load(Ordering::SeqCst) {
         return;
     }
-    run_unheld(s, op);
+    run_unheld(s, op, scope);
 }
 
 /// Run `op` (its allocations held, or none to hold), on a stream found not failed.
-fn run_unheld(s: &StreamInner, op: &dyn Op) {
+fn run_unheld(s: &StreamInner, op: &dyn Op, scope: &panics::OpScope) {
     let t0 = trace::enabled().then(now_ns);
-    let result = panics::run_caught_named(|| op.name(), || op.run());
+    let result = scope.run(|| op.name(), || op.run());
     if let Some(t0) = t0 {
         trace::push(trace::Record {
             name: op.name().to_string(),
@@ -1468,11 +1473,30 @@ fn execute(
             }
         }
         Command::Graph(g, start) => {
+            // Consecutive ops run in one scope (see `panics`); records and waits, which may
+            // call back into user code, run outside any.
+            let mut scope = None;
             for (i, node) in g.nodes.iter().enumerate().skip(start) {
+                if !matches!(node, Node::Op(_) | Node::Launch(_)) {
+                    scope = None;
+                }
                 match node {
-                    Node::Op(op) => run_op(s, op.as_ref()),
+                    Node::Op(op) => {
+                        run_op_in(
+                            s,
+                            op.as_ref(),
+                            scope.get_or_insert_with(panics::OpScope::enter),
+                        );
+                    }
                     // Not reached: every launch binds these (`GraphInner::bind`).
-                    Node::Launch(l) => run_op(s, l.bind().as_ref()),
+                    Node::Launch(l) => {
+                        let op = l.bind();
+                        run_op_in(
+                            s,
+                            op.as_ref(),
+                            scope.get_or_insert_with(panics::OpScope::enter),
+                        );
+                    }
                     Node::Record(ev) => {
                         let id = ev.next_record();
                         ev.complete(id);
