@@ -676,8 +676,7 @@ impl Builtin {
                     let r = cx.share_aligned(d.nbytes() as usize, SHARE_ALIGN_BYTES);
                     let (dst, src) = (view_mut_part::<u8>(d, r.clone()), view_part::<u8>(s, r));
                     if d.nbytes() >= STREAM_BYTES {
-                        stream_bytes(dst, src);
-                        stream_fence();
+                        crate::memory::host::stream_copy_slice(dst, src);
                     } else {
                         dst.copy_from_slice(src);
                     }
@@ -1014,44 +1013,6 @@ fn stream_chunk<R: crate::memory::Element>(dst: &mut [R], src: &[R]) {
         return;
     }
     dst.copy_from_slice(src);
-}
-
-/// `dst = src` (equal lengths) with non-temporal stores where the CPU has AVX: the lines of
-/// `dst` are neither read first nor kept in the caches. Plain copy elsewhere. The stores
-/// are weakly ordered: call [`stream_fence`] before the op ends.
-fn stream_bytes(dst: &mut [u8], src: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx") {
-        // SAFETY: the CPU has AVX (checked just above): the one requirement of calling a
-        // `#[target_feature(enable = "avx")]` function.
-        unsafe { stream_bytes_avx(dst, src) };
-        return;
-    }
-    dst.copy_from_slice(src);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-fn stream_bytes_avx(dst: &mut [u8], src: &[u8]) {
-    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_stream_si256};
-    let n = dst.len();
-    let src = &src[..n];
-    let head = dst.as_ptr().align_offset(32).min(n);
-    let end = head + (n - head) / 32 * 32;
-    dst[..head].copy_from_slice(&src[..head]);
-    let mut i = head;
-    while i < end {
-        // SAFETY: `i..i + 32` lies inside both slices (`i + 32 <= end <= n`, and `src` has
-        // `n` bytes); the load is unaligned, the store's address is 32-byte aligned as
-        // `_mm256_stream_si256` requires (`head` aligns `dst + head`, `i` moves by 32); the
-        // slices are borrowed (one exclusively) for this call, so no other access overlaps.
-        unsafe {
-            let v = _mm256_loadu_si256(src.as_ptr().add(i).cast::<__m256i>());
-            _mm256_stream_si256(dst.as_mut_ptr().add(i).cast::<__m256i>(), v);
-        }
-        i += 32;
-    }
-    dst[end..].copy_from_slice(&src[end..]);
 }
 
 /// Order this thread's streaming stores before its later stores, so that the op's

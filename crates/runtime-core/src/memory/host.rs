@@ -643,6 +643,12 @@ fn swap_configured() -> bool {
 const PARALLEL_COPY_MIN: usize = 128 << 10;
 /// Smallest piece a split copy hands to one thread.
 const COPY_CHUNK_MIN: usize = 64 << 10;
+/// Copies of at least this many bytes write with streaming (non-temporal) stores: source and
+/// destination together fill the last-level cache (32 MiB on the machines measured), so the
+/// destination would not stay cached for whoever reads it next, and streaming saves reading
+/// each of its lines before writing it. glibc's `memcpy` streams only from its own threshold,
+/// 240 MiB here; a 64 MiB copy took 0.61x its time with streaming stores (16 MiB: 0.65x).
+const STREAM_COPY_MIN: usize = 16 << 20;
 /// Spin-loop hints a copy spends waiting for a helper's piece before it starts yielding
 /// (about 10 us here: a running helper finishes a piece well within it).
 const WAIT_SPINS: u32 = 1000;
@@ -657,6 +663,8 @@ struct CopyJob {
     src: usize,
     dst: usize,
     len: usize,
+    /// Written with streaming stores: the whole copy is large ([`STREAM_COPY_MIN`]).
+    stream: bool,
     left: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// The CPU the posting copy ran on when it posted (`sync::current_cpu`).
     poster_cpu: u32,
@@ -679,7 +687,12 @@ impl CopyJob {
         // SAFETY: the posting copy keeps both ranges valid, disjoint and unaliased until
         // `left` reaches zero, which happens only after this copy.
         unsafe {
-            std::ptr::copy_nonoverlapping(self.src as *const u8, self.dst as *mut u8, self.len)
+            copy_piece(
+                self.src as *const u8,
+                self.dst as *mut u8,
+                self.len,
+                self.stream,
+            )
         };
         self.left.fetch_sub(1, std::sync::atomic::Ordering::Release);
     }
@@ -861,9 +874,10 @@ unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
             (p.helpers.load(std::sync::atomic::Ordering::Relaxed) + 1).min(len / COPY_CHUNK_MIN)
         })
         .max(1);
+    let stream = len >= STREAM_COPY_MIN;
     if pieces <= 1 {
         // SAFETY: the caller's contract.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        unsafe { copy_piece(src, dst, len, stream) };
         return;
     }
     let pool = pool.expect("pieces > 1 only with a pool");
@@ -879,13 +893,14 @@ unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
             src: s + start,
             dst: d + start,
             len: n,
+            stream,
             left: left.clone(),
             poster_cpu,
         });
         start += n;
     }
     // SAFETY: the first piece, disjoint from the posted ones.
-    unsafe { std::ptr::copy_nonoverlapping(src, dst, chunk.min(len)) };
+    unsafe { copy_piece(src, dst, chunk.min(len), stream) };
     // Take back pieces no helper has started (ours or another copy's: both are fine to run).
     // A piece a helper took is waited for by spinning, then by yielding: a helper just woken
     // can be placed on this very core, where it runs only when this thread lets it (a pure
@@ -901,6 +916,68 @@ unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
             Err(_) => std::thread::yield_now(),
         }
     }
+}
+
+/// `dst = src` (equal lengths) with streaming stores ([`stream_copy`]): for outputs larger
+/// than the caches (the built-in `copy` kernel's).
+pub(crate) fn stream_copy_slice(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "stream_copy_slice: lengths differ");
+    // SAFETY: two live slices of `len` bytes, `dst` borrowed exclusively, so they do not
+    // overlap.
+    unsafe { stream_copy(src.as_ptr(), dst.as_mut_ptr(), dst.len()) }
+}
+
+/// One thread's piece of a copy: `memcpy`, or [`stream_copy`] when `stream`.
+///
+/// # Safety
+/// As [`copy_bytes`].
+unsafe fn copy_piece(src: *const u8, dst: *mut u8, len: usize, stream: bool) {
+    if stream {
+        // SAFETY: the caller's contract.
+        unsafe { stream_copy(src, dst, len) }
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
+    }
+}
+
+/// `memcpy` with streaming stores: SSE2's `movntdq`, which every x86-64 CPU has, for the
+/// 16-byte-aligned body of `dst` (a plain copy for the head and tail, and on other
+/// architectures). A sequentially consistent fence ends it (`mfence`, which orders the
+/// weakly ordered streaming stores before the stores that follow, such as the release that
+/// tells the copy's poster this piece is done).
+///
+/// # Safety
+/// As [`copy_bytes`]: `src` valid for `len` reads, `dst` valid for `len` writes, the ranges
+/// do not overlap.
+unsafe fn stream_copy(src: *const u8, dst: *mut u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+        let head = dst.align_offset(16).min(len);
+        let end = head + (len - head) / 16 * 16;
+        // SAFETY: the caller's contract covers `0..len` of both ranges: the head and tail
+        // copies stay inside it, and each 16-byte load and store in the loop is at
+        // `i..i + 16` with `i + 16 <= end <= len`. The store's address is 16-byte aligned as
+        // `_mm_stream_si128` requires (`dst + head` is aligned, `i` moves by 16); the
+        // load is unaligned. SSE2 is part of the x86-64 baseline.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src, dst, head);
+            let mut i = head;
+            while i < end {
+                let v = _mm_loadu_si128(src.add(i).cast::<__m128i>());
+                _mm_stream_si128(dst.add(i).cast::<__m128i>(), v);
+                i += 16;
+            }
+            std::ptr::copy_nonoverlapping(src.add(end), dst.add(end), len - end);
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: the caller's contract.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, len)
+    };
 }
 
 #[cfg(test)]
@@ -983,6 +1060,41 @@ mod tests {
         b.zero(0, 1 << 20);
         a.read(0, &mut back);
         assert!(back.iter().all(|&x| x == 0));
+    }
+
+    /// The streaming copy writes exactly the bytes of `memcpy` for every alignment of source
+    /// and destination and every length around its 16-byte units, and nothing past them.
+    #[test]
+    fn stream_copy_matches_memcpy_at_every_alignment() {
+        let src: Vec<u8> = (0..200u32).map(|i| (i * 7 % 251) as u8 + 1).collect();
+        for from in 0..16 {
+            for to in 0..16 {
+                for len in [0, 1, 15, 16, 17, 31, 32, 33, 100, 160] {
+                    let mut dst = [0u8; 200];
+                    stream_copy_slice(&mut dst[to..to + len], &src[from..from + len]);
+                    assert_eq!(
+                        &dst[to..to + len],
+                        &src[from..from + len],
+                        "{from} -> {to}, {len}"
+                    );
+                    assert!(dst[..to].iter().chain(&dst[to + len..]).all(|&b| b == 0));
+                }
+            }
+        }
+    }
+
+    /// A copy large enough to stream is split across the helpers and streamed by each: every
+    /// byte arrives, at an odd length and a misaligned destination.
+    #[test]
+    fn large_streamed_copies_split_correctly() {
+        let n = (STREAM_COPY_MIN + 12345) as u64;
+        let a = Arena::reserve(0, 2 * n + 4096).unwrap();
+        let src: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+        a.write(0, &src);
+        a.copy_from(n + 3, &a, 0, n);
+        let mut back = vec![0u8; n as usize];
+        a.read(n + 3, &mut back);
+        assert!(back == src, "the streamed copy differs");
     }
 
     #[test]
