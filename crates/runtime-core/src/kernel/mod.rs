@@ -607,7 +607,7 @@ impl Op for KernelOp {
 /// `ArgError` from the check; stream errors (destroyed stream, shutdown; in synchronous mode
 /// the kernel's own failure).
 pub fn launch(stream: &Stream, kernel: impl Into<KernelRef>, args: Vec<KernelArg>) -> Result<()> {
-    stream.launch_owned(build(stream, kernel.into(), args, None)?)
+    launch_blocks(stream, kernel, args, None)
 }
 
 /// [`launch`] as `block_dim` blocks (`None`: as many as the kernel chooses).
@@ -620,7 +620,9 @@ pub fn launch_blocks(
     args: Vec<KernelArg>,
     block_dim: Option<u32>,
 ) -> Result<()> {
-    stream.launch_owned(build(stream, kernel.into(), args, block_dim)?)
+    let mut op = None;
+    build_into(&mut op, stream, kernel.into(), args, block_dim)?;
+    stream.launch_owned(&mut op)
 }
 
 /// [`launch_blocks`] without its wait for room in a full stream, for callers that wait
@@ -636,7 +638,9 @@ pub fn enqueue_blocks(
     args: Vec<KernelArg>,
     block_dim: Option<u32>,
 ) -> Result<bool> {
-    stream.enqueue_owned(build(stream, kernel.into(), args, block_dim)?)
+    let mut op = None;
+    build_into(&mut op, stream, kernel.into(), args, block_dim)?;
+    stream.enqueue_owned(&mut op)
 }
 
 /// Check `args` against `kernel` for a launch on `stream` and build the stream op, without
@@ -673,6 +677,20 @@ fn build(
     args: Vec<KernelArg>,
     block_dim: Option<u32>,
 ) -> Result<KernelOp> {
+    let mut op = None;
+    build_into(&mut op, stream, kernel, args, block_dim)?;
+    Ok(op.expect("build_into builds the op when it succeeds"))
+}
+
+/// [`build`] into `out`, the slot the op is queued from ([`Stream::enqueue_owned`]): built
+/// there, not returned, since each move of the op by value is a copy of all of it.
+fn build_into(
+    out: &mut Option<KernelOp>,
+    stream: &Stream,
+    kernel: KernelRef,
+    args: Vec<KernelArg>,
+    block_dim: Option<u32>,
+) -> Result<()> {
     if let Some(n) = block_dim {
         block::check_block_dim(i64::from(n))?;
     }
@@ -712,14 +730,15 @@ fn build(
             (n, n > 1 && kernel.wakes_workers(&args, n))
         }
     };
-    Ok(KernelOp {
+    *out = Some(KernelOp {
         name: OpName::new(kernel.name()),
         args,
         accesses,
         blocks,
         wake,
         exec: (blocks > 1).then(|| exec.clone()),
-    })
+    });
+    Ok(())
 }
 
 /// Launching a registered kernel by name: `stream.launch_kernel("scale", args)` with this

@@ -222,13 +222,14 @@ impl Commands {
         }
     }
 
-    /// Queue `op` behind the others, in `incoming` (batching on), in an emptied box of its
-    /// type when one was given back. A spare box of another type that comes first is freed:
-    /// it holds no op, so nothing but the free runs under the lock. The box the next launch
-    /// will take is then fetched ready to write ([`crate::sync::prefetch_for_write`]), while
-    /// this launch returns and the next one is checked. (The op moves once, into its box:
-    /// each move through an `Option` on the way was a copy of the whole op.)
-    pub(crate) fn push_owned<T: Op + 'static>(&self, op: T) {
+    /// Queue the op in `op` (taken from it: `None` after) behind the others, in `incoming`
+    /// (batching on), in an emptied box of its type when one was given back. A spare box of
+    /// another type that comes first is freed: it holds no op, so nothing but the free runs
+    /// under the lock. The box the next launch will take is then fetched ready to write
+    /// ([`crate::sync::prefetch_for_write`]), while this launch returns and the next one is
+    /// checked. (The op moves once, from the slot it was built in into its box: each move by
+    /// value on the way was a copy of the whole op.)
+    pub(crate) fn push_owned<T: Op + 'static>(&self, op: &mut Option<T>) {
         let mut incoming = self.incoming.lock();
         let spare = loop {
             match incoming.spare.pop() {
@@ -243,11 +244,11 @@ impl Commands {
         let boxed = match spare {
             Some(mut b) => {
                 if let Some(slot) = b.as_any_mut().downcast_mut::<OpBox<T>>() {
-                    slot.0 = Some(op);
+                    slot.0 = op.take();
                 }
                 b
             }
-            None => Box::new(OpBox(Some(op))),
+            None => Box::new(OpBox(op.take())),
         };
         incoming.queue.push(Command::Boxed(boxed));
         if let Some(next) = incoming.spare.last() {
@@ -483,7 +484,7 @@ mod tests {
         let q = Commands::default();
         let drops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut emptied = Vec::new();
-        q.push_owned(Counted(drops.clone()));
+        q.push_owned(&mut Some(Counted(drops.clone())));
         let first = q.take_batch(&mut emptied).unwrap();
         let Command::Boxed(b) = &first else {
             unreachable!("pushed owned")
@@ -497,7 +498,7 @@ mod tests {
         );
         q.give_back(&mut emptied);
         assert!(emptied.is_empty());
-        q.push_owned(Counted(drops.clone()));
+        q.push_owned(&mut Some(Counted(drops.clone())));
         let second = q.take_batch(&mut emptied).unwrap();
         let Command::Boxed(b) = &second else {
             unreachable!("pushed owned")
@@ -511,7 +512,7 @@ mod tests {
         assert_eq!(drops.load(std::sync::atomic::Ordering::SeqCst), 2);
         // A spare of another type is let go, not filled.
         q.give_back(&mut emptied);
-        q.push_owned(Other);
+        q.push_owned(&mut Some(Other));
         assert!(q.incoming.lock().spare.is_empty());
     }
 
@@ -521,7 +522,7 @@ mod tests {
         let drops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mut emptied = Vec::new();
         for _ in 0..SPARE_BOXES + 10 {
-            q.push_owned(Counted(drops.clone()));
+            q.push_owned(&mut Some(Counted(drops.clone())));
         }
         while let Some(cmd) = q.take_batch(&mut emptied) {
             run_boxed(cmd, &mut emptied);

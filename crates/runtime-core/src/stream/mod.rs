@@ -390,10 +390,10 @@ impl Stream {
         self.enqueue_as(op)
     }
 
-    /// [`Stream::launch`] of an op the stream owns from here on: queued in a box an earlier
-    /// launch emptied (no allocation per launch) when batching is on; captured, or run inline,
-    /// as any op otherwise.
-    pub(crate) fn launch_owned<T: Op + 'static>(&self, op: T) -> Result<()> {
+    /// [`Stream::launch`] of an op the stream owns from here on, taken from `op` (`Some`):
+    /// queued in a box an earlier launch emptied (no allocation per launch) when batching is
+    /// on; captured, or run inline, as any op otherwise.
+    pub(crate) fn launch_owned<T: Op + 'static>(&self, op: &mut Option<T>) -> Result<()> {
         if self.enqueue_owned(op)? {
             self.after_submit()?;
         }
@@ -401,12 +401,14 @@ impl Stream {
     }
 
     /// [`Stream::enqueue`] of an op the stream owns from here on (see
-    /// [`Stream::launch_owned`]).
-    pub(crate) fn enqueue_owned<T: Op + 'static>(&self, op: T) -> Result<bool> {
+    /// [`Stream::launch_owned`]), taken from `op` (always `Some`) by whichever path queues,
+    /// captures or runs it: the op moves once, into its box, where each move by value on the
+    /// way was a copy of the whole op.
+    pub(crate) fn enqueue_owned<T: Op + 'static>(&self, op: &mut Option<T>) -> Result<bool> {
         if self.0.exec.options.batching() {
             self.enqueue_as(Owned(op))
         } else {
-            self.enqueue_as(Arc::new(op) as Arc<dyn Op>)
+            self.enqueue_as(Arc::new(Owned(op).take()) as Arc<dyn Op>)
         }
     }
 
@@ -600,16 +602,16 @@ impl Stream {
 
     /// [`Stream::submit`] of an op the queue owns, in a reused box ([`command::Reusable`]);
     /// batching on only (the boxes come back through `incoming`).
-    fn submit_owned<T: Op + 'static>(&self, op: T) {
+    fn submit_owned<T: Op + 'static>(&self, op: Owned<'_, T>) {
         self.legacy_barrier();
         let s = &self.0;
         let target = s.done.submit();
-        self.note_uses(Some(op.accesses()), target);
-        let kind = Some(op.kind());
+        self.note_uses(Some(op.get().accesses()), target);
+        let kind = Some(op.get().kind());
         if trace::enabled() {
-            trace_named(s, op.name().to_string());
+            trace_named(s, op.get().name().to_string());
         }
-        s.queue.push_owned(op);
+        s.queue.push_owned(op.0);
         self.schedule_if_idle(kind);
     }
 
@@ -1183,15 +1185,30 @@ impl Queueable for Arc<dyn Op> {
     }
 }
 
-/// An op the queue owns (in a reused box: [`command::Reusable`]).
-struct Owned<T>(T);
+/// An op the queue owns (in a reused box: [`command::Reusable`]), still in its caller's
+/// slot: `Some` until one path takes it.
+struct Owned<'a, T>(&'a mut Option<T>);
 
-impl<T: Op + 'static> Queueable for Owned<T> {
+impl<T> Owned<'_, T> {
+    fn get(&self) -> &T {
+        self.0
+            .as_ref()
+            .expect("an owned op is taken once, by the path that queues it")
+    }
+
+    fn take(self) -> T {
+        self.0
+            .take()
+            .expect("an owned op is taken once, by the path that queues it")
+    }
+}
+
+impl<T: Op + 'static> Queueable for Owned<'_, T> {
     fn shared(self) -> Arc<dyn Op> {
-        Arc::new(self.0)
+        Arc::new(self.take())
     }
     fn submit_to(self, stream: &Stream) {
-        stream.submit_owned(self.0);
+        stream.submit_owned(self);
     }
 }
 
