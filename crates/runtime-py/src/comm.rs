@@ -473,9 +473,9 @@ impl PyTransport {
 
 impl Transport for PyTransport {
     fn reduces(&self, dtype: DType, op: ReduceOp) -> bool {
-        if !crate::interp::prepare() {
+        let Some(_inside) = crate::interp::prepare() else {
             return false;
-        }
+        };
         Python::attach(|py| {
             self.obj()
                 .bind(py)
@@ -486,9 +486,9 @@ impl Transport for PyTransport {
     }
 
     fn start(&self, exchange: Exchange) -> Result<Box<dyn Pending>, TransportError> {
-        if !crate::interp::prepare() {
+        let Some(_inside) = crate::interp::prepare() else {
             return Err(finalizing());
-        }
+        };
         Python::attach(|py| {
             let req = Self::call(py, self.obj().bind(py), exchange)
                 .map_err(|e| transport_error(py, e))?;
@@ -501,9 +501,9 @@ impl Transport for PyTransport {
     /// `split(processes, color)` of the Python object: a transport object over those
     /// processes.
     fn split(&self, processes: &[usize], color: u64) -> Result<Arc<dyn Transport>, TransportError> {
-        if !crate::interp::prepare() {
+        let Some(_inside) = crate::interp::prepare() else {
             return Err(finalizing());
-        }
+        };
         Python::attach(|py| {
             let obj = self
                 .obj()
@@ -528,10 +528,10 @@ impl Drop for PyTransport {
     /// finaliser (freeing MPI communicators) runs now rather than at some later attach.
     fn drop(&mut self) {
         let Some(obj) = self.obj.take() else { return };
-        if !crate::interp::prepare() {
+        let Some(_inside) = crate::interp::prepare() else {
             std::mem::forget(obj);
             return;
-        }
+        };
         Python::attach(|_| drop(obj));
     }
 }
@@ -546,9 +546,9 @@ impl Pending for PyPending {
         let Some(req) = self.req.as_ref() else {
             return Ok(true);
         };
-        if !crate::interp::prepare() {
+        let Some(_inside) = crate::interp::prepare() else {
             return Err(finalizing());
-        }
+        };
         let done = Python::attach(|py| {
             req.bind(py)
                 .call_method0("test")
@@ -566,10 +566,10 @@ impl Pending for PyPending {
 impl Drop for PyPending {
     fn drop(&mut self) {
         let Some(req) = self.req.take() else { return };
-        if !crate::interp::prepare() {
+        let Some(_inside) = crate::interp::prepare() else {
             std::mem::forget(req);
             return;
-        }
+        };
         Python::attach(|_| drop(req));
     }
 }

@@ -151,9 +151,9 @@ impl PyEvent {
     /// `await` lets go of it at once). Once the interpreter is finalising, `fn` is not called.
     fn _on_complete(&self, func: Py<PyAny>) -> RtResult<PyCompletion> {
         let c = self.raw().on_complete(Box::new(move |outcome| {
-            if !crate::interp::prepare() {
+            let Some(_inside) = crate::interp::prepare() else {
                 return; // the interpreter is going away: nobody awaits any more
-            }
+            };
             Python::attach(move |py| {
                 let err = match outcome {
                     Ok(()) => py.None(),

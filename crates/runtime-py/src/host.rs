@@ -119,9 +119,9 @@ fn holds_objects(format: &[u8]) -> bool {
 
 impl Drop for HostBuf {
     fn drop(&mut self) {
-        if !crate::interp::prepare() {
+        let Some(_inside) = crate::interp::prepare() else {
             return; // the interpreter is going away: the exporter is left to it
-        }
+        };
         // SAFETY: the view was filled by a successful PyObject_GetBuffer and is released once.
         Python::attach(|_| unsafe { ffi::PyBuffer_Release(&mut *self.view) });
     }

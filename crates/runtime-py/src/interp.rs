@@ -7,10 +7,71 @@
 //! interpreter is finalising, no runtime thread attaches again: a Python kernel fails instead
 //! (its thread could not get the interpreter lock back), and a stopping worker leaves its
 //! thread state to the interpreter.
+//!
+//! Checking for finalisation before attaching leaves a window: a thread that attached just
+//! before (an interprocess event's watcher calling a completion callback, say) can have its
+//! callback give up the interpreter lock (any I/O does) and ask for it back once finalising
+//! has begun. CPython then ends the thread where it stands, and the thread state's release on
+//! the way out aborted the process ("PyGILState_Release: thread state ... must be current").
+//! So every attach from a runtime thread passes a gate ([`prepare`] returns an [`Inside`]),
+//! and the last exit hook closes it ([`close`]): no runtime thread attaches from then on, and
+//! those inside are waited for before finalising starts. Python kernels alone still pass
+//! ([`prepare_kernel`]): from then on a launch waits for its kernel, so one launched by a later
+//! exit hook runs while that hook waits for it.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use pyo3::ffi;
+
+/// Runtime threads between [`prepare`] and the drop of its [`Inside`]. Atomics, not a lock:
+/// a lock held by another thread at `fork()` stays held in the child.
+static INSIDE: AtomicUsize = AtomicUsize::new(0);
+/// Set by [`close`] at interpreter exit.
+static CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// A runtime thread's leave to attach to the interpreter: from [`prepare`] until dropped
+/// (hold it until the thread has detached again).
+#[must_use = "the thread may attach only while it holds this"]
+pub struct Inside(());
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        INSIDE.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Enter the gate: `None` once [`close`] ran or the interpreter is not available. The count
+/// goes up before the flag is read and [`close`] sets the flag before it reads the count
+/// (both sequentially consistent), so either this thread sees the gate closed or `close` sees
+/// it inside and waits for it.
+fn enter(awaited: bool) -> Option<Inside> {
+    INSIDE.fetch_add(1, Ordering::SeqCst);
+    let inside = Inside(());
+    ((awaited || !CLOSED.load(Ordering::SeqCst)) && available()).then_some(inside)
+}
+
+/// At interpreter exit, from the last exit hook with the interpreter lock released: no
+/// runtime thread attaches from now on, and the threads inside are waited for, up to
+/// `limit` (a callback that never returns must not hold the exit for ever). Returns whether
+/// they all left.
+pub fn close(limit: Duration) -> bool {
+    CLOSED.store(true, Ordering::SeqCst);
+    let until = Instant::now() + limit;
+    while INSIDE.load(Ordering::SeqCst) > 0 {
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+/// In a child after `fork()`: the threads counted inside were the parent's.
+pub fn forget_inside() {
+    INSIDE.store(0, Ordering::SeqCst);
+}
 
 /// `Py_IsFinalizing` (public since 3.13; `_Py_IsFinalizing` before), looked up once.
 fn finalizing() -> bool {
@@ -54,13 +115,23 @@ thread_local! {
     static KEPT: Cell<Option<ffi::PyGILState_STATE>> = const { Cell::new(None) };
 }
 
-/// Before a Python call on the current thread: on an engine worker, make sure it has the
-/// thread state it keeps (made now, detached, at its first Python kernel). Returns false,
-/// attaching nothing, when the interpreter is not available.
-pub fn prepare() -> bool {
-    if !available() {
-        return false;
-    }
+/// Before a Python call on the current thread: enter the gate, and on an engine worker make
+/// sure it has the thread state it keeps (made now, detached, at its first Python kernel).
+/// Returns `None`, attaching nothing, when the interpreter is not available or exiting; the
+/// thread may attach while it holds the [`Inside`].
+pub fn prepare() -> Option<Inside> {
+    prepare_as(false)
+}
+
+/// [`prepare`] for a Python kernel, which passes the closed gate: after the runtime's exit
+/// hooks every launch waits for its kernel (`enableAsync` off), so a kernel launched by a
+/// later exit hook runs while that hook's thread waits, and finalising cannot begin meanwhile.
+pub fn prepare_kernel() -> Option<Inside> {
+    prepare_as(true)
+}
+
+fn prepare_as(awaited: bool) -> Option<Inside> {
+    let inside = enter(awaited)?;
     if WORKER.with(Cell::get) && KEPT.with(Cell::get).is_none() {
         // SAFETY: the interpreter is initialised and this thread is not attached (engine
         // workers run detached); the state is released by `worker` at the thread's end.
@@ -69,7 +140,7 @@ pub fn prepare() -> bool {
         unsafe { ffi::PyEval_SaveThread() };
         KEPT.with(|k| k.set(Some(g)));
     }
-    true
+    Some(inside)
 }
 
 /// The engine worker thread wrapper: runs the worker's body, then gives back the thread
@@ -79,7 +150,7 @@ pub fn worker(body: Box<dyn FnOnce() + Send>) {
     WORKER.with(|w| w.set(true));
     body();
     if let Some(g) = KEPT.with(Cell::take) {
-        if available() {
+        if let Some(_inside) = enter(false) {
             // SAFETY: the state made in `prepare`, detached; re-attach and release it once.
             unsafe {
                 let ts = ffi::PyGILState_GetThisThreadState();

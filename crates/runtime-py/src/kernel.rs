@@ -62,9 +62,9 @@ impl Drop for PyOp {
     /// memory held after the kernel ran (an allocation waiting for that memory would fail).
     /// Once the interpreter is finalising nothing attaches; the arguments are left to it.
     fn drop(&mut self) {
-        if !crate::interp::prepare() {
+        let Some(_inside) = crate::interp::prepare() else {
             return;
-        }
+        };
         Python::attach(|py| {
             drop(std::mem::replace(
                 &mut self.args,
@@ -76,13 +76,13 @@ impl Drop for PyOp {
 
 impl PyOp {
     fn run(&self) -> Result<(), KernelFailure> {
-        if !crate::interp::prepare() {
+        let Some(_inside) = crate::interp::prepare_kernel() else {
             return Err(KernelFailure::new(
                 self.name.clone(),
                 "the Python interpreter is shutting down: Python kernels cannot run any more"
                     .to_string(),
             ));
-        }
+        };
         Python::attach(|py| {
             let call = || -> PyResult<()> {
                 let args = self.args.bind(py);
@@ -143,10 +143,10 @@ impl Drop for PyKeep {
         let Some(obj) = self.0.take() else {
             return;
         };
-        if !crate::interp::prepare() {
+        let Some(_inside) = crate::interp::prepare() else {
             std::mem::forget(obj); // the interpreter is finalising: leave it to it
             return;
-        }
+        };
         Python::attach(|_| drop(obj));
     }
 }

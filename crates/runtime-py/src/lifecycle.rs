@@ -164,6 +164,9 @@ pub fn _at_exit(py: Python<'_>) -> PyResult<()> {
         other => other?,
     }
     stream::clear_thread_state();
+    // The last hook before finalising: runtime threads attach no more, and those attached
+    // now (a completion callback, say) are waited for (`interp`).
+    py.detach(|| crate::interp::close(std::time::Duration::from_secs(5)));
     Ok(())
 }
 
@@ -213,6 +216,7 @@ fn end_on_ctrl_c(py: Python<'_>) -> PyResult<()> {
 #[pyfunction]
 fn _forget_thread_state() {
     stream::clear_thread_state();
+    crate::interp::forget_inside();
 }
 
 /// Whether the runtime is initialised.

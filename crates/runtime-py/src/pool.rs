@@ -82,13 +82,13 @@ impl PyAllocator {
 
 impl Allocator for PyAllocator {
     fn allocate(&self, mem: &Arc<DeviceMemory>, size: u64) -> CoreResult<Block> {
-        if !crate::interp::prepare() {
+        let Some(_inside) = crate::interp::prepare() else {
             return Err(ArgError::new(
                 "allocator",
                 "the Python interpreter is shutting down: the plugged allocator cannot be called",
             )
             .into());
-        }
+        };
         Python::attach(|py| {
             self.call(py, mem, size).map_err(|e| {
                 let msg = format!("the plugged allocator failed: {}", e.value(py));
@@ -101,10 +101,10 @@ impl Allocator for PyAllocator {
     fn free(&self, block: Block) {
         // The core calls this on a thread that holds no runtime lock (see the module docs).
         // Once the interpreter is finalising nothing attaches: the object is left to it.
-        if !crate::interp::prepare() {
+        let Some(_inside) = crate::interp::prepare() else {
             std::mem::forget(block.token);
             return;
-        }
+        };
         let nbytes = block.buffer.size();
         let device = block.buffer.device();
         Python::attach(|py| {
