@@ -248,3 +248,7 @@ pub fn submit_blocking_on(
 
 /// Wrap every engine thread's body (a binding keeps per-thread interpreter state there).
 pub use crate::stream::engine::{set_thread_wrapper, ThreadWrapper};
+
+/// A gate that closes, waiting for the threads inside: the Python bindings' interpreter gate
+/// (runtime threads enter it before they attach; the last exit hook closes it).
+pub use crate::sync::gate::{Entered, EntryGate, EntryGuard};

@@ -110,10 +110,10 @@ fn loom_gate_host_wait_sees_completion() {
 /// and one that did not get in pushed nothing — the drain after `close` misses no command.
 #[test]
 fn loom_submit_gate_close_waits_for_admitted_submitters() {
-    use crate::stream::gate::SubmitGate;
+    use crate::sync::gate::EntryGate;
     use crate::sync::{AtomicUsize, Ordering};
     loom::model(|| {
-        let gate = Arc::new(SubmitGate::new());
+        let gate = Arc::new(EntryGate::new());
         let pushed = Arc::new(AtomicUsize::new(0));
         let submitter = {
             let (gate, pushed) = (gate.clone(), pushed.clone());
@@ -125,7 +125,7 @@ fn loom_submit_gate_close_waits_for_admitted_submitters() {
                 None => false,
             })
         };
-        gate.close();
+        assert!(gate.close(None));
         let seen_by_drain = pushed.load(Ordering::SeqCst);
         let admitted = submitter.join().unwrap();
         assert_eq!(seen_by_drain, usize::from(admitted));

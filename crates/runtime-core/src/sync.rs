@@ -10,6 +10,11 @@
 //! Also what hand-offs between threads ask of the CPU and the OS: which CPU a thread is on
 //! and moving a worker off its feeder's ([`current_cpu`], [`move_off_feeders_core`]), and
 //! fetching a cache line before writing it ([`prefetch_for_write`]).
+//!
+//! And [`gate`]: a gate that closes, waiting for the threads inside (shutdown's submission
+//! gate, and the Python bindings' interpreter gate).
+
+pub mod gate;
 
 std::thread_local! {
     static RUNTIME_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };

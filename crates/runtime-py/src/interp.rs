@@ -20,36 +20,51 @@
 //! exit hook runs while that hook waits for it.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pyo3::ffi;
+use runtime_core::bindings::{EntryGate, EntryGuard};
 
-/// Runtime threads between [`prepare`] and the drop of its [`Inside`]. Atomics, not a lock:
-/// a lock held by another thread at `fork()` stays held in the child.
-static INSIDE: AtomicUsize = AtomicUsize::new(0);
-/// Set by [`close`] at interpreter exit.
-static CLOSED: AtomicBool = AtomicBool::new(false);
+/// Runtime threads between [`prepare`] and the drop of its [`Inside`]: one atomic word, no
+/// lock (a lock held by another thread at `fork()` stays held in the child), made without
+/// lazy initialisation for the same reason.
+static GATE: EntryGate = EntryGate::new();
+
+thread_local! {
+    /// The [`Inside`]s this thread holds: after `fork()` the child's one thread counts just
+    /// these ([`forget_inside`]).
+    static HELD: Cell<usize> = const { Cell::new(0) };
+}
 
 /// A runtime thread's leave to attach to the interpreter: from [`prepare`] until dropped
 /// (hold it until the thread has detached again).
 #[must_use = "the thread may attach only while it holds this"]
-pub struct Inside(());
+pub struct Inside {
+    _guard: EntryGuard<'static>,
+}
 
-impl Drop for Inside {
-    fn drop(&mut self) {
-        INSIDE.fetch_sub(1, Ordering::SeqCst);
+impl Inside {
+    fn new(guard: EntryGuard<'static>) -> Inside {
+        HELD.with(|h| h.set(h.get() + 1));
+        Inside { _guard: guard }
     }
 }
 
-/// Enter the gate: `None` once [`close`] ran or the interpreter is not available. The count
-/// goes up before the flag is read and [`close`] sets the flag before it reads the count
-/// (both sequentially consistent), so either this thread sees the gate closed or `close` sees
-/// it inside and waits for it.
+impl Drop for Inside {
+    fn drop(&mut self) {
+        // The guard leaves the gate after this, as the field is dropped.
+        HELD.with(|h| h.set(h.get().saturating_sub(1)));
+    }
+}
+
+/// Enter the gate: `None` once [`close`] ran (unless `awaited`) or the interpreter is not
+/// available. Either this thread sees the gate closed or `close` sees it inside and waits
+/// for it (`runtime_core::bindings::EntryGate`).
 fn enter(awaited: bool) -> Option<Inside> {
-    INSIDE.fetch_add(1, Ordering::SeqCst);
-    let inside = Inside(());
-    ((awaited || !CLOSED.load(Ordering::SeqCst)) && available()).then_some(inside)
+    let entered = GATE.enter_even_if_closed();
+    let open = entered.was_open();
+    let inside = Inside::new(entered.guard());
+    ((awaited || open) && available()).then_some(inside)
 }
 
 /// At interpreter exit, from the last exit hook with the interpreter lock released: no
@@ -57,20 +72,13 @@ fn enter(awaited: bool) -> Option<Inside> {
 /// `limit` (a callback that never returns must not hold the exit for ever). Returns whether
 /// they all left.
 pub fn close(limit: Duration) -> bool {
-    CLOSED.store(true, Ordering::SeqCst);
-    let until = Instant::now() + limit;
-    while INSIDE.load(Ordering::SeqCst) > 0 {
-        if Instant::now() >= until {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    true
+    GATE.close(Some(limit))
 }
 
-/// In a child after `fork()`: the threads counted inside were the parent's.
+/// In a child after `fork()`: the threads counted inside were the parent's, except for the
+/// `Inside`s the forking thread (the child's one thread) holds itself.
 pub fn forget_inside() {
-    INSIDE.store(0, Ordering::SeqCst);
+    GATE.after_fork(HELD.with(Cell::get));
 }
 
 /// `Py_IsFinalizing` (public since 3.13; `_Py_IsFinalizing` before), looked up once.

@@ -165,8 +165,20 @@ pub fn _at_exit(py: Python<'_>) -> PyResult<()> {
     }
     stream::clear_thread_state();
     // The last hook before finalising: runtime threads attach no more, and those attached
-    // now (a completion callback, say) are waited for (`interp`).
-    py.detach(|| crate::interp::close(std::time::Duration::from_secs(5)));
+    // now (a completion callback, say) are waited for (`interp`), for a while.
+    let limit = std::time::Duration::from_secs(5);
+    if !py.detach(|| crate::interp::close(limit)) {
+        let msg = format!(
+            "runtime: a thread of the runtime was still running Python code {} s into \
+             interpreter exit (a completion callback or allocator hook that does not return); \
+             exiting without waiting for it\n",
+            limit.as_secs()
+        );
+        let _ = py
+            .import("sys")?
+            .getattr("stderr")?
+            .call_method1("write", (msg,));
+    }
     Ok(())
 }
 

@@ -12,11 +12,11 @@ use std::time::Duration;
 use crate::sync::lock::Mutex;
 
 use super::engine::Engines;
-use super::gate::{GateGuard, SubmitGate};
 use super::{Stream, StreamInner};
 use crate::clock::{deadline_after, time_left};
 use crate::config::Options;
 use crate::error::{DeviceError, Error, Result};
+use crate::sync::gate::{EntryGate, EntryGuard};
 
 /// Engines, submission gate, options and stream registry of one device.
 pub struct Executor {
@@ -26,7 +26,7 @@ pub struct Executor {
     pub(crate) engines: Engines,
     pub(crate) options: Arc<Options>,
     /// Open until shutdown: new work enters through it (see `gate`).
-    gate: SubmitGate,
+    gate: EntryGate,
     /// Every live stream of the device, for shutdown's drain and the reclaimer.
     streams: Mutex<HashMap<u64, Weak<StreamInner>>>,
     /// The streams a barrier must look at: each stream that was submitted to or began a
@@ -64,7 +64,7 @@ impl Executor {
             generation,
             engines: Engines::new(device, compute_workers),
             options,
-            gate: SubmitGate::new(),
+            gate: EntryGate::new(),
             streams: Mutex::new(HashMap::new()),
             active: Mutex::new(Vec::new()),
             listed: AtomicUsize::new(0),
@@ -147,7 +147,7 @@ impl Executor {
     ///
     /// The device's engines are started here (on first use), so a command is accepted only
     /// when there are workers to run it.
-    pub(crate) fn enter_submit(&self) -> Result<GateGuard<'_>> {
+    pub(crate) fn enter_submit(&self) -> Result<EntryGuard<'_>> {
         if self.forked_away() {
             return Err(self.dead());
         }
@@ -158,7 +158,7 @@ impl Executor {
 
     /// Refuse new work and wait for submissions already past their check.
     pub(crate) fn close(&self) {
-        self.gate.close();
+        self.gate.close(None);
     }
 
     /// Stop the engines (after the drain).

@@ -2,9 +2,9 @@
 //!
 //! * [`command`]: the [`Op`] trait and the commands a stream carries.
 //! * `engine`: the worker threads (compute, copy and serial engines per device).
-//! * `executor`: what a stream needs of its device: engines, submission gate, options and
-//!   the registry of the device's streams.
-//! * `gate`: the submission gate that `shutdown` closes before it drains.
+//! * `executor`: what a stream needs of its device: engines, submission gate (a
+//!   `sync::gate`, which `shutdown` closes before it drains), options and the registry of
+//!   the device's streams.
 //! * `capture`: capture sessions, with fork and join across streams through events.
 //! * [`graph`]: captured work and its replay.
 //! * `completion`: the submitted/completed counters and the wait on them.
@@ -40,7 +40,6 @@ pub(crate) mod completion;
 pub mod copy;
 pub(crate) mod engine;
 pub(crate) mod executor;
-pub(crate) mod gate;
 pub mod graph;
 pub(crate) mod panics;
 mod reclaim;
@@ -57,6 +56,7 @@ use crate::event::{Event, Wake};
 use crate::memory::access::{AccessSet, PendingWork};
 use crate::memory::pinned::PinnedBuffer;
 use crate::memory::{Buffer, Element};
+use crate::sync::gate::EntryGuard;
 use crate::trace;
 use capture::Session;
 use command::{Command, Commands};
@@ -64,7 +64,6 @@ pub use command::{FnOp, Op, OpKind};
 use completion::Completion;
 use engine::{EngineKind, Engines};
 pub(crate) use executor::Executor;
-use gate::GateGuard;
 pub use graph::Graph;
 use graph::Node;
 
@@ -363,7 +362,7 @@ impl Stream {
 
     /// [`Stream::check`] for a submission: the guard keeps shutdown from draining before the
     /// command is pushed.
-    fn enter(&self) -> Result<GateGuard<'_>> {
+    fn enter(&self) -> Result<EntryGuard<'_>> {
         self.check_destroyed()?;
         self.0.exec.enter_submit()
     }
