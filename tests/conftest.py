@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import signal
+import threading
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -24,6 +26,28 @@ settings.register_profile(
     "slow", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# The Ctrl-C tests press it with `_thread.interrupt_main()`, and send SIGINT to the scripts
+# they start. Both need Python's own SIGINT handler. A process started in the background by a
+# shell without job control (`bash .ci/run &`, `nohup`) inherits SIGINT ignored, and Python
+# keeps an ignored SIGINT ignored: `interrupt_main()` then does nothing (a wait ran its whole
+# 30 s timeout instead of raising KeyboardInterrupt), and the scripts inherit it ignored too.
+# So the session installs Python's handler when it finds SIGINT ignored.
+@pytest.fixture(autouse=True, scope="session")
+def _sigint_raises_keyboard_interrupt():
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+    ):
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
 
 # A per-test timeout, so that a deadlock fails the run (with every thread's stack) instead of
 # hanging it: pytest-timeout (scripts/test.sh installs it) with its thread method, which works
