@@ -28,6 +28,31 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+# The runtime's settings from the environment (the `ENV_*` constants of
+# `crates/runtime-core/src/config/mod.rs`; `test_lifecycle.py` keeps this list equal to them).
+# The suite tests the defaults, and the tests of a variable set it in the scripts they start,
+# so values exported in the developer's shell are taken out of this process (and so of the
+# scripts it starts) and named in the report header. Left in, `RUNTIME_LAUNCH_BLOCKING=1`
+# failed 35 tests of `test_device.py`, `test_stream.py` and `test_event.py`, and
+# `RUNTIME_DEVICE_COUNT=1` hung one of them.
+RUNTIME_SETTINGS = (
+    "RUNTIME_DEVICE_COUNT",
+    "RUNTIME_DEVICE_MEMORY",
+    "RUNTIME_DEVICE_PROFILE",
+    "RUNTIME_LAUNCH_BLOCKING",
+    "RUNTIME_DEFAULT_STREAM",
+    "RUNTIME_COPY_SPLIT_MAX",
+)
+_IGNORED_SETTINGS = {name: os.environ.pop(name) for name in RUNTIME_SETTINGS if name in os.environ}
+
+
+def pytest_report_header(config):
+    if _IGNORED_SETTINGS:
+        pairs = ", ".join(f"{k}={v}" for k, v in _IGNORED_SETTINGS.items())
+        return f"runtime settings from the environment, ignored by the tests: {pairs}"
+    return None
+
+
 # The Ctrl-C tests press it with `_thread.interrupt_main()`, and send SIGINT to the scripts
 # they start. Both need Python's own SIGINT handler. A process started in the background by a
 # shell without job control (`bash .ci/run &`, `nohup`) inherits SIGINT ignored, and Python

@@ -134,6 +134,20 @@ def test_environment_variables_configure_init():
     assert bad.returncode != 0 and "RUNTIME_DEVICE_COUNT" in bad.stderr
 
 
+def test_the_suite_takes_every_runtime_setting_out_of_its_environment():
+    """`conftest.RUNTIME_SETTINGS` is every variable the core reads (its `ENV_*` constants),
+    so a value exported in the developer's shell cannot change what the suite tests."""
+    import re
+    from pathlib import Path
+
+    from conftest import RUNTIME_SETTINGS
+
+    config = Path(__file__).parents[1] / "crates" / "runtime-core" / "src" / "config" / "mod.rs"
+    names = re.findall(r'pub const ENV_[A-Z_]+: &str = "([A-Z_]+)";', config.read_text())
+    assert names and sorted(names) == sorted(RUNTIME_SETTINGS)
+    assert not set(RUNTIME_SETTINGS) & set(os.environ)
+
+
 def event_uses(e, s):
     """Every call that uses event `e` (with stream `s`)."""
     return [
