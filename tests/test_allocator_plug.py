@@ -202,6 +202,32 @@ def test_exceptions_and_bad_blocks(pool):
         runtime.device_malloc(0, 10)
 
 
+def test_an_allocator_exception_left_by_the_acl_face_is_not_raised_later(pool):
+    """`acl.rt.malloc` answers a failing plugged allocator with an error code and leaves its
+    exception unread; a later failure the allocator did not cause raises its own error."""
+    from runtime import acl
+
+    class Boom(Exception):
+        pass
+
+    def raising(n, dev, stream):
+        raise Boom("no memory for you")
+
+    runtime.set_allocator(raising)
+    assert acl.init() == 0
+    try:
+        assert acl.rt.set_device(0) == 0
+        _, ret = acl.rt.malloc(10, 0)
+        assert ret != 0
+    finally:
+        assert acl.finalize() == 0
+    assert runtime.is_initialized()  # acl.init found it started: finalize leaves it
+    small = pool.malloc(8)
+    runtime.set_allocator(lambda n, d, s: small)
+    with pytest.raises(ValueError, match="returned 8 bytes for a request of 9"):
+        runtime.device_malloc(0, 9)
+
+
 def test_set_allocator_argument_errors(pool):
     with pytest.raises(TypeError, match="alloc must be callable"):
         runtime.set_allocator(3)

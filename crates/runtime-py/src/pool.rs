@@ -126,6 +126,10 @@ impl Allocator for PyAllocator {
 /// if one is installed, else the built-in pool; without the GIL (a full device waits for
 /// queued work, which may be Python kernels).
 pub fn alloc(py: Python<'_>, d: &Device, size: u64) -> PyResult<Buffer> {
+    // Only this call's exception: one left by an allocation that does not read it (the ACL
+    // face's `acl.rt.malloc` answers with a code) must not be raised for a later failure
+    // that the plugged `alloc` did not cause (a block the core refuses).
+    drop(RAISED.with(|r| r.borrow_mut().take()));
     let r = py.detach(|| d.memory().malloc(size));
     match r {
         Ok(b) => Ok(b),
