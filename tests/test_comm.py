@@ -909,6 +909,10 @@ def test_communicator_from_a_unique_id_as_cupy():
     uid = comm.get_unique_id()
     ints = tuple(b - 256 if b > 127 else b for b in uid)
     assert comm.Communicator(1, ints, 0).size == 1
+    assert comm.Communicator(1, tuple(uid), 0).size == 1  # unsigned bytes too
+    for bad in (300, -129):
+        with pytest.raises(ValueError, match=f"comm_id: {bad} is not a byte"):
+            comm.Communicator(1, (bad, *ints[1:]), 0)
     with pytest.raises(ValueError, match="comm_id"):
         comm.Communicator(1, b"x" * 128, 0)
     with pytest.raises(ValueError, match="rank"):

@@ -232,10 +232,16 @@ fn unique_id_arg(obj: &Bound<'_, PyAny>) -> PyResult<UniqueId> {
     let bytes: Vec<u8> = if let Ok(b) = obj.extract::<Vec<u8>>() {
         b
     } else if let Ok(ints) = obj.extract::<Vec<i64>>() {
+        // NCCL's id is `char[128]`: CuPy gives its bytes as signed (-128..=127); unsigned
+        // (0..=255) are taken too. Anything else is not a byte of an id.
         ints.iter()
-            .map(|&i| {
-                u8::try_from(i.rem_euclid(256))
-                    .map_err(|_| PyValueError::new_err(format!("comm_id: {i} is not a byte")))
+            .map(|&i| match u8::try_from(i) {
+                Ok(b) => Ok(b),
+                Err(_) => i8::try_from(i).map(|b| b as u8).map_err(|_| {
+                    PyValueError::new_err(format!(
+                        "comm_id: {i} is not a byte (ids hold -128..=255)"
+                    ))
+                }),
             })
             .collect::<PyResult<_>>()?
     } else {
