@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import re
 import signal
 import threading
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -28,20 +30,17 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-# The runtime's settings from the environment (the `ENV_*` constants of
-# `crates/runtime-core/src/config/mod.rs`; `test_lifecycle.py` keeps this list equal to them).
-# The suite tests the defaults, and the tests of a variable set it in the scripts they start,
-# so values exported in the developer's shell are taken out of this process (and so of the
-# scripts it starts) and named in the report header. Left in, `RUNTIME_LAUNCH_BLOCKING=1`
-# failed 35 tests of `test_device.py`, `test_stream.py` and `test_event.py`, and
-# `RUNTIME_DEVICE_COUNT=1` hung one of them.
-RUNTIME_SETTINGS = (
-    "RUNTIME_DEVICE_COUNT",
-    "RUNTIME_DEVICE_MEMORY",
-    "RUNTIME_DEVICE_PROFILE",
-    "RUNTIME_LAUNCH_BLOCKING",
-    "RUNTIME_DEFAULT_STREAM",
-    "RUNTIME_COPY_SPLIT_MAX",
+# The runtime's settings from the environment: the `ENV_*` constants of the core's config
+# module, read from its source (as `scripts/test.sh` does). The suite tests the defaults, and
+# the tests of a variable set it in the scripts they start, so values exported in the
+# developer's shell are taken out of this process (and so of the scripts it starts) and named
+# in the report header. Left in, `RUNTIME_LAUNCH_BLOCKING=1` failed 35 tests of
+# `test_device.py`, `test_stream.py` and `test_event.py`, and `RUNTIME_DEVICE_COUNT=1` hung one.
+RUNTIME_SETTINGS = tuple(
+    re.findall(
+        r'pub const ENV_[A-Z_]+: &str = "([A-Z_]+)";',
+        (Path(__file__).parents[1] / "crates/runtime-core/src/config/mod.rs").read_text(),
+    )
 )
 _IGNORED_SETTINGS = {name: os.environ.pop(name) for name in RUNTIME_SETTINGS if name in os.environ}
 
