@@ -158,6 +158,40 @@ def test_the_suite_takes_every_runtime_setting_out_of_its_environment():
     assert header in r.stdout, r.stdout
 
 
+def test_shutdown_fails_a_communicator_still_forming_and_empties_the_threads_group():
+    """A communicator waiting for its ranks at shutdown fails there: its waiter at once, and a
+    join of its id after the next `init` too, which used to complete it with a device of each
+    runtime. The group open across the shutdown leaves it to the old runtime: the group's
+    end returns instead of waiting for it (RELIABILITY.md W7)."""
+    import threading
+
+    from runtime import comm
+
+    runtime.init(device_count=2, memory="64MiB")
+    uid = comm.get_unique_id()
+    out = {}
+
+    def use(c):
+        try:
+            _ = c.rank
+        except runtime.InvalidOperationError as e:
+            out["error"] = str(e)
+
+    with comm.group():
+        c = comm.Communicator(2, uid, 0, device=0, timeout=60)  # joined; made at the end
+        t = threading.Thread(target=use, args=(c,))
+        t.start()  # waits for rank 1, or has yet to begin: the outcome is the same
+        runtime.shutdown()
+        t.join(30)
+        assert not t.is_alive()
+        runtime.init(device_count=2, memory="64MiB")
+    assert "the runtime is shutting down" in out["error"]
+    with pytest.raises(runtime.InvalidOperationError, match="shutting down"):
+        _ = c.rank
+    with pytest.raises(runtime.InvalidOperationError, match="shutting down"):
+        comm.Communicator(2, uid, 1, device=1, timeout=60)
+
+
 def event_uses(e, s):
     """Every call that uses event `e` (with stream `s`)."""
     return [

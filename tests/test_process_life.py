@@ -367,6 +367,35 @@ def test_a_child_forked_inside_a_completion_callback_exits_without_waiting():
     assert run(code) == ["child", "parent", "3"]
 
 
+@needs_fork
+def test_a_child_forked_inside_a_group_ends_it_without_waiting_for_the_parents_ranks():
+    """A communicator made inside a group forms at the group's end, and a child forked
+    before that end runs the end too. Its communicator waits for a rank the parent's thread
+    joins: the child's end used to wait the communicator's whole timeout for it. The child now
+    leaves what the group holds to the parent's runtime, and the communicator's first use fails
+    at once, naming the fork (RELIABILITY.md W7)."""
+    code = """
+    import os, runtime
+    from runtime import comm
+    runtime.init(device_count=2, memory="64MiB")
+    uid = comm.get_unique_id()
+    with comm.group():
+        c0 = comm.Communicator(2, uid, 0, device=0, timeout=60)
+        pid = os.fork()
+        if pid:
+            c1 = comm.Communicator(2, uid, 1, device=1, timeout=60)
+    if pid == 0:
+        try:
+            c0.rank
+        except runtime.InvalidHandleError as e:
+            print("child", "forked" in str(e), flush=True)
+        os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    print("parent", c0.rank, c1.rank, os.waitstatus_to_exitcode(status))
+    """
+    assert run(code) == ["child", "True", "parent", "0", "1", "3"]
+
+
 def _pool_worker(n: int) -> list[float]:
     from runtime import kernels
 

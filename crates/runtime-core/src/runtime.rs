@@ -220,6 +220,8 @@ pub(crate) fn shutdown_within(timeout: Option<std::time::Duration>) -> Result<bo
     for d in &rt.devices {
         d.executor().close();
     }
+    // No rank of this runtime's devices joins a communicator from here on.
+    crate::comm::fail_all_gatherings("the runtime is shutting down");
     // A stream waiting on a user event nobody sets would keep the drain from finishing.
     crate::event::fail_pending_user_events(
         "the runtime was shut down before the user event was set",

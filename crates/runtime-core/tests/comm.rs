@@ -1075,3 +1075,87 @@ fn overlap_is_judged_on_memory_whichever_allocations_name_it() {
     assert!(sync_all(&cs).iter().all(Result::is_ok));
     assert_eq!(t_new.to_vec::<i64>().unwrap(), vec![11, 22, 33, 44]);
 }
+
+/// `Forthcoming` (a communicator shared by threads while it forms, as a Python
+/// `Communicator` made in a group): threads polling at once get the one communicator; a
+/// poller that stops leaves it forming for the next; a failure is every caller's; a rank that
+/// joined none is `Some(None)`.
+#[test]
+fn a_forthcoming_communicator_resolves_once_for_threads_polling_at_once() {
+    let _serial = serial();
+    let r = rt();
+    let id = comm::unique_id();
+    let dev = &r.devices()[0];
+    let slow = comm::Forthcoming::forming(
+        comm::init_rank(2, &id, 0, dev, Duration::from_secs(60)).unwrap(),
+    );
+    // Nobody else has joined: a slice ends with it still forming, and it stays pollable.
+    assert!(slow.poll(Duration::from_millis(5)).unwrap().is_none());
+    assert!(slow.get().is_none());
+    let seen: Vec<(usize, usize)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| loop {
+                    if let Some(c) = slow.poll(Duration::from_millis(1)).unwrap() {
+                        let c = c.expect("rank 0 joined the communicator");
+                        break (c.rank(), c as *const Communicator as usize);
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(20));
+        let other = comm::init_rank(2, &id, 1, &r.devices()[1], Duration::from_secs(60))
+            .unwrap()
+            .wait()
+            .unwrap()
+            .unwrap();
+        assert_eq!(other.rank(), 1);
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let one = slow.get().expect("made") as *const Communicator as usize;
+    assert_eq!(seen, vec![(0, one); 4]);
+    // A failure (a rank that never comes) reaches every caller, every time.
+    let id = comm::unique_id();
+    let failing = comm::Forthcoming::forming(
+        comm::init_rank(2, &id, 0, dev, Duration::from_millis(50)).unwrap(),
+    );
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3)
+            .map(|_| {
+                s.spawn(|| loop {
+                    match failing.poll(Duration::from_millis(2)) {
+                        Ok(None) => {}
+                        Ok(Some(_)) => panic!("no communicator can be made"),
+                        Err(e) => break e.to_string(),
+                    }
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        errors.iter().all(|e| e.contains("ranks [1] did not join")),
+        "{errors:?}"
+    );
+    assert!(failing.poll(Duration::ZERO).is_err());
+    assert!(format!("{failing:?}").contains("failed"));
+    // A split with no color: this rank joined none.
+    let cs = comms(2, Duration::from_secs(60));
+    let parts: Vec<comm::Forthcoming> = cs
+        .iter()
+        .map(|c| comm::Forthcoming::forming(c.split(None, 0).unwrap()))
+        .collect();
+    for p in &parts {
+        let got = loop {
+            if let Some(got) = p.poll(Duration::from_millis(5)).unwrap() {
+                break got;
+            }
+        };
+        assert!(got.is_none());
+    }
+    let made = comm::Forthcoming::made(cs.into_iter().next().unwrap());
+    assert_eq!(
+        made.poll(Duration::ZERO).unwrap().unwrap().unwrap().rank(),
+        0
+    );
+}

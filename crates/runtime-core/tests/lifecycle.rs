@@ -450,3 +450,35 @@ fn at_exit_shuts_down_and_leaves_later_runtimes_synchronous() {
     runtime::at_exit().unwrap();
     assert!(!runtime::is_initialized());
 }
+
+/// A gathering still waiting for ranks at shutdown fails there, its waiter at once and later
+/// joins of its id after the next `init`. Left in place, a rank joining after `init`
+/// completed it, and the communicator held a device of each runtime.
+#[test]
+fn shutdown_fails_a_communicator_still_gathering_its_ranks() {
+    let _s = session();
+    let rt = init();
+    let id = runtime_core::comm::unique_id();
+    let f = runtime_core::comm::init_rank(2, &id, 0, &rt.devices()[0], Duration::from_secs(60))
+        .expect("rank 0 joins");
+    let waiter = std::thread::spawn(move || f.wait());
+    // Rank 0 waits in the gathering (or has not begun to: the outcome is the same).
+    std::thread::sleep(Duration::from_millis(20));
+    drop(rt);
+    runtime::shutdown().expect("shutdown");
+    let e = waiter
+        .join()
+        .unwrap()
+        .expect_err("the gathering failed at shutdown");
+    assert!(
+        e.to_string().contains("the runtime is shutting down"),
+        "{e}"
+    );
+    let rt = init();
+    let late = runtime_core::comm::init_rank(2, &id, 1, &rt.devices()[1], Duration::from_secs(1));
+    let e = late.expect_err("a join of the failed id is refused");
+    assert!(
+        e.to_string().contains("the runtime is shutting down"),
+        "{e}"
+    );
+}

@@ -11,16 +11,15 @@
 //! thread may make every rank's.
 
 use std::cell::RefCell;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 use runtime_core::comm::{
-    self, Communicator, Exchange, Forming, Pending, ReduceOp, Region, Transport, TransportError,
-    UniqueId,
+    self, Communicator, Exchange, Forming, Forthcoming, Pending, ReduceOp, Region, Transport,
+    TransportError, UniqueId,
 };
 use runtime_core::kernel::{DType, Tensor};
 use runtime_core::stream::Stream;
@@ -33,132 +32,48 @@ use crate::wait;
 
 /// One rank of a communicator (`runtime.comm.init_all`, `init_mpi`, `split`, or
 /// `Communicator(nranks, comm_id, rank)`). Made inside a group, it is *forming* until the
-/// group's end (or its first use) waits for the other ranks.
+/// group's end (or its first use) waits for the other ranks
+/// (`runtime_core::comm::Forthcoming`).
 #[pyclass(name = "Communicator", module = "runtime.comm", frozen)]
 pub struct PyCommunicator {
-    inner: OnceLock<Communicator>,
-    forming: Mutex<Making>,
-}
-
-/// How far a forming communicator is.
-enum Making {
-    /// Made (or made at once).
-    Done,
-    /// Waiting for the other ranks.
-    Forming(Forming),
-    /// A thread is waiting for it now.
-    Resolving,
-    /// It failed.
-    Failed(runtime_core::Error),
-    /// Made, and this rank (a split with no color) joined none.
-    JoinedNone,
+    inner: Forthcoming,
 }
 
 impl PyCommunicator {
     fn made(inner: Communicator) -> PyCommunicator {
-        let cell = OnceLock::new();
-        let _ = cell.set(inner);
         PyCommunicator {
-            inner: cell,
-            forming: Mutex::new(Making::Done),
+            inner: Forthcoming::made(inner),
         }
     }
 
     fn forming(f: Forming) -> PyCommunicator {
         PyCommunicator {
-            inner: OnceLock::new(),
-            forming: Mutex::new(Making::Forming(f)),
+            inner: Forthcoming::forming(f),
         }
     }
 
     /// The core communicator, waiting (GIL released, Ctrl-C live) for a forming one.
     fn comm(&self, py: Python<'_>) -> PyResult<&Communicator> {
-        if let Some(c) = self.inner.get() {
-            return Ok(c);
-        }
-        let taken = {
-            let mut m = self.forming.lock();
-            match std::mem::replace(&mut *m, Making::Resolving) {
-                Making::Forming(f) => Some(f),
-                Making::Failed(e) => {
-                    *m = Making::Failed(e.clone());
-                    return Err(RtErr(e).into());
-                }
-                Making::JoinedNone => {
-                    *m = Making::JoinedNone;
-                    return Err(RtErr(joined_none()).into());
-                }
-                other => {
-                    *m = other;
-                    None
-                }
-            }
-        };
-        match taken {
-            Some(mut f) => {
-                let mut out: Option<Option<Communicator>> = None;
-                let what = format!("{f:?}");
-                let r = wait::wait(
-                    py,
-                    || what.clone(),
-                    None,
-                    |slice| match f.poll(slice) {
-                        Ok(None) => false,
-                        Ok(Some(c)) => {
-                            out = Some(c);
-                            true
-                        }
-                        Err(e) => {
-                            *self.forming.lock() = Making::Failed(e);
-                            true
-                        }
-                    },
-                );
-                if let Err(e) = r {
-                    // Interrupted (Ctrl-C): the next use waits again.
-                    *self.forming.lock() = Making::Forming(f);
-                    return Err(e);
-                }
-                match out {
-                    Some(Some(c)) => {
-                        let _ = self.inner.set(c);
-                        *self.forming.lock() = Making::Done;
-                    }
-                    Some(None) => *self.forming.lock() = Making::JoinedNone,
-                    None => {}
-                }
-                self.comm(py)
-            }
-            None => {
-                // Another thread waits for it: wait for its outcome.
-                wait::wait(
-                    py,
-                    || "a forming communicator".to_string(),
-                    None,
-                    |slice| {
-                        if self.inner.get().is_some()
-                            || !matches!(*self.forming.lock(), Making::Resolving)
-                        {
-                            return true;
-                        }
-                        std::thread::sleep(slice.min(Duration::from_millis(1)));
-                        false
-                    },
-                )?;
-                self.comm(py)
-            }
-        }
+        self.settle(py)?.ok_or_else(|| RtErr(joined_none()).into())
     }
-}
 
-impl PyCommunicator {
-    /// Wait as [`PyCommunicator::comm`] does until the communicator is made; a rank that
-    /// joined none (a split with no color) is no error here.
-    fn settle(&self, py: Python<'_>) -> PyResult<()> {
-        match self.comm(py) {
-            Err(_) if matches!(*self.forming.lock(), Making::JoinedNone) => Ok(()),
-            other => other.map(|_| ()),
+    /// Wait as [`PyCommunicator::comm`] does until the communicator is made: `None` for a
+    /// rank that joined none (a split with no color), which is no error here.
+    fn settle(&self, py: Python<'_>) -> PyResult<Option<&Communicator>> {
+        if let Some(c) = self.inner.get() {
+            return Ok(Some(c));
         }
+        let mut out = None;
+        wait::wait_result(
+            py,
+            || format!("{:?}", self.inner),
+            None,
+            |slice| {
+                out = self.inner.poll(slice)?;
+                Ok(out.is_some())
+            },
+        )?;
+        Ok(out.flatten())
     }
 }
 
@@ -347,6 +262,17 @@ pub fn comm_group_end(py: Python<'_>, wait: bool) -> PyResult<()> {
         }
     }
     Ok(())
+}
+
+/// Drop what this thread's open group holds (streams to wait for, communicators forming),
+/// keeping its depth: at shutdown or in a forked child they belong to a runtime that is
+/// gone, and the group's end, still to come, has nothing of it left to wait for.
+pub fn forget_group() {
+    let held = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        (std::mem::take(&mut g.1), std::mem::take(&mut g.2))
+    });
+    drop(held); // after the borrow: a drop that came back to this group would find it borrowed
 }
 
 /// In a group: remember `s` for the group's end and say so.
@@ -818,18 +744,8 @@ impl PyCommunicator {
             .map(|o| o.clone_ref(py)))
     }
 
-    fn __repr__(&self, py: Python<'_>) -> String {
-        match self.inner.get() {
-            Some(c) => format!("{c:?}"),
-            None => match &*self.forming.lock() {
-                Making::Forming(f) => format!("Communicator(forming: {f:?})"),
-                Making::Failed(e) => format!("Communicator(failed: {e})"),
-                _ => {
-                    let _ = py;
-                    "Communicator(forming)".to_string()
-                }
-            },
-        }
+    fn __repr__(&self) -> String {
+        format!("{:?}", self.inner)
     }
 
     #[pyo3(signature = (send, recv, op=None, stream=None))]

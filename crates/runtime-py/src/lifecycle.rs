@@ -9,7 +9,7 @@ use runtime_core::runtime as rt;
 
 use crate::convert::type_name;
 use crate::errors::RtErr;
-use crate::{stream, wait};
+use crate::wait;
 
 /// Initialise the runtime (idempotent). Keywords: `device_count`, `memory` (bytes or a size
 /// string such as "16GiB"), `profile` ("ascend910" or "host"); unset ones come from
@@ -121,7 +121,7 @@ pub fn shutdown(py: Python<'_>) -> PyResult<()> {
         None,
         |slice| runtime_core::bindings::shutdown_within(Some(slice)),
     )?;
-    stream::clear_thread_state();
+    clear_thread_state();
     Ok(())
 }
 
@@ -163,7 +163,7 @@ pub fn _at_exit(py: Python<'_>) -> PyResult<()> {
         }
         other => other?,
     }
-    stream::clear_thread_state();
+    clear_thread_state();
     // The last hook before finalising: runtime threads attach no more, and those attached
     // now (a completion callback, say) are waited for (`interp`), for a while.
     let limit = std::time::Duration::from_secs(5);
@@ -222,12 +222,24 @@ fn end_on_ctrl_c(py: Python<'_>) -> PyResult<()> {
     Ok(())
 }
 
+/// Forget the calling thread's state in the bindings, which belongs to the runtime going
+/// away (at shutdown) or to the parent's (after a fork): its `with` streams
+/// (`context::clear`) and what its open group holds (`comm::forget_group`). Only drops
+/// references early.
+fn clear_thread_state() {
+    Python::attach(|py| {
+        // A failure here leaves a frame that reads as absent.
+        let _ = crate::context::clear(py);
+    });
+    crate::comm::forget_group();
+}
+
 /// `os.register_at_fork(after_in_child=...)`: the bindings' per-thread state (current
-/// streams) belongs to the parent's runtime, which the core abandoned in its own fork
-/// handler; it touches no lock.
+/// streams, an open group) belongs to the parent's runtime, which the core abandoned in its
+/// own fork handler; it touches no lock.
 #[pyfunction]
 fn _forget_thread_state() {
-    stream::clear_thread_state();
+    clear_thread_state();
     crate::interp::forget_inside();
 }
 

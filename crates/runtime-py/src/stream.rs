@@ -17,15 +17,6 @@ use crate::handles::{PyDevice, PyEvent, PyStream};
 use crate::kernel;
 use crate::wait;
 
-/// Forget the calling thread's (context's) `with` state at shutdown: its streams belong to the
-/// old runtime (see `context::clear`).
-pub fn clear_thread_state() {
-    Python::attach(|py| {
-        // Only drops references early; a failure here leaves a frame that reads as absent.
-        let _ = context::clear(py);
-    });
-}
-
 /// The handle in what a `__cuda_stream__()` returned: `(0, handle)` (CuPy's checks and
 /// messages for the protocol).
 fn cuda_stream_handle(r: &Bound<'_, PyAny>) -> PyResult<u64> {

@@ -59,7 +59,8 @@ use crate::stream::{FnOp, Op, OpKind, Stream};
 
 pub(crate) use protocol::abort_all;
 use protocol::{failure, Message, Part, Shared};
-pub use split::{init_rank, unique_id, Forming, UniqueId};
+pub(crate) use split::fail_all_gatherings;
+pub use split::{init_rank, unique_id, Forming, Forthcoming, UniqueId};
 pub use world::{connect, Connecting, Exchange, Pending, Region, Transport, TransportError};
 
 /// Around `fork()`: hold the communicators' process-wide locks (see

@@ -77,6 +77,9 @@ pub struct Forming {
     /// Rank by rank: the gathering to fail when this joiner's own wait times out.
     joining: Option<(u128, Option<Instant>, Duration)>,
     what: String,
+    /// [`crate::generation::forks`] when it was made: in a forked child the ranks it waits
+    /// for are the parent's threads, and its cell's lock may be held by one of them.
+    forks: u64,
 }
 
 impl std::fmt::Debug for Forming {
@@ -91,9 +94,17 @@ impl Forming {
     ///
     /// # Errors
     /// The split's or the gathering's failure: ranks that disagree, a rank that does not come
-    /// within the timeout (`Timeout`), an abort, a transport's failure. Polling again after
-    /// the outcome was taken fails with `Invalid`.
+    /// within the timeout (`Timeout`), an abort, a transport's failure, a shutdown while it
+    /// was forming. Polling again after the outcome was taken fails with `Invalid`.
+    /// `InvalidHandle` in a child forked while it was forming.
     pub fn poll(&mut self, slice: Duration) -> Result<Option<Option<Communicator>>> {
+        if self.forks != crate::generation::forks() {
+            return Err(crate::error::DeviceError::InvalidHandle {
+                what: self.what.clone(),
+                why: "it was being made by the parent process (this process was forked)".into(),
+            }
+            .into());
+        }
         let until = Instant::now() + slice;
         let mut st = self.cell.state.lock();
         loop {
@@ -135,6 +146,141 @@ impl Forming {
             if let Some(c) = self.poll(Duration::from_millis(100))? {
                 return Ok(c);
             }
+        }
+    }
+}
+
+/// A communicator that is made, or still forming, shared by threads (a Python
+/// `Communicator` made inside a group): any of them may wait for it, in slices, and the
+/// outcome, once one of them has it, is every caller's. No lock is held while waiting, so a
+/// waiter that stops (Ctrl-C) leaves it forming for the next; in a child forked while it was
+/// forming it fails with `InvalidHandle` without touching a lock a parent thread may hold.
+pub struct Forthcoming {
+    made: std::sync::OnceLock<Communicator>,
+    state: Mutex<Making>,
+    cv: Condvar,
+    forks: u64,
+}
+
+/// How far a [`Forthcoming`] is.
+enum Making {
+    /// Made (in `made`).
+    Made,
+    /// Waiting for the other ranks; nobody is polling it.
+    Forming(Forming),
+    /// A thread is polling it (it holds the [`Forming`]).
+    Polling,
+    Failed(Error),
+    /// Made, and this rank (a split with no color) joined none.
+    JoinedNone,
+}
+
+impl Forthcoming {
+    /// One made already.
+    pub fn made(c: Communicator) -> Forthcoming {
+        let made = std::sync::OnceLock::new();
+        let _ = made.set(c);
+        Forthcoming::new(made, Making::Made)
+    }
+
+    /// One to be made by `f`.
+    pub fn forming(f: Forming) -> Forthcoming {
+        Forthcoming::new(std::sync::OnceLock::new(), Making::Forming(f))
+    }
+
+    fn new(made: std::sync::OnceLock<Communicator>, state: Making) -> Forthcoming {
+        Forthcoming {
+            made,
+            state: Mutex::new(state),
+            cv: Condvar::new(),
+            forks: crate::generation::forks(),
+        }
+    }
+
+    /// The communicator, if it is made.
+    pub fn get(&self) -> Option<&Communicator> {
+        self.made.get()
+    }
+
+    /// Wait at most `slice` for the outcome: `Some(Some(communicator))` once made,
+    /// `Some(None)` for a rank that joined none, `None` while it is still forming. Threads
+    /// may call it at once: one polls the [`Forming`], the others wait for its outcome.
+    ///
+    /// # Errors
+    /// The [`Forming::poll`] failure, to every caller from then on; `InvalidHandle` in a
+    /// child forked while it was forming.
+    pub fn poll(&self, slice: Duration) -> Result<Option<Option<&Communicator>>> {
+        if let Some(c) = self.made.get() {
+            return Ok(Some(Some(c)));
+        }
+        if self.forks != crate::generation::forks() {
+            return Err(self.forked_away());
+        }
+        let until = Instant::now() + slice;
+        let mut st = self.state.lock();
+        let mut f = loop {
+            match std::mem::replace(&mut *st, Making::Polling) {
+                Making::Forming(f) => break f,
+                Making::Polling => {
+                    if Instant::now() >= until {
+                        return Ok(None);
+                    }
+                    self.cv.wait_until(&mut st, until);
+                }
+                other => {
+                    *st = other;
+                    return self.outcome(&st);
+                }
+            }
+        };
+        drop(st);
+        let polled = f.poll(slice);
+        let mut st = self.state.lock();
+        *st = match polled {
+            Ok(None) => Making::Forming(f),
+            Ok(Some(Some(c))) => {
+                let _ = self.made.set(c);
+                Making::Made
+            }
+            Ok(Some(None)) => Making::JoinedNone,
+            Err(e) => Making::Failed(e),
+        };
+        self.cv.notify_all();
+        self.outcome(&st)
+    }
+
+    /// The outcome as [`Forthcoming::poll`] gives it, from a state other than `Polling`.
+    fn outcome(&self, st: &Making) -> Result<Option<Option<&Communicator>>> {
+        match st {
+            Making::Made => Ok(Some(self.made.get())),
+            Making::JoinedNone => Ok(Some(None)),
+            Making::Failed(e) => Err(e.clone()),
+            Making::Forming(_) | Making::Polling => Ok(None),
+        }
+    }
+
+    fn forked_away(&self) -> Error {
+        crate::error::DeviceError::InvalidHandle {
+            what: "a forming communicator".into(),
+            why: "it was being made by the parent process (this process was forked)".into(),
+        }
+        .into()
+    }
+}
+
+impl std::fmt::Debug for Forthcoming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(c) = self.made.get() {
+            return write!(f, "{c:?}");
+        }
+        if self.forks != crate::generation::forks() {
+            return write!(f, "Communicator(forming in the parent process)");
+        }
+        match &*self.state.lock() {
+            Making::Forming(fm) => write!(f, "Communicator(forming: {fm:?})"),
+            Making::Failed(e) => write!(f, "Communicator(failed: {e})"),
+            Making::JoinedNone => write!(f, "Communicator(this rank joined none)"),
+            Making::Made | Making::Polling => write!(f, "Communicator(forming)"),
         }
     }
 }
@@ -187,6 +333,7 @@ impl Communicator {
             cell,
             joining: None,
             what,
+            forks: crate::generation::forks(),
         })
     }
 }
@@ -421,11 +568,12 @@ pub fn init_rank(
             ),
         ));
     }
-    device.check_alive()?;
     let key = id.key();
     let cell = FormCell::new();
     let what = format!("rank {rank} of {nranks} joining {id:?}");
     let mut joins = JOINS.lock();
+    // Under the lock: shutdown closes the devices, then fails the gatherings under it.
+    device.check_alive()?;
     let table = joins.get_or_insert_with(HashMap::new);
     let g = table.entry(key).or_insert_with(|| Gathering {
         n: nranks,
@@ -485,7 +633,37 @@ pub fn init_rank(
         cell,
         joining: Some((key, crate::clock::deadline_after(Some(timeout)), timeout)),
         what,
+        forks: crate::generation::forks(),
     })
+}
+
+/// At shutdown, once the devices are closed: fail every gathering still waiting for ranks,
+/// and later joins of its id. Its ranks' devices belong to the runtime going away: left in
+/// place, a rank joining after the next `init` completed it, and the communicator held a
+/// device of each runtime. A join checks its device under the same lock, so none slips in
+/// between.
+pub(crate) fn fail_all_gatherings(why: &str) {
+    let mut joins = JOINS.lock();
+    let mut cells = Vec::new();
+    for (key, g) in joins.iter_mut().flat_map(|t| t.iter_mut()) {
+        if g.failed.is_some() {
+            continue;
+        }
+        let err: Error =
+            StreamError::Invalid(format!("joining UniqueId({key:032x}) failed: {why}")).into();
+        g.failed = Some(err.clone());
+        cells.extend(
+            g.joined
+                .iter_mut()
+                .filter_map(|j| j.take().map(|(_, c)| (c, err.clone()))),
+        );
+    }
+    drop(joins);
+    for (c, err) in cells {
+        if !c.is_set() {
+            c.set(Err(err));
+        }
+    }
 }
 
 /// A joiner of gathering `key` waited past its timeout: fail every rank waiting in it, and
