@@ -727,6 +727,19 @@ def test_all_to_all_single_unequal_split_as_torch(n):
         np.testing.assert_array_equal(o.copy_to_host(), want)
 
 
+def test_all_to_all_single_refuses_split_sizes_whose_element_count_overflows():
+    """A split of ``2**62 + 2`` rows of 4 elements was read as 8 elements (the product
+    wrapped), and the exchange ran on rows the caller never named."""
+    (c,) = comms(1)
+    out = runtime.to_device(np.zeros((2, 4), "float32"), device=c.device)
+    inp = runtime.to_device(np.ones((2, 4), "float32"), device=c.device)
+    for args in (([2**62 + 2], None), (None, [2**62 + 2])):
+        with pytest.raises(ValueError, match=r"split_sizes\[0\]: 4611686018427387906 rows of 4"):
+            c.all_to_all_single(out, inp, *args)
+    sync([c])
+    np.testing.assert_array_equal(out.copy_to_host(), np.zeros((2, 4), "float32"))
+
+
 @pytest.mark.parametrize("n", [2, 3, 8])
 def test_all_gatherv_reduce_scatterv_all_to_allv(n):
     """MPI's ``Allgatherv`` / ``Reduce_scatter`` / ``Alltoallv`` semantics (torch's uneven

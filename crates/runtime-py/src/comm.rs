@@ -622,7 +622,17 @@ fn splits(t: &Tensor, sizes: Option<Vec<usize>>, n: usize, arg: &str) -> PyResul
         t.shape()[1..].iter().product()
     };
     match sizes {
-        Some(s) => Ok(s.iter().map(|r| r * row).collect()),
+        Some(s) => s
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| {
+                r.checked_mul(row).ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "{arg}_split_sizes[{i}]: {r} rows of {row} elements overflow an element count"
+                    ))
+                })
+            })
+            .collect(),
         None => {
             if rows % n != 0 {
                 return Err(PyValueError::new_err(format!(
