@@ -211,8 +211,8 @@ def test_set_device_inside_with_lasts_until_its_exit():
 
 def test_threads_each_see_their_own_with():
     streams = [runtime.Stream(1), runtime.Stream(2)]
-    both_inside = threading.Barrier(3)
-    checked = threading.Barrier(3)
+    both_inside = threading.Barrier(3, timeout=WAIT)
+    checked = threading.Barrier(3, timeout=WAIT)
     seen = {}
 
     def worker(i):

@@ -161,7 +161,7 @@ def test_invalid_device_is_also_runtime_error():
 def test_current_device_is_per_thread():
     assert runtime.get_device() == 0
     results = {}
-    barrier = threading.Barrier(8)
+    barrier = threading.Barrier(8, timeout=30)
 
     def work(i):
         runtime.set_device(i)

@@ -158,6 +158,21 @@ def test_the_suite_takes_every_runtime_setting_out_of_its_environment():
     assert header in r.stdout, r.stdout
 
 
+def test_every_thread_barrier_in_the_suite_gives_up():
+    """A thread that fails before its barrier leaves the others waiting there: without a
+    timeout they hang until pytest-timeout's 300 s and hide the failure behind a timeout."""
+    tests = Path(__file__).parent
+    needle = "threading." + "Barrier("  # not spelled out: this line would match itself
+    calls = [
+        (f"{path.relative_to(tests)}:{n}", line.strip())
+        for path in sorted(tests.rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if needle in line
+    ]
+    assert len(calls) >= 8
+    assert [c for c in calls if "timeout=" not in c[1]] == []
+
+
 def test_shutdown_fails_a_communicator_still_forming_and_empties_the_threads_group():
     """A communicator waiting for its ranks at shutdown fails there: its waiter at once, and a
     join of its id after the next `init` too, which used to complete it with a device of each

@@ -964,7 +964,7 @@ def test_threads_launching_on_own_and_shared_streams():
     shared = runtime.Stream(0)
     shared_log = []
     own_logs = [[] for _ in range(n_threads)]
-    start = threading.Barrier(n_threads)
+    start = threading.Barrier(n_threads, timeout=WAIT)
 
     def worker(t):
         own = runtime.Stream(t % 4)

@@ -610,7 +610,7 @@ def test_concurrent_double_free_frees_once():
     for _ in range(20):
         buf = runtime.device_malloc(0, 128)
         results = []
-        barrier = threading.Barrier(4)
+        barrier = threading.Barrier(4, timeout=30)
 
         def free(b=buf, out=results, bar=barrier):
             bar.wait()
@@ -789,7 +789,7 @@ def test_free_of_the_host_side_while_queued():
 def test_threads_allocate_write_verify_free_concurrently():
     errors: list[BaseException] = []
     sizes = [1, 100, 4096, 5000, 32768, 65536, MiB, 3 * MiB + 7]
-    barrier = threading.Barrier(8)
+    barrier = threading.Barrier(8, timeout=30)
 
     def worker(idx: int) -> None:
         try:

@@ -158,7 +158,7 @@ def test_stream_of_other_device_in_with():
 # cupy: tests/cupy_tests/cuda_tests/test_stream.py::TestStream::test_stream_thread
 def test_stream_shared_between_threads():
     holder = {"s": None}
-    barrier = threading.Barrier(2)
+    barrier = threading.Barrier(2, timeout=WAIT)
     results = [None, None]
 
     def worker(tid):

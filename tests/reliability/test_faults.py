@@ -691,7 +691,7 @@ def test_destroy_while_other_threads_launch():
         one = runtime.to_device(np.ones(1, np.int64), device=dev)
         ok = [0, 0, 0]
         refused = []
-        go = threading.Barrier(4)
+        go = threading.Barrier(4, timeout=WAIT)
 
         def launcher(k, s=s, x=x, one=one, ok=ok, refused=refused, go=go):
             go.wait()
