@@ -13,7 +13,7 @@
 //! stays valid while the table holds the object.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ascendcl::codes::*;
 use ascendcl::error::{self as acl_error, AclError, AclResult};
@@ -24,8 +24,7 @@ use runtime_core::stream::copy::HostMemory;
 
 use crate::handles::{PyDeviceBuffer, PyStream};
 use crate::pinned::PyPinnedMemory;
-
-const SLICE: Duration = Duration::from_millis(20);
+use crate::wait;
 
 /// The code of `r` (0 on success), its failure recorded.
 fn code(r: AclResult<()>) -> i32 {
@@ -57,28 +56,21 @@ fn call<T: Send>(
     py.detach(|| acl_error::catching(name, f))
 }
 
-/// Wait in slices with the GIL released: `poll(slice)` answers `Ok(true)` when done. `timeout`
-/// `None` waits for ever; `Ok(false)` when it passed. Ctrl-C raises.
+/// Wait in slices with the GIL released (`wait::in_slices`), a panic in `poll` caught:
+/// `poll(slice)` answers `Ok(true)` when done. `timeout` `None` waits for ever; `Ok(false)`
+/// when it passed. Ctrl-C raises.
 fn sliced(
     py: Python<'_>,
     name: &str,
     timeout: Option<Duration>,
     mut poll: impl FnMut(Duration) -> AclResult<bool> + Send,
 ) -> PyResult<AclResult<bool>> {
-    let deadline = timeout.map(|t| Instant::now() + t);
-    loop {
-        let slice = deadline.map_or(SLICE, |d| {
-            d.saturating_duration_since(Instant::now()).min(SLICE)
-        });
-        match call(py, name, || poll(slice)) {
-            Ok(false) => {}
-            other => return Ok(other),
-        }
-        py.check_signals()?;
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Ok(Ok(false));
-        }
-    }
+    let mut res = Ok(false);
+    let done = wait::in_slices(py, timeout, |slice| {
+        res = acl_error::catching(name, || poll(slice));
+        !matches!(res, Ok(false))
+    })?;
+    Ok(if done { res } else { Ok(false) })
 }
 
 /// `ms` as pyACL's timeouts take it: -1 for ever, > 0 that long.

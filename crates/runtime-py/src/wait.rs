@@ -16,15 +16,13 @@ use crate::errors::{self, RtErr};
 
 const SLICE: Duration = Duration::from_millis(20);
 
-/// Call `poll(slice)` without the GIL until it returns true, checking for signals between
-/// slices. On timeout raises `WaitTimeoutError` naming `what()` (built only then).
-pub fn wait<F, W>(py: Python<'_>, what: W, timeout: Option<f64>, mut poll: F) -> PyResult<()>
+/// The one slice loop of the bindings: call `poll(slice)` without the GIL until it returns
+/// true (`Ok(true)`), checking for signals between slices; `Ok(false)` once `limit` has
+/// passed (`None`: no limit, as is one past the clock's range).
+pub fn in_slices<F>(py: Python<'_>, limit: Option<Duration>, mut poll: F) -> PyResult<bool>
 where
     F: FnMut(Duration) -> bool + Send,
-    W: Fn() -> String,
 {
-    let limit = timeout_arg(timeout)?;
-    // A deadline past the clock's range is none.
     let deadline = limit.and_then(|t| Instant::now().checked_add(t));
     loop {
         let slice = match deadline {
@@ -32,12 +30,26 @@ where
             Some(d) => d.saturating_duration_since(Instant::now()).min(SLICE),
         };
         if py.detach(|| poll(slice)) {
-            return Ok(());
+            return Ok(true);
         }
         py.check_signals()?;
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(errors::timeout(py, &what(), timeout.unwrap_or_default()));
+            return Ok(false);
         }
+    }
+}
+
+/// Call `poll(slice)` without the GIL until it returns true, checking for signals between
+/// slices. On timeout raises `WaitTimeoutError` naming `what()` (built only then).
+pub fn wait<F, W>(py: Python<'_>, what: W, timeout: Option<f64>, poll: F) -> PyResult<()>
+where
+    F: FnMut(Duration) -> bool + Send,
+    W: Fn() -> String,
+{
+    if in_slices(py, timeout_arg(timeout)?, poll)? {
+        Ok(())
+    } else {
+        Err(errors::timeout(py, &what(), timeout.unwrap_or_default()))
     }
 }
 
