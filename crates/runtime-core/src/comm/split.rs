@@ -234,7 +234,15 @@ impl Forthcoming {
             }
         };
         drop(st);
-        let polled = f.poll(slice);
+        // A panic here would leave it `Polling` for ever: the other waiters would never end.
+        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f.poll(slice)))
+            .unwrap_or_else(|p| {
+                Err(StreamError::Invalid(format!(
+                    "{f:?} panicked: {}",
+                    super::protocol::panic_message(p.as_ref())
+                ))
+                .into())
+            });
         let mut st = self.state.lock();
         *st = match polled {
             Ok(None) => Making::Forming(f),
