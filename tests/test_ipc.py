@@ -130,6 +130,35 @@ def test_the_import_survives_the_exporter_exiting_and_a_dead_exporters_handle_is
         runtime.ipc_open(handle)
 
 
+def test_a_handle_opens_again_under_a_new_runtime_while_the_old_import_is_held():
+    """The process-wide table of open blocks (one allocation per block, no aliases) handed
+    back the import of a runtime shut down since, while the program still held it: opening
+    the same handle under the next runtime failed with "the runtime was shut down"
+    (RELIABILITY.md W11)."""
+    buf = runtime.to_device(np.arange(4, dtype=np.float32))
+    runtime.stream_synchronize()
+    peer = Peer(
+        """
+        h = bytes.fromhex(recv())
+        old = runtime.ipc_open(h, "float32", (4,))
+        runtime.shutdown()
+        runtime.init(device_count=2, memory="64MiB")
+        new = runtime.ipc_open(h, "float32", (4,))
+        send(*new.copy_to_host().tolist())
+        try:
+            old.copy_to_host()
+        except runtime.InvalidHandleError:
+            send("old", "refused")
+        recv()
+        """
+    )
+    peer.send(buf.ipc_handle().hex())
+    assert peer.recv() == ["0.0", "1.0", "2.0", "3.0"]
+    assert peer.recv() == ["old", "refused"]
+    peer.send("bye")
+    peer.finish()
+
+
 def test_an_import_cannot_reach_outside_the_exported_block():
     # A small buffer shares its page with neighbours; the import's bounds are the block.
     left = runtime.to_device(np.full(16, 1, np.uint8))

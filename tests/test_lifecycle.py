@@ -207,6 +207,55 @@ def test_shutdown_fails_a_communicator_still_forming_and_empties_the_threads_gro
         comm.Communicator(2, uid, 1, device=1, timeout=60)
 
 
+class _SilentPeer:
+    """A transport whose other process never answers (it stands for MPI in `init_mpi`);
+    `started` is set once the exchange has begun."""
+
+    def __init__(self):
+        import threading
+
+        self.started = threading.Event()
+
+    def reduces(self, dtype, op):
+        return True
+
+    def start(self, kind, *args):
+        self.started.set()
+
+        class Pending:
+            def test(self):
+                return False
+
+        return Pending()
+
+
+def test_shutdown_ends_a_connect_still_waiting_for_the_other_processes():
+    """`comm_connect` (behind `init_mpi`) waiting for another process went on waiting through
+    shutdown and the next `init`, and when the other process answered it returned
+    communicators over a device of the runtime shut down (RELIABILITY.md W10)."""
+    import threading
+
+    from runtime import _runtime as native
+
+    runtime.init(device_count=2, memory="64MiB")
+    out = {}
+    peer = _SilentPeer()
+
+    def connect():
+        try:
+            native.comm_connect([0], 0, 2, peer, timeout=60.0)
+        except runtime.InvalidHandleError as e:
+            out["error"] = str(e)
+
+    t = threading.Thread(target=connect)
+    t.start()
+    assert peer.started.wait(30)
+    runtime.shutdown()
+    t.join(30)
+    assert not t.is_alive()
+    assert "the runtime was shut down" in out["error"]
+
+
 def event_uses(e, s):
     """Every call that uses event `e` (with stream `s`)."""
     return [

@@ -660,11 +660,10 @@ pub(crate) fn fail_all_gatherings(why: &str) {
         let err: Error =
             StreamError::Invalid(format!("joining UniqueId({key:032x}) failed: {why}")).into();
         g.failed = Some(err.clone());
-        cells.extend(
-            g.joined
-                .iter_mut()
-                .filter_map(|j| j.take().map(|(_, c)| (c, err.clone()))),
-        );
+        // Only the marker stays: the ranks' slots go (one per rank, as many as the joiners
+        // asked for).
+        let joined = std::mem::take(&mut g.joined);
+        cells.extend(joined.into_iter().flatten().map(|(_, c)| (c, err.clone())));
     }
     drop(joins);
     for (c, err) in cells {
@@ -681,6 +680,9 @@ fn fail_gathering(key: u128, what: &str, timeout: Duration) {
     let Some(g) = joins.as_mut().and_then(|t| t.get_mut(&key)) else {
         return; // complete meanwhile: the cells are set
     };
+    if g.failed.is_some() {
+        return; // failed meanwhile (another joiner's timeout, a shutdown): the cells are set
+    }
     let missing: Vec<usize> = (0..g.n).filter(|&r| g.joined[r].is_none()).collect();
     let err: Error = StreamError::Timeout {
         what: format!("{what}: ranks {missing:?} did not join"),
@@ -688,10 +690,11 @@ fn fail_gathering(key: u128, what: &str, timeout: Duration) {
     }
     .into();
     g.failed = Some(err.clone());
-    let cells: Vec<Arc<FormCell>> = g
-        .joined
-        .iter_mut()
-        .filter_map(|j| j.take().map(|(_, c)| c))
+    // Only the marker stays (see `fail_all_gatherings`).
+    let cells: Vec<Arc<FormCell>> = std::mem::take(&mut g.joined)
+        .into_iter()
+        .flatten()
+        .map(|(_, c)| c)
         .collect();
     drop(joins);
     for c in cells {

@@ -1222,8 +1222,9 @@ impl Connecting {
     ///
     /// # Errors
     /// `Timeout` after the timeout given to [`connect`]; the transport's failure; an
-    /// argument error when a process reported no devices. After an error, polling again
-    /// fails.
+    /// argument error when a process reported no devices; `InvalidHandle` once this
+    /// process's runtime shuts down (its devices would be the communicators'). After an
+    /// error, polling again fails.
     pub fn poll(&mut self, slice: Duration) -> Result<Option<Vec<Communicator>>> {
         let what = "connect (exchanging the local rank counts)";
         let until = Instant::now() + slice;
@@ -1231,6 +1232,10 @@ impl Connecting {
             let Some(pending) = self.pending.as_mut() else {
                 return Err(StreamError::Invalid(format!("{what} already failed")).into());
             };
+            if let Err(e) = self.devices.iter().try_for_each(Device::check_alive) {
+                self.fail();
+                return Err(e);
+            }
             let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pending.test()))
                 .map_err(|p| {
                     Error::from(StreamError::Invalid(format!(

@@ -55,19 +55,33 @@ static NEXT_IMPORT_ID: AtomicU64 = AtomicU64::new(1 << 48);
 static OPEN: OpenTable = crate::sync::StaticMutex::new(Vec::new());
 
 /// Note `alloc` as the allocation of the memory `key` (dropping entries whose allocation is
-/// gone).
+/// gone, or belongs to a runtime that was shut down).
 fn note_open(key: (u64, u64), alloc: &Arc<Allocation>) {
     let mut open = OPEN.lock();
-    open.retain(|(_, a)| a.strong_count() > 0);
+    open.retain(|(_, a)| live(a).is_some());
     open.push((key, Arc::downgrade(alloc)));
 }
 
 /// The live allocation of the memory `key`, if this process has one.
 fn find_open(key: (u64, u64)) -> Option<Arc<Allocation>> {
-    let open = OPEN.lock();
+    find_in(&OPEN.lock(), key)
+}
+
+fn find_in(
+    open: &[((u64, u64), std::sync::Weak<Allocation>)],
+    key: (u64, u64),
+) -> Option<Arc<Allocation>> {
     open.iter()
         .filter(|(k, _)| *k == key)
-        .find_map(|(_, a)| a.upgrade())
+        .find_map(|(_, a)| live(a))
+}
+
+/// The allocation behind `a`, unless it is gone or its runtime was shut down: a buffer the
+/// program still holds from a runtime before the last `init` is no alias of a block opened
+/// under this one, which must get an allocation of its own runtime.
+fn live(a: &std::sync::Weak<Allocation>) -> Option<Arc<Allocation>> {
+    a.upgrade()
+        .filter(|a| !a.mem.closed.load(Ordering::Acquire))
 }
 
 type OpenTable = crate::sync::StaticMutex<Vec<((u64, u64), std::sync::Weak<Allocation>)>>;
@@ -541,14 +555,10 @@ pub(super) fn open_ipc_handle(mem: &Arc<DeviceMemory>, handle: &[u8]) -> Result<
     let alloc = {
         let mut open = OPEN.lock();
         let key = (h.file_nonce, h.offset);
-        match open
-            .iter()
-            .filter(|(k, _)| *k == key)
-            .find_map(|(_, a)| a.upgrade())
-        {
+        match find_in(&open, key) {
             Some(first) => first,
             None => {
-                open.retain(|(_, a)| a.strong_count() > 0);
+                open.retain(|(_, a)| live(a).is_some());
                 open.push((key, Arc::downgrade(&alloc)));
                 alloc
             }
