@@ -103,7 +103,7 @@ pub(crate) fn current_cpu() -> u32 {
 /// released after it (a locked instruction drains the store buffer) stalled the launch until
 /// then, the largest single cost of a no-op launch in `perf`.
 pub(crate) fn prefetch_for_write(p: *const u8, size: usize) {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
         if !has_prefetchw() {
             return;
@@ -123,13 +123,13 @@ pub(crate) fn prefetch_for_write(p: *const u8, size: usize) {
             }
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(any(miri, not(target_arch = "x86_64")))]
     let _ = (p, size);
 }
 
 /// Whether the CPU has `prefetchw` (CPUID 8000_0001h, ECX bit 8). A plain cache, as in
 /// `engine::max_spinners` (a `OnceLock` is not safe across `fork`): 0 unknown, 1 no, 2 yes.
-#[cfg(target_arch = "x86_64")]
+#[cfg(all(target_arch = "x86_64", not(miri)))]
 fn has_prefetchw() -> bool {
     static HAS: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
     match HAS.load(std::sync::atomic::Ordering::Relaxed) {

@@ -994,7 +994,7 @@ fn streamed<R: crate::memory::Element>(o: &mut [R], compute: impl Fn(Range<usize
 #[inline(always)]
 fn stream_chunk<R: crate::memory::Element>(dst: &mut [R], src: &[R]) {
     let (dst, src) = (R::as_bytes_mut(dst), R::as_bytes(src));
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
     if dst.len() == src.len() && dst.len() % 16 == 0 && dst.as_ptr().align_offset(16) == 0 {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
         for (d, s) in dst.chunks_exact_mut(16).zip(src.chunks_exact(16)) {

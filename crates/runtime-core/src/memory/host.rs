@@ -951,7 +951,7 @@ unsafe fn copy_piece(src: *const u8, dst: *mut u8, len: usize, stream: bool) {
 /// As [`copy_bytes`]: `src` valid for `len` reads, `dst` valid for `len` writes, the ranges
 /// do not overlap.
 unsafe fn stream_copy(src: *const u8, dst: *mut u8, len: usize) {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
     {
         use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
         let head = dst.align_offset(16).min(len);
@@ -973,7 +973,7 @@ unsafe fn stream_copy(src: *const u8, dst: *mut u8, len: usize) {
         }
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(any(miri, not(target_arch = "x86_64")))]
     // SAFETY: the caller's contract.
     unsafe {
         std::ptr::copy_nonoverlapping(src, dst, len)
