@@ -526,3 +526,169 @@ def test_ctrl_c_while_the_exit_time_shutdown_waits_for_a_kernel_that_never_ends(
         "runtime: interrupted while waiting for queued work at exit; the work still queued "
         "or running is abandoned"
     ]
+
+
+@needs_fork
+def test_fork_child_starts_with_no_defer_scope_open():
+    """Defer scopes belong to the process that opened them. A child forked while another
+    thread's scope was open used to start with it open for ever, holding every buffer it let
+    go of until the device ran out of memory; a scope of the forking thread's closes in the
+    child without effect (its exit must not take the child's count below zero)."""
+    code = """
+    import os, threading, runtime
+    from runtime import _runtime as N
+    runtime.init(device_count=1, memory="64MiB")
+    def churn():  # 200 MiB through a 64 MiB device: each buffer must be freed at once
+        for _ in range(200):
+            b = runtime.empty((1 << 20,), "uint8")
+            del b
+        return runtime.memory_allocated()
+    inside, leave = threading.Event(), threading.Event()
+    def worker():
+        with runtime.defer_cleanup():
+            inside.set()
+            leave.wait()
+    t = threading.Thread(target=worker)
+    t.start()
+    inside.wait()
+    held = runtime.empty((1 << 20,), "uint8")
+    del held  # held for the worker's scope
+    pid = os.fork()
+    if pid == 0:
+        print("child1", *N._defer_state(), flush=True)
+        runtime.init(device_count=1, memory="64MiB")
+        print("churn", churn(), *N._defer_state(), flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    with runtime.defer_cleanup():
+        pid = os.fork()
+        if pid == 0:
+            print("child2", *N._defer_state(), flush=True)
+            runtime.init(device_count=1, memory="64MiB")
+            print("churn", churn(), *N._defer_state(), flush=True)
+    if pid == 0:
+        print("closed", *N._defer_state(), flush=True)
+        with runtime.defer_cleanup():
+            b = runtime.empty((1 << 20,), "uint8")
+            del b
+            print("own", *N._defer_state(), runtime.memory_allocated() >> 20, flush=True)
+        print("after", *N._defer_state(), runtime.memory_allocated(), flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    print("parent", *N._defer_state(), flush=True)
+    leave.set()
+    t.join()
+    print("parent", *N._defer_state(), runtime.memory_allocated())
+    """
+    assert run(code) == (
+        ["child1", "0", "0", "churn", "0", "0", "0"]
+        + ["child2", "0", "0", "churn", "0", "0", "0", "closed", "0", "0"]
+        + ["own", "1", "1", "1", "after", "0", "0", "0"]
+        + ["parent", "1", "1", "parent", "0", "0", "0"]
+    )
+
+
+@needs_fork
+def test_fork_child_starts_with_an_empty_pinned_cache_and_statistics():
+    """The pinned cache and its statistics start over in a forked child, as after a
+    shutdown. The child used to count the parent's blocks as its own and serve its requests
+    from the parent's cache, whose pages are not locked in the child (``mlock`` is not
+    inherited) although the statistics said so: the locked bytes must match the kernel's
+    count (``VmLck``) in both processes."""
+    code = """
+    import os, runtime
+    KEYS = ("allocations.current", "allocated_bytes.current", "reserved_bytes.current",
+            "cache_hits")
+    def show(tag):
+        st = runtime.host_memory_stats()
+        line = [x for x in open("/proc/self/status") if x.startswith("VmLck")][0]
+        locked = st["locked_bytes.current"] == int(line.split()[1]) * 1024
+        print(tag, *(st[k] for k in KEYS), locked, flush=True)
+    runtime.init(device_count=1)
+    keep = runtime.malloc_host(1 << 20)
+    tmp = runtime.malloc_host(4 << 20)
+    del tmp  # cached in the parent
+    pid = os.fork()
+    if pid == 0:
+        try:
+            show("fork")
+            runtime.init(device_count=1)
+            show("init")
+            b = runtime.malloc_host(4 << 20)
+            show("alloc")
+            del keep  # the parent's block, counted nowhere in the child
+            show("gone")
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    show("parent")
+    """
+    mib = 1 << 20
+    child_alloc = ["1", str(4 * mib), str(4 * mib), "0", "True"]
+    assert run(code) == (
+        ["fork", "0", "0", "0", "0", "True", "init", "0", "0", "0", "0", "True"]
+        + ["alloc", *child_alloc, "gone", *child_alloc]
+        + ["parent", "1", str(mib), str(5 * mib), "0", "True"]
+    )
+
+
+@needs_fork
+def test_fork_child_starts_with_tracing_off_and_an_empty_log():
+    """Tracing belongs to the process that started it. A forked child used to go on
+    tracing, and its log began with the parent's records from before the fork."""
+    code = """
+    import os, numpy as np, runtime
+    from runtime import _runtime as N
+    def allocs(recs):
+        return sorted(r["bytes"] for r in recs if r["phase"] == "alloc")
+    runtime.init(device_count=1)
+    N.trace_start()
+    a = runtime.to_device(np.ones(1024, np.float32))
+    runtime.synchronize()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            print("child", N.trace_enabled(), flush=True)
+            runtime.init(device_count=1)
+            b = runtime.to_device(np.ones(16, np.float32))
+            runtime.synchronize()
+            print("off", len(N.trace_stop()), flush=True)
+            N.trace_start()
+            c = runtime.to_device(np.ones(32, np.float32))
+            runtime.synchronize()
+            print("own", *allocs(N.trace_stop()), flush=True)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    print("parent", N.trace_enabled(), *allocs(N.trace_stop()))
+    """
+    out = run(code)
+    assert out == ["child", "False", "off", "0", "own", "128", "parent", "True", "4096"]
+
+
+@needs_fork
+def test_fork_while_another_thread_holds_the_acl_faces_lock():
+    """`runtime.acl` guards its registered host memory with one lock. A fork while another
+    thread held it left the child's copy held by a thread that does not exist there, and the
+    child's first call under it hung. The fork now waits for the lock, and the child makes
+    a lock of its own."""
+    code = """
+    import os, threading
+    from runtime.acl import _state
+    held, release = threading.Event(), threading.Event()
+    def hold():
+        with _state.lock:
+            held.set()
+            release.wait()
+    threading.Thread(target=hold).start()
+    held.wait()
+    threading.Timer(0.2, release.set).start()
+    pid = os.fork()
+    if pid == 0:
+        with _state.lock:
+            print("child", flush=True)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print("parent", os.waitstatus_to_exitcode(status))
+    """
+    assert run(code) == ["child", "parent", "0"]

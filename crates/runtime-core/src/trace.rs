@@ -5,6 +5,9 @@
 //!
 //! When tracing is off the hot paths pay one relaxed atomic load. The Python layer turns the
 //! records into a Chrome / Perfetto trace-event file (`runtime.profile("trace.json")`).
+//!
+//! Tracing belongs to the process that started it: a forked child starts with tracing off
+//! and an empty log ([`after_fork`]); the parent's records stay the parent's.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -17,9 +20,19 @@ pub(crate) fn before_fork(wait: std::time::Duration) {
     LOG_FORK.before_fork(wait);
 }
 
-/// After `fork()`, in the parent or the child: release what [`before_fork`] took.
+/// After `fork()`, in the parent or the child: release what [`before_fork`] took; in the
+/// child, turn tracing off and start an empty log. The parent's records are leaked, not
+/// freed: the fork handler does no more than it must. The log's lock is only tried: if a
+/// thread that vanished in the fork holds it past the fork handler's wait, the records stay
+/// (nothing here may block in the child).
 pub(crate) fn after_fork(child: bool) {
     LOG_FORK.after_fork(child);
+    if child {
+        ON.store(false, Ordering::SeqCst);
+        if let Some(mut log) = LOG.try_lock() {
+            std::mem::forget(std::mem::take(&mut *log));
+        }
+    }
 }
 
 static LOG_FORK: crate::sync::ForkGuarded<crate::sync::StaticMutex<Vec<Record>>> =

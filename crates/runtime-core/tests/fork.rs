@@ -211,3 +211,150 @@ fn every_process_wide_lock_is_fork_guarded() {
         "locks without fork handling: {unguarded:?}"
     );
 }
+
+/// Defer scopes belong to the process that opened them: a child forked while a scope is
+/// open (on another thread, or on the forking thread itself) starts with none, frees at once
+/// what it lets go of, and closing the forking thread's scope there changes nothing.
+#[test]
+fn a_forked_child_starts_with_no_defer_scope_open() {
+    use runtime_core::memory::defer;
+    let rt = common::init();
+    let mem = rt.device(1).unwrap().memory().clone();
+    let (opened_tx, opened_rx) = std::sync::mpsc::channel();
+    let (close_tx, close_rx) = std::sync::mpsc::channel::<()>();
+    let other = std::thread::spawn(move || {
+        let scope = defer::enter();
+        opened_tx.send(()).unwrap();
+        close_rx.recv().unwrap();
+        drop(scope);
+    });
+    opened_rx.recv().unwrap();
+    // Held for the other thread's scope.
+    defer::release(mem.allocate(4096).unwrap());
+    let code = fork_and_wait(|| {
+        if defer::state() != (0, 0) {
+            return 1;
+        }
+        let Ok(rt) = runtime::init(&common::settings()) else {
+            return 2;
+        };
+        let mem = rt.device(1).unwrap().memory().clone();
+        let base = mem.stats().allocated;
+        defer::release(mem.allocate(4096).unwrap());
+        if mem.stats().allocated != base {
+            return 3;
+        }
+        // A scope of the child's own still holds until it closes.
+        let scope = defer::enter();
+        defer::release(mem.allocate(4096).unwrap());
+        if defer::state() != (1, 1) || mem.stats().allocated == base {
+            return 4;
+        }
+        drop(scope);
+        if defer::state() != (0, 0) || mem.stats().allocated != base {
+            return 5;
+        }
+        0
+    });
+    assert_eq!(
+        code, 0,
+        "other thread's scope: the child failed with {code}"
+    );
+
+    // The forking thread inside a scope: its guard lives on in the child.
+    let mine = defer::enter();
+    let code = fork_and_wait(move || {
+        if defer::state() != (0, 0) {
+            return 1;
+        }
+        drop(mine);
+        if defer::state() != (0, 0) {
+            return 2;
+        }
+        let Ok(rt) = runtime::init(&common::settings()) else {
+            return 3;
+        };
+        let mem = rt.device(1).unwrap().memory().clone();
+        let base = mem.stats().allocated;
+        defer::release(mem.allocate(4096).unwrap());
+        if mem.stats().allocated != base {
+            return 4;
+        }
+        let scope = defer::enter();
+        if defer::state() != (1, 0) {
+            return 5;
+        }
+        drop(scope);
+        if defer::state() != (0, 0) {
+            return 6;
+        }
+        0
+    });
+    assert_eq!(
+        code, 0,
+        "forking thread's scope: the child failed with {code}"
+    );
+    close_tx.send(()).unwrap();
+    other.join().unwrap();
+}
+
+/// The pinned cache and its statistics start over in a forked child, as after `shutdown`:
+/// the parent's blocks (live or cached) are neither counted nor handed out there.
+#[test]
+fn a_forked_child_starts_with_an_empty_pinned_cache_and_statistics() {
+    use runtime_core::memory::pinned::{self, HostMemoryStats};
+    common::init();
+    let live = pinned::allocate(1 << 20).unwrap();
+    drop(pinned::allocate(4 << 20).unwrap()); // cached in the parent
+    let parent = pinned::stats();
+    assert!(parent.allocated_bytes >= 1 << 20 && parent.reserved_bytes >= 5 << 20);
+    let code = fork_and_wait(move || {
+        if pinned::stats() != HostMemoryStats::default() {
+            return 1;
+        }
+        let b = pinned::allocate(4 << 20).unwrap();
+        let s = pinned::stats();
+        if s.cache_hits != 0 || s.num_host_alloc != 1 || s.allocated_bytes != 4 << 20 {
+            return 2;
+        }
+        if s.reserved_bytes != 4 << 20 || s.locked_bytes != if b.is_locked() { 4 << 20 } else { 0 }
+        {
+            return 3;
+        }
+        // The parent's live block goes in the child without touching the child's counts.
+        drop(live);
+        if pinned::stats() != s {
+            return 4;
+        }
+        0
+    });
+    assert_eq!(code, 0, "the child failed with {code}");
+}
+
+/// Tracing belongs to the process that started it: a forked child starts with tracing off
+/// and an empty log, and the parent's records stay the parent's.
+#[test]
+fn a_forked_child_starts_with_tracing_off_and_an_empty_log() {
+    use runtime_core::trace;
+    let rt = common::init();
+    let mem = rt.device(1).unwrap().memory().clone();
+    trace::start();
+    drop(mem.allocate(4096).unwrap());
+    let code = fork_and_wait(|| {
+        if trace::enabled() {
+            return 1;
+        }
+        if !trace::stop().is_empty() {
+            return 2;
+        }
+        0
+    });
+    let parent = trace::stop();
+    assert_eq!(code, 0, "the child failed with {code}");
+    assert!(
+        parent
+            .iter()
+            .any(|r| matches!(r.phase, trace::Phase::Alloc { bytes: 4096, .. })),
+        "the parent keeps its records: {parent:?}"
+    );
+}

@@ -24,6 +24,7 @@ What lives here: pyACL's Python conventions and the objects only Python has:
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from typing import Any
@@ -36,6 +37,25 @@ from runtime import _runtime as N
 from . import _consts as C
 
 lock = threading.RLock()
+
+
+def _before_fork() -> None:
+    lock.acquire()  # the state it guards is whole when the process is copied
+
+
+def _after_fork_in_parent() -> None:
+    lock.release()
+
+
+def _after_fork_in_child() -> None:
+    # A lock of the child's own: a thread that held the copied one does not exist here.
+    global lock
+    lock = threading.RLock()
+
+
+os.register_at_fork(
+    before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+)
 
 
 class AclError(Exception):

@@ -8,6 +8,12 @@
 //! handle they drop or `device_free`); a `Buffer` dropped elsewhere frees as usual. A
 //! release on another thread at the very moment the first scope opens may still free at
 //! once: it happened before the scope, as far as anyone can tell.
+//!
+//! Scopes belong to the process that opened them: a forked child starts with none open
+//! ([`after_fork`]), whichever thread of the parent held them, the forking one included. The
+//! buffers held for the parent's scopes are the parent's runtime's, abandoned in the child:
+//! they are leaked there, never freed. A scope opened before the fork closes in the child
+//! without effect (it counts only in the process that opened it).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -26,9 +32,20 @@ pub(crate) fn before_fork(wait: std::time::Duration) {
 }
 
 /// After `fork()`: release what [`before_fork`] took (in the child also a hold of a thread
-/// that vanished in the fork).
+/// that vanished in the fork); in the child, close every scope of the parent. The buffers
+/// they held are leaked, not dropped: freeing them would take the locks of the parent's
+/// abandoned runtime, which a thread that vanished in the fork may hold. The state's lock is
+/// only tried: if a vanished thread holds it past the fork handler's wait, its buffers stay
+/// where they are (nothing here may block in the child).
 pub(crate) fn after_fork(child: bool) {
     FORK.after_fork(child);
+    if child {
+        OPEN.store(0, Ordering::Release);
+        if let Some(mut st) = STATE.try_lock() {
+            st.0 = 0;
+            std::mem::forget(std::mem::take(&mut st.1));
+        }
+    }
 }
 
 /// A copy of the open scope count (written under the lock), so that [`release`] outside any
@@ -38,18 +55,28 @@ static OPEN: AtomicUsize = AtomicUsize::new(0);
 /// An open defer scope; closing it (drop) frees what was held if it was the outermost.
 #[derive(Debug)]
 #[must_use = "the scope closes when the guard is dropped"]
-pub struct DeferGuard(());
+pub struct DeferGuard {
+    /// [`crate::generation::forks`] when the scope opened: in a forked child the scope was
+    /// closed by the fork ([`after_fork`]), and dropping the guard there changes nothing.
+    forks: u64,
+}
 
 /// Open a defer scope.
 pub fn enter() -> DeferGuard {
     let mut st = STATE.lock();
     st.0 += 1;
     OPEN.store(st.0, Ordering::Release);
-    DeferGuard(())
+    DeferGuard {
+        forks: crate::generation::forks(),
+    }
 }
 
 impl Drop for DeferGuard {
     fn drop(&mut self) {
+        if self.forks != crate::generation::forks() {
+            // Opened in the parent before a fork: not counted in this process.
+            return;
+        }
         let held = {
             let mut st = STATE.lock();
             st.0 -= 1;

@@ -26,7 +26,9 @@
 //! nothing); it can still be freed. The cache and the statistics belong to a runtime:
 //! `shutdown` calls [`reset`], which unmaps the cached blocks and starts the statistics over;
 //! a block still alive then (a numpy array over it) stays valid memory, is unmapped when its
-//! last clone goes, and counts in no later statistics.
+//! last clone goes, and counts in no later statistics. A forked child starts over the same
+//! way ([`after_fork`]), except that the parent's cached blocks are leaked there, not
+//! unmapped (and the child's copies of them are not locked: `mlock` is not inherited).
 //!
 //! **Registered memory** (`cudaHostRegister`): a range of host memory made elsewhere (a numpy
 //! array) can be [`register`]ed; copies then treat it as pinned ([`find_registered`]): a
@@ -598,8 +600,20 @@ pub(crate) fn before_fork(wait: std::time::Duration) {
     FORK_REGISTERED.before_fork(wait);
 }
 
-/// After `fork()`, in the parent or the child: release what [`before_fork`] took.
+/// After `fork()`, in the parent or the child: release what [`before_fork`] took; in the
+/// child, start the cache and the statistics over, as [`reset`] does for a new runtime, but
+/// leak the parent's cached blocks instead of unmapping them (the child's runtime is a new
+/// one, and the parent's blocks are not locked in the child). The pool's lock is only tried:
+/// if a thread that vanished in the fork holds it past the fork handler's wait, the pool
+/// stays as it was (nothing here may block in the child).
 pub(crate) fn after_fork(child: bool) {
     FORK_REGISTERED.after_fork(child);
     FORK.after_fork(child);
+    if child {
+        if let Some(mut pool) = POOL.try_lock() {
+            pool.epoch += 1;
+            pool.stats = NO_STATS;
+            std::mem::forget(std::mem::take(&mut pool.cache));
+        }
+    }
 }
