@@ -860,6 +860,81 @@ def test_calls_before_init_and_after_finalize():
     assert out.stdout.split("\n")[:2] == [f"{u} {u} {u} {u}", f"0 {u} {again} 0 0 0"]
 
 
+def _run_script(code):
+    """Run `code` in a fresh interpreter (the runtime is shut down and started again there);
+    its printed lines."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def test_finalize_shuts_down_only_the_runtime_that_init_started():
+    # aclInit starts the runtime; the user shuts it down and starts one of their own:
+    # aclFinalize must leave that one running, with the user's buffer intact.
+    code = (
+        "import numpy as np, runtime, runtime.acl as acl\n"
+        "print(acl.init(), runtime.is_initialized())\n"
+        "runtime.shutdown()\n"
+        "runtime.init(device_count=2)\n"
+        "buf = runtime.to_device(np.arange(4, dtype=np.float32))\n"
+        "print(acl.finalize(), runtime.is_initialized(), buf.to_host().tolist())\n"
+        "del buf\n"
+        "runtime.shutdown()\n"
+        # the runtime aclInit started, still live at aclFinalize, is shut down
+        "print(acl.init(), acl.finalize(), runtime.is_initialized())\n"
+    )
+    assert _run_script(code) == ["0 True", "0 True [0.0, 1.0, 2.0, 3.0]", "0 0 False"]
+
+
+def test_set_device_after_a_runtime_restart_gives_a_context_of_the_new_runtime():
+    # ACL stays initialised while the runtime is shut down and started again: the default
+    # contexts of the old runtime are replaced (set_device) or released (reset_device_force),
+    # the old handles fail with 200005, and new calls work.
+    code = (
+        "import runtime, runtime.acl as acl\n"
+        "runtime.init(device_count=2)\n"
+        "print(acl.init(), acl.rt.set_device(1), acl.rt.set_device(0))\n"
+        "old_ctx, _ = acl.rt.get_context()\n"
+        "old_s, _ = acl.rt.create_stream()\n"
+        "old_e, _ = acl.rt.create_event()\n"
+        "runtime.shutdown()\n"
+        "runtime.init(device_count=2)\n"
+        "print(acl.rt.set_device(0))\n"
+        "ctx, _ = acl.rt.get_context()\n"
+        "print(ctx != old_ctx, acl.rt.query_device_status(0))\n"
+        "s, r1 = acl.rt.create_stream()\n"
+        "p, r2 = acl.rt.malloc(64, 0)\n"
+        "r3 = acl.rt.memset_async(p, 64, 0x5A, 64, s)\n"
+        "print(r1, r2, r3, acl.rt.synchronize_stream(s), acl.rt.synchronize_device())\n"
+        "raw = bytes(64)\n"
+        "print(acl.rt.memcpy(acl.util.bytes_to_ptr(raw), 64, p, 64, 2), raw == b'\\x5a' * 64)\n"
+        "print(acl.rt.stream_query(old_s)[1], acl.rt.record_event(old_e, 0))\n"
+        # the old default context was released with its streams; the event is ACL's own
+        "print(acl.rt.destroy_stream(old_s), acl.rt.destroy_event(old_e))\n"
+        "print(acl.rt.free(p), acl.rt.destroy_stream(s))\n"
+        # device 1 is still held by the old runtime's default context: released without error
+        "print(acl.rt.reset_device_force(1), acl.rt.reset_device(1))\n"
+        "print(acl.rt.reset_device(0), acl.finalize(), runtime.is_initialized())\n"
+        "runtime.shutdown()\n"
+    )
+    invalid, not_set = ACL_ERROR_INVALID_RESOURCE_HANDLE, ACL_ERROR_INVALID_PARAM
+    assert _run_script(code) == [
+        "0 0 0",
+        "0",
+        "True (0, 0)",
+        "0 0 0 0 0",
+        "0 True",
+        f"{invalid} {invalid}",
+        f"{invalid} 0",
+        "0 0",
+        f"0 {not_set}",
+        "0 0 True",
+    ]
+
+
 def test_fallback_and_native_ops_keep_stream_order():
     # Div (numpy fallback, a Python kernel on the stream) feeds Add (native kernel) feeds Cast
     # (fallback) with no synchronisation in between: stream order carries the values.

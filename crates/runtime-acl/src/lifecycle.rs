@@ -1,13 +1,15 @@
 //! `aclInit` and `aclFinalize`: the configuration file, starting the runtime (when nothing
-//! else started it) and releasing everything ACL made.
+//! else started it), which runtime that was, and releasing everything ACL made.
 //!
 //! The virtual devices' settings are the runtime's: `RUNTIME_DEVICE_COUNT`,
 //! `RUNTIME_DEVICE_MEMORY`, `RUNTIME_DEVICE_PROFILE` (see `runtime_core::config`), read when
 //! `aclInit` starts the runtime. When the runtime is already running (the Python package
 //! started it, with its own settings), `aclInit` uses it as it is and `aclFinalize` leaves it
-//! running. The configuration file `aclInit` takes is checked as CANN checks it (it must exist
-//! and hold a JSON object, or be empty); its keys (dump, profiling, ...) configure tools this
-//! runtime does not have and are not applied.
+//! running. `aclFinalize` shuts down only the runtime `aclInit` started (remembered by its
+//! generation): when that one was shut down meanwhile and another started in its place, the
+//! new one is not ACL's and stays running. The configuration file `aclInit` takes is checked
+//! as CANN checks it (it must exist and hold a JSON object, or be empty); its keys (dump,
+//! profiling, ...) configure tools this runtime does not have and are not applied.
 
 use runtime_core::config::ConfigBuilder;
 use runtime_core::runtime as rt;
@@ -17,15 +19,16 @@ use crate::error::{AclError, AclResult};
 use crate::{memory, report, state};
 
 struct Life {
-    /// Whether `aclInit` started the runtime (and `aclFinalize` shuts it down).
-    owns_runtime: bool,
+    /// The generation of the runtime `aclInit` started (`aclFinalize` shuts it down if it is
+    /// still the live one); `None` when `aclInit` found a runtime running.
+    owned: Option<u64>,
     /// Whether `aclFinalize` ran since the last `aclInit` (a second one is
     /// `ACL_ERROR_REPEAT_FINALIZE`).
     finalized: bool,
 }
 
 static LIFE: crate::fork::Mutex<Life> = crate::fork::Mutex::new(Life {
-    owns_runtime: false,
+    owned: None,
     finalized: false,
 });
 
@@ -82,10 +85,12 @@ pub fn init(config_path: Option<&str>) -> AclResult<()> {
     if let Some(p) = config_path.filter(|p| !p.is_empty()) {
         check_config(p)?;
     }
-    if !rt::is_initialized() {
-        rt::init(&ConfigBuilder::default()).map_err(|e| AclError::core(NAME, &e))?;
-        life.owns_runtime = true;
-    }
+    life.owned = if rt::is_initialized() {
+        None
+    } else {
+        let started = rt::init(&ConfigBuilder::default()).map_err(|e| AclError::core(NAME, &e))?;
+        Some(started.generation())
+    };
     life.finalized = false;
     state::set_initialized(true);
     crate::fork::install();
@@ -93,7 +98,8 @@ pub fn init(config_path: Option<&str>) -> AclResult<()> {
 }
 
 /// `aclFinalize`: release everything ACL made (streams after their work, contexts, memory,
-/// callback subscriptions) and shut the runtime down if `aclInit` started it.
+/// callback subscriptions) and shut the runtime down if `aclInit` started it and it is still
+/// the live one (not one started after it was shut down).
 pub fn finalize() -> AclResult<()> {
     const NAME: &str = "aclFinalize";
     let mut life = LIFE.lock();
@@ -122,7 +128,7 @@ pub fn finalize() -> AclResult<()> {
         }
     }
     drop(blocks);
-    if std::mem::take(&mut life.owns_runtime) {
+    if life.owned.take().is_some_and(state::is_live) {
         rt::shutdown().map_err(|e| AclError::core(NAME, &e))?;
     }
     Ok(())
@@ -143,6 +149,6 @@ pub(crate) fn after_fork(child: bool) {
 /// In a forked child: ACL starts over (the core abandoned the parent's runtime).
 pub(crate) fn forget_in_child() {
     let mut life = LIFE.lock();
-    life.owns_runtime = false;
+    life.owned = None;
     life.finalized = false;
 }

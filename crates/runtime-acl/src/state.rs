@@ -8,6 +8,14 @@
 //! (`ACL_ERROR_INVALID_RESOURCE_HANDLE`), never mistaken for a newer object. Handle 0 (NULL)
 //! names the current context's default stream wherever a stream is asked for.
 //!
+//! Every context remembers the generation of the runtime its device belongs to. When the
+//! runtime is shut down and started again while ACL stays initialised, a default context of
+//! the earlier runtime counts as absent: `aclrtSetDevice` replaces it with one on the new
+//! runtime's device, and `aclrtResetDevice` releases it without reporting the dead runtime's
+//! errors. The other handles made under the earlier runtime (contexts, streams, events) fail
+//! when used (`ACL_ERROR_INVALID_RESOURCE_HANDLE`, "the runtime was shut down"); destroying
+//! them releases the handle.
+//!
 //! Locks: the handle table and the default contexts each have their own lock, held only to
 //! look up, insert or remove; no wait and no user code runs under either.
 
@@ -57,6 +65,8 @@ pub fn check_init(name: &str) -> AclResult<()> {
 pub struct Context {
     handle: Handle,
     device: Device,
+    /// The generation of the runtime `device` belongs to.
+    generation: u64,
     is_default: bool,
     stream: Stream,
     streams: Mutex<Vec<Handle>>,
@@ -80,6 +90,16 @@ impl Context {
     pub fn stream(&self) -> &Stream {
         &self.stream
     }
+    /// Whether its device belongs to the runtime running now (not one shut down since).
+    pub fn is_live(&self) -> bool {
+        is_live(self.generation)
+    }
+}
+
+/// Whether the runtime of generation `generation` (`Runtime::generation`) is the one
+/// installed now (not shut down; no other started in its place).
+pub(crate) fn is_live(generation: u64) -> bool {
+    rt::get().is_ok_and(|r| r.generation() == generation)
 }
 
 /// A stream made by `aclrtCreateStream`, with the context that made it.
@@ -207,6 +227,11 @@ pub fn need_context(name: &str) -> AclResult<Arc<Context>> {
 
 /// The runtime device `id`, checked against the device count.
 fn device(name: &str, id: i32) -> AclResult<Device> {
+    Ok(runtime_device(name, id)?.0)
+}
+
+/// The runtime device `id` and the generation of the runtime it belongs to.
+fn runtime_device(name: &str, id: i32) -> AclResult<(Device, u64)> {
     let rt = rt::get().map_err(|e| AclError::core(name, &e))?;
     let n = rt.devices().len();
     if id < 0 || id as usize >= n {
@@ -218,10 +243,14 @@ fn device(name: &str, id: i32) -> AclResult<Device> {
             ),
         ));
     }
-    Ok(rt.devices()[id as usize].clone())
+    Ok((rt.devices()[id as usize].clone(), rt.generation()))
 }
 
-fn new_context(name: &str, device: Device, is_default: bool) -> AclResult<Arc<Context>> {
+fn new_context(
+    name: &str,
+    (device, generation): (Device, u64),
+    is_default: bool,
+) -> AclResult<Arc<Context>> {
     let stream = if is_default {
         device.default_stream()
     } else {
@@ -232,6 +261,7 @@ fn new_context(name: &str, device: Device, is_default: bool) -> AclResult<Arc<Co
     let ctx = Arc::new(Context {
         handle,
         device,
+        generation,
         is_default,
         stream,
         streams: Mutex::new(Vec::new()),
@@ -245,26 +275,34 @@ fn new_context(name: &str, device: Device, is_default: bool) -> AclResult<Arc<Co
 }
 
 /// `aclrtSetDevice`: make `id`'s default context (created on first use) current on this
-/// thread and count one more reference to it.
+/// thread and count one more reference to it. A default context of a runtime shut down
+/// since is released and replaced (its references ended with its runtime).
 pub fn set_device(id: i32) -> AclResult<()> {
     const NAME: &str = "aclrtSetDevice";
     check_init(NAME)?;
-    let dev = device(NAME, id)?;
+    let (dev, generation) = runtime_device(NAME, id)?;
+    let index = dev.index();
     let mut all = DEFAULT_CONTEXTS.lock();
     let map = all.get_or_insert_with(HashMap::new);
-    let ctx = match map.get_mut(&dev.index()) {
+    let dead = match map.get(&index) {
+        Some((ctx, _)) if !ctx.is_live() => map.remove(&index).map(|(c, _)| c),
+        _ => None,
+    };
+    let made = match map.get_mut(&index) {
         Some((ctx, refs)) => {
             *refs += 1;
-            ctx.clone()
+            Ok(ctx.clone())
         }
-        None => {
-            let ctx = new_context(NAME, dev.clone(), true)?;
-            map.insert(dev.index(), (ctx.clone(), 1));
-            ctx
-        }
+        None => new_context(NAME, (dev, generation), true).inspect(|ctx| {
+            map.insert(index, (ctx.clone(), 1));
+        }),
     };
     drop(all);
-    set_current(Some(ctx));
+    if let Some(old) = dead {
+        // Its runtime is gone: nothing of it can fail in a way this call should report.
+        let _ = teardown(&old);
+    }
+    set_current(Some(made?));
     Ok(())
 }
 
@@ -300,10 +338,9 @@ fn teardown(ctx: &Arc<Context>) -> AclResult<()> {
     }
     match first_err {
         // The streams' pending kernel errors are reported, not lost; a runtime that was
-        // shut down under ACL (handles already invalid) is not an error of this call.
-        Some(e) if runtime_core::runtime::is_initialized() => {
-            Err(AclError::core("aclrtDestroyContext", &e))
-        }
+        // shut down under ACL (handles already invalid, whether or not another runtime
+        // started since) is not an error of this call.
+        Some(e) if ctx.is_live() => Err(AclError::core("aclrtDestroyContext", &e)),
         _ => Ok(()),
     }
 }
@@ -372,8 +409,7 @@ pub fn synchronize_device(timeout: Option<Duration>) -> AclResult<bool> {
 pub fn create_context(device_id: i32) -> AclResult<Handle> {
     const NAME: &str = "aclrtCreateContext";
     check_init(NAME)?;
-    let dev = device(NAME, device_id)?;
-    let ctx = new_context(NAME, dev, false)?;
+    let ctx = new_context(NAME, runtime_device(NAME, device_id)?, false)?;
     let h = ctx.handle;
     set_current(Some(ctx));
     Ok(h)
@@ -451,7 +487,8 @@ pub fn stream(name: &str, h: Handle) -> AclResult<Stream> {
 }
 
 /// `aclrtDestroyStream[Force]`: destroy a stream from `aclrtCreateStream` after its queued
-/// work ran (the runtime has no way to drop queued work, so `Force` waits too).
+/// work ran (the runtime has no way to drop queued work, so `Force` waits too). A stream of a
+/// runtime shut down since is released without error.
 pub fn destroy_stream(h: Handle) -> AclResult<()> {
     const NAME: &str = "aclrtDestroyStream";
     check_init(NAME)?;
@@ -464,7 +501,10 @@ pub fn destroy_stream(h: Handle) -> AclResult<()> {
     }
     rec.ctx.streams.lock().retain(|&s| s != h);
     forget_stream_hooks(&rec.stream);
-    rec.stream.destroy().map_err(|e| AclError::core(NAME, &e))
+    match rec.stream.destroy() {
+        Err(e) if rec.ctx.is_live() => Err(AclError::core(NAME, &e)),
+        _ => Ok(()),
+    }
 }
 
 /// What runs when a stream goes away.
