@@ -7,7 +7,7 @@
 //! records into a Chrome / Perfetto trace-event file (`runtime.profile("trace.json")`).
 //!
 //! Tracing belongs to the process that started it: a forked child starts with tracing off
-//! and an empty log ([`after_fork`]); the parent's records stay the parent's.
+//! and an empty log (`after_fork`); the parent's records stay the parent's.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

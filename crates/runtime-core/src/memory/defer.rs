@@ -10,7 +10,7 @@
 //! once: it happened before the scope, as far as anyone can tell.
 //!
 //! Scopes belong to the process that opened them: a forked child starts with none open
-//! ([`after_fork`]), whichever thread of the parent held them, the forking one included. The
+//! (`after_fork`), whichever thread of the parent held them, the forking one included. The
 //! buffers held for the parent's scopes are the parent's runtime's, abandoned in the child:
 //! they are leaked there, never freed. A scope opened before the fork closes in the child
 //! without effect (it counts only in the process that opened it).

@@ -27,7 +27,7 @@
 //! `shutdown` calls [`reset`], which unmaps the cached blocks and starts the statistics over;
 //! a block still alive then (a numpy array over it) stays valid memory, is unmapped when its
 //! last clone goes, and counts in no later statistics. A forked child starts over the same
-//! way ([`after_fork`]), except that the parent's cached blocks are leaked there, not
+//! way (`after_fork`), except that the parent's cached blocks are leaked there, not
 //! unmapped (and the child's copies of them are not locked: `mlock` is not inherited).
 //!
 //! **Registered memory** (`cudaHostRegister`): a range of host memory made elsewhere (a numpy
