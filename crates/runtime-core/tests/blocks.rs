@@ -632,3 +632,65 @@ fn a_builtin_run_directly_takes_its_tensors_as_a_host_access_would() {
     assert!(got[..half.start].iter().all(|&v| v == 0.0));
     assert_eq!(&got[half.clone()], &want[half]);
 }
+
+/// `buf[0..n] = v` in two halves, a pause between (params: u8 buffer, n and v as int64).
+unsafe extern "C" fn fill_in_halves(_: u32, _: u32, params: *mut *mut c_void) -> i32 {
+    // SAFETY: the test passes a u8 buffer of `n` bytes and two int64 scalars.
+    unsafe {
+        let p = (*params).cast::<u8>();
+        let n = *(*params.add(1)).cast::<i64>() as usize;
+        let v = *(*params.add(2)).cast::<i64>() as u8;
+        std::ptr::write_bytes(p, v, n / 2);
+        for _ in 0..2000 {
+            std::hint::spin_loop();
+        }
+        std::ptr::write_bytes(p.add(n / 2), v, n - n / 2);
+    }
+    0
+}
+
+/// A native kernel's `run` is a safe method any thread may call with arguments from the safe
+/// `Args::check`. It used to call the function without taking the tensors, so the function
+/// wrote a buffer while a host read (holding the allocation's lock) copied it: a data race,
+/// seen as half-written reads (RELIABILITY.md W15). Now every read sees one fill.
+#[test]
+fn a_native_kernel_run_directly_takes_its_buffers_as_a_host_access_does() {
+    const LEN: usize = 1 << 20;
+    let _rt = init();
+    let b = alloc(0, LEN as u64);
+    // SAFETY: `fill_in_halves` follows the ABI and stays inside the buffer it is given.
+    let k: Arc<dyn Kernel> =
+        unsafe { NativeKernel::from_raw("fill_in_halves", fill_in_halves, None) }.into_kernel();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let runner = {
+        let (k, b, stop) = (k.clone(), b.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut v = 0i64;
+            while !stop.load(Ordering::Relaxed) {
+                v = (v + 1) % 200;
+                let t = Tensor::new(b.clone(), 0, DType::U8, vec![LEN]).unwrap();
+                let args = Args::check(
+                    k.clone(),
+                    vec![
+                        KernelArg::Tensor(t),
+                        KernelArg::Int(LEN as i64),
+                        KernelArg::Int(v),
+                    ],
+                )
+                .unwrap();
+                k.run(&args, &RunContext::single()).unwrap();
+            }
+        })
+    };
+    let mut back = vec![0u8; LEN];
+    let mut torn = 0;
+    for _ in 0..50 {
+        b.read(0, &mut back).unwrap();
+        if back.iter().any(|&x| x != back[0]) {
+            torn += 1;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    runner.join().unwrap();
+    assert_eq!(torn, 0, "{torn} of 50 host reads saw a half-written buffer");
+}

@@ -91,6 +91,44 @@ struct Loopback {
     splits: Mutex<HashMap<(u64, Vec<usize>), u64>>,
 }
 
+/// Every exchange of every test: what process `me` only sends refuses a transport's writes
+/// (the collective holds it for reading only, so a host thread or another stream may read
+/// it meanwhile); what it receives or reduces in place takes them. A transport writing a
+/// send buffer used to race those readers (RELIABILITY.md W16).
+fn check_sealed(ex: &Exchange, me: usize) {
+    let (send_only, written): (Option<&Region>, Vec<&Region>) = match ex {
+        Exchange::Barrier => (None, vec![]),
+        Exchange::Broadcast { buf, root } | Exchange::Scatter { buf, root, .. } => {
+            if *root == me {
+                (Some(buf), vec![])
+            } else {
+                (None, vec![buf])
+            }
+        }
+        Exchange::Reduce { buf, root, .. } | Exchange::Gather { buf, root, .. } => {
+            if *root == me {
+                (None, vec![buf])
+            } else {
+                (Some(buf), vec![])
+            }
+        }
+        Exchange::AllReduce { buf, .. } | Exchange::AllGather { buf, .. } => (None, vec![buf]),
+        Exchange::ReduceScatter { send, recv, .. } | Exchange::AllToAll { send, recv, .. } => {
+            (Some(send), vec![recv])
+        }
+        Exchange::Send { buf, .. } => (Some(buf), vec![]),
+        Exchange::Recv { buf, .. } => (None, vec![buf]),
+    };
+    if let Some(r) = send_only {
+        assert!(!r.is_writable(), "{ex:?}: process {me} only sends {r:?}");
+        let e = r
+            .write(0, &[])
+            .expect_err("a send-only region refuses writes");
+        assert!(e.to_string().contains("only sent"), "{e}");
+    }
+    assert!(written.iter().all(|r| r.is_writable()), "{ex:?}");
+}
+
 fn read_all(r: &Region) -> Vec<u8> {
     let mut v = vec![0u8; r.nbytes()];
     r.read(0, &mut v).expect("region live");
@@ -218,7 +256,9 @@ impl Pending for LoopPending {
                 match exchange {
                     Exchange::Barrier => {}
                     Exchange::Broadcast { buf, root } => {
-                        buf.write(0, &parts[*root].bytes).unwrap();
+                        if *root != me {
+                            buf.write(0, &parts[*root].bytes).unwrap();
+                        }
                     }
                     Exchange::AllReduce { buf, op } => {
                         let mut acc = parts[0].bytes.clone();
@@ -337,6 +377,7 @@ impl Transport for Loopback {
 
     fn start(&self, exchange: Exchange) -> Result<Box<dyn Pending>, TransportError> {
         let me = self.process;
+        check_sealed(&exchange, me);
         let fabric = self.fabric.clone();
         let job = match exchange {
             Exchange::Send { buf, to, tag } => {

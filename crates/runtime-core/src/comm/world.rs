@@ -90,6 +90,9 @@ impl Drop for StepGuard {
 pub struct Region {
     tensor: Tensor,
     step: Arc<StepLive>,
+    /// Whether the transport may write it: not a buffer this process only sends
+    /// ([`Exchange::sealed`]), which the collective's op holds for reading only.
+    writable: bool,
 }
 
 impl std::fmt::Debug for Region {
@@ -112,6 +115,7 @@ impl Region {
         Region {
             tensor,
             step: step.clone(),
+            writable: true,
         }
     }
 
@@ -127,7 +131,13 @@ impl Region {
         Region {
             tensor,
             step: step.clone(),
+            writable: true,
         }
+    }
+
+    /// Whether [`Region::write`] may write it (false for what this process only sends).
+    pub fn is_writable(&self) -> bool {
+        self.writable
     }
 
     /// The region's bytes as a tensor (1-D, `len` elements of `dtype`). Bindings export it
@@ -189,8 +199,15 @@ impl Region {
     /// Copy `src` to byte `offset` of the region.
     ///
     /// # Errors
-    /// Out of range; `Invalid` once the step ended.
+    /// Out of range; `Invalid` once the step ended, or for a region this process only sends
+    /// (the collective holds that buffer for reading: others may read it meanwhile).
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        if !self.writable {
+            return Err(StreamError::Invalid(format!(
+                "{self:?} is only sent by this process: a transport may not write it"
+            ))
+            .into());
+        }
         self.check(offset, src.len())?;
         let live = self.step.0.lock();
         if !*live {
@@ -203,6 +220,27 @@ impl Region {
 
 fn ended() -> Error {
     StreamError::Invalid("the exchange this region belongs to has ended".into()).into()
+}
+
+impl Exchange {
+    /// The exchange as process `process` hands it to the transport: the regions it only
+    /// sends refuse writes ([`Region::write`]), since the collective holds those buffers for
+    /// reading only (a host thread or another stream may read them meanwhile).
+    fn sealed(mut self, process: usize) -> Exchange {
+        let send_only: Option<&mut Region> = match &mut self {
+            Exchange::Broadcast { buf, root } if *root == process => Some(buf),
+            Exchange::Reduce { buf, root, .. } if *root != process => Some(buf),
+            Exchange::Gather { buf, root, .. } if *root != process => Some(buf),
+            Exchange::Scatter { buf, root, .. } if *root == process => Some(buf),
+            Exchange::ReduceScatter { send, .. } | Exchange::AllToAll { send, .. } => Some(send),
+            Exchange::Send { buf, .. } => Some(buf),
+            _ => None,
+        };
+        if let Some(r) = send_only {
+            r.writable = false;
+        }
+        self
+    }
 }
 
 /// One step across the processes. Every process makes the same exchanges in the same order
@@ -485,7 +523,7 @@ impl World {
     ) -> Result<()> {
         let live = Arc::new(StepLive(Mutex::new(true)));
         let _ended = StepGuard(live.clone());
-        let exchange = make(&live);
+        let exchange = make(&live).sealed(self.process);
         drive(
             self.transport.as_ref(),
             exchange,
@@ -1081,7 +1119,7 @@ impl World {
         };
         drive(
             self.transport.as_ref(),
-            exchange,
+            exchange.sealed(self.process),
             what,
             sh.deadline(),
             || sh.abort_reason(),

@@ -36,7 +36,7 @@ use num_complex::Complex;
 
 use crate::error::{ArgError, KernelFailure};
 use crate::kernel::{Args, DType, Kernel, KernelArg, KernelRef, RunContext, Tensor};
-use crate::memory::access::{Access, AccessSet};
+use crate::memory::access::Access;
 
 /// The built-in kernels: statics, held by launches without a reference count
 /// ([`KernelRef`]).
@@ -631,36 +631,11 @@ impl Kernel for Builtin {
     }
 
     fn run(&self, args: &Args, cx: &RunContext) -> Result<(), KernelFailure> {
-        if !args.checked_by(self) {
-            return Err(KernelFailure::new(
-                self.name(),
-                "the arguments were checked by another kernel",
-            ));
-        }
-        if *self == Builtin::Noop {
+        if *self == Builtin::Noop && args.checked_by(self) {
             return Ok(());
         }
-        // The typed views below are sound only while nothing else touches the tensors: the
-        // calling thread must hold them itself (the op of a launch of this kernel), or borrow
-        // them from the blocks of the launch these very arguments belong to (which share the
-        // work out by block index). A call from anywhere else (user code calling `run`
-        // directly) takes the allocations as a host access does, waiting for their work.
-        let uses = AccessSet::new(args.iter().enumerate().filter_map(|(i, a)| match a {
-            KernelArg::Tensor(t) => Some((t.buffer(), self.access(i))),
-            _ => None,
-        }));
-        let launch = if args.launch() == cx.launch() {
-            args.launch()
-        } else {
-            0
-        };
-        if uses.held_for(launch) {
-            self.compute(args, cx);
-            Ok(())
-        } else {
-            uses.host(|| self.compute(args, cx))
-                .map_err(|e| KernelFailure::new(self.name(), e.to_string()))
-        }
+        // The typed views of `compute` are sound only while nothing else touches the tensors.
+        args.hold_for(self, cx, |i| self.access(i), || self.compute(args, cx))
     }
 }
 

@@ -302,6 +302,48 @@ impl Args {
         self.launch
     }
 
+    /// Run `compute` with these arguments' tensors held as `access(i)` says for argument `i`:
+    /// the guard of every kernel the core defines that reaches tensor memory without the
+    /// allocations' locks (the built-ins' typed views, a native kernel's raw pointers).
+    /// Refused unless `kernel` checked these arguments (its accesses are the ones the check
+    /// fixed). The calling thread may hold the tensors itself (the op of a launch of this
+    /// kernel), or borrow them from the blocks of the launch these very arguments belong to
+    /// (which share the work out by block index); called from anywhere else (a user's
+    /// direct `run`), it takes the allocations as a host access does, waiting for their work.
+    ///
+    /// # Errors
+    /// A `KernelFailure` naming `name`: arguments another kernel checked, or the host
+    /// access's failure (a freed or shut-down allocation).
+    pub(crate) fn hold_for<K: Kernel + ?Sized, R>(
+        &self,
+        kernel: &K,
+        cx: &RunContext,
+        access: impl Fn(usize) -> Access,
+        compute: impl FnOnce() -> R,
+    ) -> Result<R, KernelFailure> {
+        if !self.checked_by(kernel) {
+            return Err(KernelFailure::new(
+                kernel.name(),
+                "the arguments were checked by another kernel",
+            ));
+        }
+        let uses = AccessSet::new(self.iter().enumerate().filter_map(|(i, a)| match a {
+            KernelArg::Tensor(t) => Some((t.buffer(), access(i))),
+            _ => None,
+        }));
+        let launch = if self.launch() == cx.launch() {
+            self.launch()
+        } else {
+            0
+        };
+        if uses.held_for(launch) {
+            Ok(compute())
+        } else {
+            uses.host(compute)
+                .map_err(|e| KernelFailure::new(kernel.name(), e.to_string()))
+        }
+    }
+
     /// Whether `kernel` (this very object) is the one whose check accepted these arguments.
     /// Sound as an identity test: the checking kernel is alive (held by these arguments),
     /// and two live objects do not share an address.

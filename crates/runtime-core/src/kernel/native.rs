@@ -249,6 +249,14 @@ impl Kernel for NativeKernel {
     }
 
     fn run(&self, args: &Args, cx: &RunContext) -> Result<(), KernelFailure> {
+        // The function writes through raw pointers: only while nothing else touches them.
+        args.hold_for(self, cx, |i| self.access(i), || self.call(args, cx))?
+    }
+}
+
+impl NativeKernel {
+    /// One call of the function on block `cx`, the tensors held (see `run`).
+    fn call(&self, args: &Args, cx: &RunContext) -> Result<(), KernelFailure> {
         let mut slots = vec![Slot([0; 16]); args.len()];
         let mut params: Vec<*mut c_void> = Vec::with_capacity(args.len());
         for (arg, slot) in args.iter().zip(slots.iter_mut()) {
@@ -256,7 +264,7 @@ impl Kernel for NativeKernel {
             let p = match arg {
                 KernelArg::Tensor(t) => {
                     // In bounds by `Tensor::new`; the allocation is alive (the arguments hold
-                    // it) and held by this launch.
+                    // it) and held for this call (`Args::hold_for`).
                     t.buffer().as_ptr().wrapping_add(t.offset() as usize) as *mut c_void
                 }
                 KernelArg::Int(v) => {
