@@ -49,12 +49,15 @@ fn allocate_read_write_and_bounds() {
     let p = pinned::allocate(100).unwrap();
     assert_eq!(p.len(), 100);
     assert_eq!(p.as_ptr() as usize % 4096, 0);
-    p.write(10, &[1, 2, 3]).unwrap();
     let mut back = [0u8; 3];
-    p.read(10, &mut back).unwrap();
-    assert_eq!(back, [1, 2, 3]);
-    assert!(p.write(98, &[0; 3]).is_err());
-    assert!(p.read(u64::MAX, &mut back).is_err());
+    // SAFETY: this thread alone holds the block, and no copy uses it.
+    unsafe {
+        p.write(10, &[1, 2, 3]).unwrap();
+        p.read(10, &mut back).unwrap();
+        assert_eq!(back, [1, 2, 3]);
+        assert!(p.write(98, &[0; 3]).is_err());
+        assert!(p.read(u64::MAX, &mut back).is_err());
+    }
     let z = pinned::allocate(0).unwrap();
     assert!(z.is_empty());
 }
@@ -71,7 +74,8 @@ fn dropped_block_is_reused_unless_a_copy_holds_it() {
     drop(p);
     let p = pinned::allocate(24_000).unwrap();
     assert_eq!(p.as_ptr(), ptr, "block not reused");
-    p.write(0, &[9; 16]).unwrap();
+    // SAFETY: this thread alone holds the block, and no copy uses it yet.
+    unsafe { p.write(0, &[9; 16]) }.unwrap();
     let s = Stream::new(dev, 0).unwrap();
     let buf = dev.memory().allocate(16).unwrap();
     let release = gate(&s);
@@ -157,7 +161,8 @@ fn pinned_copies_read_when_they_run_and_pageable_ones_are_staged() {
         dev.memory().allocate(32).unwrap(),
     );
     let p = pinned::allocate(32).unwrap();
-    p.write(0, &[1; 32]).unwrap();
+    // SAFETY: this thread alone holds the block, and no copy uses it yet.
+    unsafe { p.write(0, &[1; 32]) }.unwrap();
     let pageable = HostVec::new(vec![1u8; 32]);
     let release = gate(&s);
     s.launch(copy::h2d_async(&a, 0, Arc::new(p.clone()), 0, 32).unwrap())
@@ -165,7 +170,8 @@ fn pinned_copies_read_when_they_run_and_pageable_ones_are_staged() {
     s.launch(copy::h2d_async(&b, 0, pageable.clone(), 0, 32).unwrap())
         .unwrap();
     // Both copies are queued behind the gate; change both sources.
-    p.write(0, &[2; 32]).unwrap();
+    // SAFETY: the copy from the block cannot start until `release` opens the gate.
+    unsafe { p.write(0, &[2; 32]) }.unwrap();
     // SAFETY: nothing else uses the vector: the copy staged its bytes when it was queued.
     unsafe { std::ptr::write_bytes(copy::HostMemory::as_mut_ptr(&*pageable).unwrap(), 2, 32) };
     p.free().unwrap(); // freeing while the copy is in flight is safe

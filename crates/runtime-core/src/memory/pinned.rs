@@ -561,24 +561,38 @@ impl PinnedBuffer {
 
     /// Copy `src` into the block at `offset` (not stream ordered).
     ///
+    /// # Safety
+    /// Pinned memory is the program's to order, as in CUDA: the block has no lock, and its
+    /// clones, `as_ptr` and the stream copies queued from or to it reach the same bytes.
+    /// While this call runs nothing else may read or write `offset..offset + src.len()`: no
+    /// other thread through this block, its clones or a pointer from it, and no stream copy
+    /// from or to the block (a queued one may start at any moment: synchronize its stream
+    /// first, unless something the caller holds keeps it from starting).
+    ///
     /// # Errors
     /// The range is outside the block.
-    pub fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
+    pub unsafe fn write(&self, offset: u64, src: &[u8]) -> Result<()> {
         let offset = self.range("offset", offset, src.len())?;
         // SAFETY: the range is inside the block's mapping (checked), which lives while `self`
-        // does; `src` is a Rust slice and cannot overlap a block handed out as raw memory
-        // unless the caller made one from `as_ptr`, which a copy (memmove) tolerates.
+        // does; nothing else accesses it meanwhile (the caller's contract); `src` is a Rust
+        // slice and cannot overlap a block handed out as raw memory unless the caller made
+        // one from `as_ptr`, which a copy (memmove) tolerates.
         unsafe { std::ptr::copy(src.as_ptr(), self.as_ptr().add(offset), src.len()) };
         Ok(())
     }
 
     /// Copy bytes of the block at `offset` into `dst` (not stream ordered).
     ///
+    /// # Safety
+    /// As [`PinnedBuffer::write`], except that other reads may run at the same time: nothing
+    /// may write `offset..offset + dst.len()` while this call runs.
+    ///
     /// # Errors
     /// The range is outside the block.
-    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
+    pub unsafe fn read(&self, offset: u64, dst: &mut [u8]) -> Result<()> {
         let offset = self.range("offset", offset, dst.len())?;
-        // SAFETY: as for `write`.
+        // SAFETY: as for `write`: inside the mapping, and nothing writes it meanwhile (the
+        // caller's contract).
         unsafe { std::ptr::copy(self.as_ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }

@@ -155,7 +155,8 @@ fn stage(src: &dyn HostMemory, src_off: u64, count: u64) -> Arc<dyn HostMemory> 
         unsafe { std::slice::from_raw_parts(src.as_ptr().add(src_off as usize), count as usize) };
     if count <= STAGE_PINNED_MAX {
         if let Ok(block) = pinned::allocate(count) {
-            if block.write(0, bytes).is_ok() {
+            // SAFETY: the block was just allocated here and nothing else holds it yet.
+            if unsafe { block.write(0, bytes) }.is_ok() {
                 return Arc::new(block);
             }
         }
