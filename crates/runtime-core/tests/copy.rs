@@ -446,3 +446,102 @@ fn host_values_go_into_a_strided_layout_and_its_gaps_keep_their_bytes() {
         .expect("a source of the wrong length is refused");
     assert!(err.to_string().contains("src"), "{err}");
 }
+
+/// Plain host memory with no tracker of its own, over a leaked vector (so a registered range
+/// can be found by address).
+struct Plain(&'static mut [u8]);
+
+// SAFETY: the slice is leaked, so valid for reads and writes of its length for ever; the tests
+// register it, so the copies that use it are ordered by the registration's tracker.
+unsafe impl HostMemory for Plain {
+    fn as_ptr(&self) -> *const u8 {
+        self.0.as_ptr()
+    }
+    fn as_mut_ptr(&self) -> Option<*mut u8> {
+        Some(self.0.as_ptr().cast_mut())
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// Queued ops that use one piece of host memory take turns as ops on one device buffer do:
+/// two streams each copy their own device buffer (all 0xA0+i bytes) into the same host memory
+/// again and again, and after each copy an op on the same stream reads the host memory whole
+/// (holding its tracker for reading) and copies it to a device buffer with `h2d`. Every state
+/// either op sees is one copy's bytes, never half of one and half of the other; before host
+/// memory had a tracker the copies ran at once, and 1 MiB copies tore in most rounds. The
+/// host memory is a `HostVec`, a pinned block, and a registered range of plain memory.
+#[test]
+fn queued_copies_into_one_host_memory_on_two_streams_take_turns() {
+    use runtime_core::memory::access::{Access, AccessSet};
+    use runtime_core::memory::pinned;
+    use runtime_core::stream::{FnOp, OpKind, Stream};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const LEN: usize = 1 << 20;
+    let rt = one_device();
+    let dev = rt.device(0).unwrap();
+    let plain: &'static mut [u8] = Box::leak(vec![0u8; LEN].into_boxed_slice());
+    let plain_at = plain.as_ptr();
+    let keep: pinned::KeepAlive = Arc::new(());
+    pinned::register(plain_at, LEN, keep).unwrap();
+    let pinned_block = pinned::allocate(LEN as u64).unwrap();
+    let hosts: Vec<(&str, Arc<dyn HostMemory>)> = vec![
+        ("HostVec", HostVec::new(vec![0u8; LEN])),
+        ("pinned block", Arc::new(pinned_block.clone())),
+        ("registered range", Arc::new(Plain(plain))),
+    ];
+    for (what, host) in hosts {
+        let tracker = match host.tracker() {
+            Some(t) => t.clone(),
+            None => pinned::registered_tracker(host.as_ptr(), LEN).expect("registered"),
+        };
+        let torn = Arc::new(AtomicUsize::new(0));
+        let streams: Vec<Stream> = (0..2).map(|_| Stream::new(dev, 0).unwrap()).collect();
+        let sources: Vec<_> = (0..2u8)
+            .map(|i| {
+                let b = dev.memory().allocate(LEN as u64).unwrap();
+                b.fill(0, LEN as u64, 0xA0 + i).unwrap();
+                b
+            })
+            .collect();
+        let seen = dev.memory().allocate(2 * LEN as u64).unwrap();
+        for _ in 0..12 {
+            for (i, s) in streams.iter().enumerate() {
+                s.launch(copy::d2h(host.clone(), 0, &sources[i], 0, LEN as u64).unwrap())
+                    .unwrap();
+                let (h, torn) = (host.clone(), torn.clone());
+                let check = AccessSet::default().with_host([(&tracker, Access::Read)]);
+                s.launch(FnOp::with_accesses(
+                    "check",
+                    OpKind::Copy,
+                    check,
+                    move || {
+                        // SAFETY: the op holds the host memory's tracker for reading, so no
+                        // queued copy writes it meanwhile; it is valid for `LEN` bytes.
+                        let bytes = unsafe { std::slice::from_raw_parts(h.as_ptr(), LEN) };
+                        if bytes.iter().any(|&b| b != bytes[0]) {
+                            torn.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(())
+                    },
+                ))
+                .unwrap();
+                s.launch(copy::h2d(&seen, (i * LEN) as u64, host.clone(), 0, LEN as u64).unwrap())
+                    .unwrap();
+            }
+        }
+        let mut back = vec![0u8; LEN];
+        for (i, s) in streams.iter().enumerate() {
+            s.synchronize(None).unwrap();
+            seen.read((i * LEN) as u64, &mut back).unwrap();
+            assert!(
+                back.iter().all(|&b| b == back[0]) && (0xA0..0xA2).contains(&back[0]),
+                "{what}: stream {i}'s last h2d read a torn copy"
+            );
+        }
+        let torn = torn.load(Ordering::Relaxed);
+        assert_eq!(torn, 0, "{what}: {torn} of 24 reads saw two copies at once");
+    }
+    pinned::unregister(plain_at).unwrap();
+}

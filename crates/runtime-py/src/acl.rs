@@ -529,7 +529,8 @@ struct Borrowed {
 // SAFETY: `ptr..ptr + len` is the data of `owner` (a `bytes` object or a C-contiguous numpy
 // array, as the Python layer checks), which neither moves nor shrinks while referenced
 // (numpy refuses to resize a referenced array); this value holds the reference. The bytes are
-// only touched through raw copies.
+// only touched through raw copies, which the ACL program orders as it orders its arrays' other
+// users (no tracker of its own; pinned and registered memory are found by address).
 unsafe impl HostMemory for Borrowed {
     fn as_ptr(&self) -> *const u8 {
         self.ptr as *const u8

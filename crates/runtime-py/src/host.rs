@@ -127,7 +127,10 @@ impl Drop for HostBuf {
     }
 }
 
-// SAFETY: `buf` is valid for `len` bytes while the export is held (until Drop).
+// SAFETY: `buf` is valid for `len` bytes while the export is held (until Drop). It has no
+// tracker of its own (pinned and registered memory are found by address): two ops on one
+// pageable array are the Python program's to order, numpy's rule for arrays that threads
+// share.
 unsafe impl HostMemory for HostBuf {
     fn as_ptr(&self) -> *const u8 {
         self.view.buf as *const u8

@@ -30,6 +30,10 @@
 //!   of borrowed allocations take the launch's own mutex instead, so two blocks never copy
 //!   into the same bytes at once through safe calls.
 //!
+//! Host memory that stream ops use has a tracker too ([`HostTracker`]: a `HostVec`, a pinned
+//! block, a registered range), named in the copies' sets beside their device side, so two
+//! queued copies into one host array take turns as two kernels on one buffer do.
+//!
 //! What stays unordered is explicit: [`Buffer`]'s `unsafe fn …_unsynchronized`
 //! methods (and raw pointers), whose callers promise no conflicting access. The Python
 //! package's numpy views are such a path, documented as numpy's semantics over device memory.
@@ -179,6 +183,36 @@ impl Tracker {
     }
 }
 
+/// The tracker of a piece of host memory that stream ops use: a `HostVec`, a pinned block,
+/// a registered range, or a Rust caller's own host memory type (`HostMemory::tracker`, in
+/// `stream::copy`). Copies name it in their [`AccessSet`] beside the device side,
+/// so two queued ops that write the same host memory (two device-to-host copies on two
+/// streams), or one that writes it while another reads it, take turns instead of racing, as
+/// ops on one device allocation do. It has a lock and pending work like an allocation's, in
+/// the same global lock order.
+#[derive(Clone)]
+pub struct HostTracker(Arc<Tracker>);
+
+impl HostTracker {
+    /// A tracker for one piece of host memory (one per piece: two trackers over the same
+    /// bytes order nothing between them).
+    pub fn new() -> HostTracker {
+        HostTracker(Tracker::new())
+    }
+}
+
+impl Default for HostTracker {
+    fn default() -> Self {
+        HostTracker::new()
+    }
+}
+
+impl std::fmt::Debug for HostTracker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostTracker#{}", self.0.id)
+    }
+}
+
 /// The allocations an op uses and how: sorted by allocation id, one entry per allocation
 /// (a write wins over a read of the same allocation).
 #[derive(Default, Clone)]
@@ -212,6 +246,16 @@ impl AccessSet {
                 .map(|(b, m)| (b.alloc.tracker.clone(), m))
                 .collect(),
         )
+    }
+
+    /// This set and host memory `uses` (see [`HostTracker`]), merged as [`AccessSet::union`].
+    pub fn with_host<'a>(
+        self,
+        uses: impl IntoIterator<Item = (&'a HostTracker, Access)>,
+    ) -> AccessSet {
+        let mut v = self.0;
+        v.extend(uses.into_iter().map(|(t, m)| (t.0.clone(), m)));
+        AccessSet::from_vec(v)
     }
 
     fn from_vec(mut v: Uses) -> AccessSet {

@@ -38,6 +38,9 @@
 //! refuses (`NotReady`) while a queued copy still holds the registration, so the memory is
 //! never given back under a copy; registrations outlive a shutdown, as host memory does.
 //!
+//! Each block, and each registered range, has a tracker (`memory::access::HostTracker`):
+//! stream ops that use its bytes name it, so two queued copies into one block take turns.
+//!
 //! The `unsafe` here is the mapping itself (mmap/mlock/munlock/munmap) and the raw reads and
 //! writes of a block, each checked against the block's length.
 
@@ -46,6 +49,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
+use super::access::HostTracker;
 use crate::error::{DeviceError, MemoryError, Result};
 
 /// Requests up to this many bytes are rounded up to a power of two; larger ones to whole pages.
@@ -189,6 +193,8 @@ struct Block {
     freed: AtomicBool,
     /// The pool's epoch when it was handed out.
     epoch: u64,
+    /// Orders the stream ops that use the block (`stream::copy`).
+    tracker: HostTracker,
 }
 
 impl Block {
@@ -295,6 +301,7 @@ pub fn allocate(size: u64) -> Result<PinnedBuffer> {
         id,
         freed: AtomicBool::new(false),
         epoch: pool.epoch,
+        tracker: HostTracker::new(),
     });
     if len > 0 {
         pool.live.insert(b.base() as usize, Arc::downgrade(&b));
@@ -340,6 +347,8 @@ pub type KeepAlive = Arc<dyn std::any::Any + Send + Sync>;
 struct Registration {
     len: usize,
     held: Arc<KeepAlive>,
+    /// Orders the stream ops that use the range (`stream::copy`).
+    tracker: HostTracker,
 }
 
 /// Registered ranges by start address.
@@ -388,6 +397,7 @@ pub fn register(ptr: *const u8, len: usize, keep: KeepAlive) -> Result<()> {
         Registration {
             len,
             held: Arc::new(keep),
+            tracker: HostTracker::new(),
         },
     );
     Ok(())
@@ -434,6 +444,18 @@ pub fn find_registered(ptr: *const u8, len: usize) -> Option<KeepAlive> {
     let reg = REGISTERED.lock();
     let (&s, r) = reg.range(..=start).next_back()?;
     (end <= s + r.len).then(|| r.held.clone() as KeepAlive)
+}
+
+/// The tracker of the registered range holding all of `[ptr, ptr + len)`, if any (`len` > 0).
+pub fn registered_tracker(ptr: *const u8, len: usize) -> Option<HostTracker> {
+    if len == 0 {
+        return None;
+    }
+    let start = ptr as usize;
+    let end = start.checked_add(len)?;
+    let reg = REGISTERED.lock();
+    let (&s, r) = reg.range(..=start).next_back()?;
+    (end <= s + r.len).then(|| r.tracker.clone())
 }
 
 /// Whether a range is registered at exactly `ptr`.
@@ -499,6 +521,11 @@ impl PinnedBuffer {
     /// clone lives.
     pub fn as_ptr(&self) -> *mut u8 {
         self.0.base()
+    }
+
+    /// The tracker that orders the stream ops using the block (shared by its clones).
+    pub fn tracker(&self) -> &HostTracker {
+        &self.0.tracker
     }
 
     /// Whether the OS locked the block's pages (false when `mlock` was refused).

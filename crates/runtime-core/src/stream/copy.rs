@@ -31,7 +31,7 @@
 use std::sync::Arc;
 
 use crate::error::{arg_error, KernelFailure, MemoryError, Result};
-use crate::memory::access::{Access, AccessSet};
+use crate::memory::access::{Access, AccessSet, HostTracker};
 use crate::memory::layout::{copy_elements, Layout};
 use crate::memory::managed::{self, Location};
 use crate::memory::pinned::{self, KeepAlive, PinnedBuffer};
@@ -40,10 +40,19 @@ use crate::stream::{FnOp, Op, OpKind, Stream};
 
 /// Host memory a copy may read, and write if [`HostMemory::as_mut_ptr`] says so.
 ///
+/// Stream ops that use host memory are ordered by its tracker ([`HostTracker`]), as ops on
+/// device memory are by their allocation's: the memory's own ([`HostMemory::tracker`]: a
+/// [`HostVec`], a [`PinnedBuffer`]), else that of the pinned block or registered range
+/// holding the bytes, found by address.
+///
 /// # Safety
 /// `as_ptr()` must be valid for reads of `len()` bytes, and `as_mut_ptr()` (when `Some`) for
 /// writes of `len()` bytes, for as long as the object lives; the memory must not be a device
-/// buffer's.
+/// buffer's. Memory with no tracker (`tracker()` is `None`, and it is neither a live pinned
+/// block nor a registered range) must not be used by two stream ops at once, one of them
+/// writing, unless its owner accepts the race as its own: the memory is private to one op,
+/// or (the Python bindings' buffer exports) the program orders its arrays' users, numpy's
+/// rule for memory it shares between threads.
 pub unsafe trait HostMemory: Send + Sync {
     /// Start of the memory.
     fn as_ptr(&self) -> *const u8;
@@ -54,6 +63,35 @@ pub unsafe trait HostMemory: Send + Sync {
     /// Whether the memory is empty.
     fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+    /// The tracker that orders the stream ops using this memory, if it has its own (one per
+    /// piece of memory, shared by every handle on it).
+    fn tracker(&self) -> Option<&HostTracker> {
+        None
+    }
+}
+
+/// The tracker of bytes `[off, off + count)` of `mem` (see [`HostMemory`]): its own, or that
+/// of the pinned block or registered range holding them; `None` for an empty range.
+fn host_tracker(mem: &dyn HostMemory, off: u64, count: u64) -> Option<HostTracker> {
+    if count == 0 {
+        return None;
+    }
+    if let Some(t) = mem.tracker() {
+        return Some(t.clone());
+    }
+    let start = (mem.as_ptr() as usize).wrapping_add(off as usize) as *const u8;
+    match pinned::find(start, count as usize) {
+        Some(block) => Some(block.tracker().clone()),
+        None => pinned::registered_tracker(start, count as usize),
+    }
+}
+
+/// `set` and the host memory `host` uses with `access`, if it has a tracker.
+fn and_host(set: AccessSet, host: Option<HostTracker>, access: Access) -> AccessSet {
+    match host {
+        Some(t) => set.with_host([(&t, access)]),
+        None => set,
     }
 }
 
@@ -83,13 +121,28 @@ pub fn h2d(
     src_off: u64,
     count: u64,
 ) -> Result<Arc<dyn Op>> {
+    host_range("src_offset", src.len(), src_off, count)?;
+    let host = host_tracker(&*src, src_off, count);
+    h2d_op(dst, dst_off, src, src_off, count, host)
+}
+
+/// [`h2d`], ordered against other ops on the source by `host` (`None` for a staged source,
+/// private to the op).
+fn h2d_op(
+    dst: &Buffer,
+    dst_off: u64,
+    src: Arc<dyn HostMemory>,
+    src_off: u64,
+    count: u64,
+    host: Option<HostTracker>,
+) -> Result<Arc<dyn Op>> {
     dst.check_range("dst_offset", dst_off, count)?;
     host_range("src_offset", src.len(), src_off, count)?;
     let dst = dst.clone();
     Ok(FnOp::with_accesses(
         "memcpy_h2d",
         OpKind::Copy,
-        dst.access(Access::Write),
+        and_host(dst.access(Access::Write), host, Access::Read),
         move || {
             // SAFETY: the range was checked against `src.len()`; `src` is alive (owned by
             // this op) and host memory, never a device buffer's; the op holds `dst`'s
@@ -196,7 +249,7 @@ pub fn h2d_async(
                 },
             ))
         }
-        None => h2d(dst, dst_off, stage(&*src, src_off, count), 0, count),
+        None => h2d_op(dst, dst_off, stage(&*src, src_off, count), 0, count, None),
     }
 }
 
@@ -229,15 +282,17 @@ pub fn d2h(
     host_range("dst_offset", dst.len(), dst_off, count)?;
     src.check_range("src_offset", src_off, count)?;
     let src = src.clone();
+    let host = host_tracker(&*dst, dst_off, count);
     Ok(FnOp::with_accesses(
         "memcpy_d2h",
         OpKind::Copy,
-        src.access(Access::Read),
+        and_host(src.access(Access::Read), host, Access::Write),
         move || {
             let p = dst.as_mut_ptr().expect("checked writable");
             // SAFETY: the range was checked against `dst.len()`; `dst` is alive (owned by
-            // this op) and host memory, never a device buffer's; the op holds `src`'s
-            // allocation while it runs, so nothing writes it meanwhile.
+            // this op) and host memory, never a device buffer's, held for writing by this op
+            // through its tracker (or ordered by its owner: the `HostMemory` contract); the
+            // op holds `src`'s allocation while it runs, so nothing writes it meanwhile.
             unsafe { src.read_raw_unsynchronized(src_off, p.add(dst_off as usize), count as usize) }
                 .map_err(fail("memcpy_d2h"))
         },
@@ -474,6 +529,16 @@ impl Rect {
         })
     }
 
+    /// Bytes of the destination the rows cover, first row's start to last row's end.
+    fn dst_span(&self) -> u64 {
+        Rect::span(self.dpitch, self.width, self.height).unwrap_or(0)
+    }
+
+    /// Bytes of the source the rows cover, first row's start to last row's end.
+    fn src_span(&self) -> u64 {
+        Rect::span(self.spitch, self.width, self.height).unwrap_or(0)
+    }
+
     /// The same copy with its source moved to offset 0 of a staged copy of its span.
     fn staged(self) -> Rect {
         Rect { src_off: 0, ..self }
@@ -487,11 +552,25 @@ impl Rect {
 pub fn h2d_2d(dst: &Buffer, src: Arc<dyn HostMemory>, rect: Rect) -> Result<Arc<dyn Op>> {
     dst.check()?;
     rect.check(dst.size(), "device buffer", src.len() as u64, "host buffer")?;
+    let host = host_tracker(&*src, rect.src_off, rect.src_span());
+    h2d_2d_op(dst, src, rect, host)
+}
+
+/// [`h2d_2d`], ordered against other ops on the source by `host` (`None` for a staged
+/// source, private to the op).
+fn h2d_2d_op(
+    dst: &Buffer,
+    src: Arc<dyn HostMemory>,
+    rect: Rect,
+    host: Option<HostTracker>,
+) -> Result<Arc<dyn Op>> {
+    dst.check()?;
+    rect.check(dst.size(), "device buffer", src.len() as u64, "host buffer")?;
     let dst = dst.clone();
     Ok(FnOp::with_accesses(
         "memcpy_2d_h2d",
         OpKind::Copy,
-        dst.access(Access::Write),
+        and_host(dst.access(Access::Write), host, Access::Read),
         move || {
             for (d, s) in rect.rows() {
                 // SAFETY: every row lies inside `src` (checked by `Rect::check`); `src` is
@@ -536,7 +615,7 @@ pub fn h2d_2d_async(dst: &Buffer, src: Arc<dyn HostMemory>, rect: Rect) -> Resul
                 },
             ))
         }
-        None => h2d_2d(dst, stage(&*src, rect.src_off, span), rect.staged()),
+        None => h2d_2d_op(dst, stage(&*src, rect.src_off, span), rect.staged(), None),
     }
 }
 
@@ -551,16 +630,19 @@ pub fn d2h_2d(dst: Arc<dyn HostMemory>, src: &Buffer, rect: Rect) -> Result<Arc<
     src.check()?;
     rect.check(dst.len() as u64, "host buffer", src.size(), "device buffer")?;
     let src = src.clone();
+    let host = host_tracker(&*dst, rect.dst_off, rect.dst_span());
     Ok(FnOp::with_accesses(
         "memcpy_2d_d2h",
         OpKind::Copy,
-        src.access(Access::Read),
+        and_host(src.access(Access::Read), host, Access::Write),
         move || {
             let p = dst.as_mut_ptr().expect("checked writable");
             for (d, s) in rect.rows() {
                 // SAFETY: every row lies inside `dst` (checked); `dst` is alive (owned by
-                // this op) and host memory; `read_raw_unsynchronized` checks the source
-                // range; the op holds `src`'s allocation, so nothing writes it meanwhile.
+                // this op) and host memory, held for writing through its tracker (or ordered
+                // by its owner: the `HostMemory` contract); `read_raw_unsynchronized` checks
+                // the source range; the op holds `src`'s allocation, so nothing writes it
+                // meanwhile.
                 unsafe { src.read_raw_unsynchronized(s, p.add(d as usize), rect.width as usize) }
                     .map_err(fail("memcpy_2d_d2h"))?;
             }
@@ -611,21 +693,36 @@ pub fn h2h_2d(
         src.len() as u64,
         "host buffer",
     )?;
-    Ok(FnOp::shared("memcpy_2d_h2h", OpKind::Copy, move || {
-        let p = dst.as_mut_ptr().expect("checked writable");
-        for (d, s) in rect.rows() {
-            // SAFETY: every row lies inside its end (checked by `Rect::check`); both ends are
-            // alive (owned by this op); `copy` tolerates overlap.
-            unsafe {
-                std::ptr::copy(
-                    src.as_ptr().add(s as usize),
-                    p.add(d as usize),
-                    rect.width as usize,
-                )
-            };
-        }
-        Ok(())
-    }))
+    let uses = AccessSet::default().with_host(
+        [
+            host_tracker(&*dst, rect.dst_off, rect.dst_span()).map(|t| (t, Access::Write)),
+            host_tracker(&*src, rect.src_off, rect.src_span()).map(|t| (t, Access::Read)),
+        ]
+        .iter()
+        .flatten()
+        .map(|(t, m)| (t, *m)),
+    );
+    Ok(FnOp::with_accesses(
+        "memcpy_2d_h2h",
+        OpKind::Copy,
+        uses,
+        move || {
+            let p = dst.as_mut_ptr().expect("checked writable");
+            for (d, s) in rect.rows() {
+                // SAFETY: every row lies inside its end (checked by `Rect::check`); both ends are
+                // alive (owned by this op) and held through their trackers (or ordered by their
+                // owners: the `HostMemory` contract); `copy` tolerates overlap.
+                unsafe {
+                    std::ptr::copy(
+                        src.as_ptr().add(s as usize),
+                        p.add(d as usize),
+                        rect.width as usize,
+                    )
+                };
+            }
+            Ok(())
+        },
+    ))
 }
 
 /// One end of a copy ([`copy`], [`copy_2d`]).
@@ -917,15 +1014,23 @@ unsafe impl HostMemory for PinnedBuffer {
     fn len(&self) -> usize {
         PinnedBuffer::len(self) as usize
     }
+    fn tracker(&self) -> Option<&HostTracker> {
+        Some(PinnedBuffer::tracker(self))
+    }
 }
 
-/// Host memory owned by a `Vec<u8>` behind a lock-free cell, for Rust callers and tests.
+/// Host memory owned by a `Vec<u8>`, for Rust callers and tests: stream ops reach its bytes
+/// only through raw pointers, ordered by its tracker; the caller takes them back with
+/// [`HostVec::into_inner`] once no op holds it.
 pub struct HostVec {
     data: std::cell::UnsafeCell<Vec<u8>>,
+    tracker: HostTracker,
 }
 
-// SAFETY: the bytes are only accessed through raw pointers by stream ops, whose ordering the
-// caller establishes with synchronisation, exactly as for device memory.
+// SAFETY: the vector itself is never resized or moved while shared; its bytes are reached
+// only by stream ops, through raw pointers, and every op that uses them names this value's
+// tracker in its access set (`host_tracker`), so two ops that conflict on them never run at
+// once; `into_inner` needs the last reference.
 unsafe impl Sync for HostVec {}
 
 impl HostVec {
@@ -933,6 +1038,7 @@ impl HostVec {
     pub fn new(v: Vec<u8>) -> Arc<HostVec> {
         Arc::new(HostVec {
             data: std::cell::UnsafeCell::new(v),
+            tracker: HostTracker::new(),
         })
     }
 
@@ -955,6 +1061,9 @@ unsafe impl HostMemory for HostVec {
     fn len(&self) -> usize {
         // SAFETY: as above.
         unsafe { (*self.data.get()).len() }
+    }
+    fn tracker(&self) -> Option<&HostTracker> {
+        Some(&self.tracker)
     }
 }
 
