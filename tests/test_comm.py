@@ -933,3 +933,88 @@ def test_communicator_from_a_unique_id_as_cupy():
     uid = comm.get_unique_id()
     with pytest.raises(runtime.WaitTimeoutError, match=r"ranks \[1\] did not join"):
         comm.Communicator(2, uid, 0, timeout=0.2)
+
+
+class _KeepingPeer:
+    """A transport for process 0 of two, each with two devices, standing in for process 1.
+
+    Its all-to-all keeps the receive region's ``DeviceBuffer`` and, from another thread,
+    overwrites it with the runtime's own safe ``memset`` while the step is still going: a
+    Python transport may keep what it is given. ``Pending.test`` lets that write land (up
+    to ``LAND`` seconds) before it answers."""
+
+    LAND = 2.0
+
+    def __init__(self, count):
+        import threading
+
+        self.count = count
+        self.thread = None
+        self.landed = threading.Event()
+
+    def reduces(self, dtype, op):
+        return True
+
+    def start(self, kind, *args):
+        import threading
+
+        if kind == "all_gather":  # connect: process 1 has two devices too
+            buf, _counts = args
+            np.asarray(buf)[8:16] = np.frombuffer(np.uint64(2).tobytes(), np.uint8)
+            return None
+        assert kind == "all_to_all", kind
+        send, send_counts, recv, recv_counts = args
+        s, r = np.asarray(send), np.asarray(recv)
+        r[: recv_counts[0]] = s[: send_counts[0]]  # process 0 to itself
+        # From process 1's ranks 2 and 3, a block for each local rank m: 100 * rank + m.
+        blocks = [np.full(self.count, 100 * src + m, np.float32) for src in (2, 3) for m in (0, 1)]
+        r[recv_counts[0] :] = np.concatenate(blocks).view(np.uint8)
+
+        def overwrite():
+            st = runtime.Stream(recv.device)
+            runtime.memset(recv, 0xFF, stream=st)
+            st.synchronize(timeout=WAIT)
+            self.landed.set()
+
+        self.thread = threading.Thread(target=overwrite)
+        self.thread.start()
+        landed = self.landed
+
+        class Pending:
+            def test(self):
+                landed.wait(_KeepingPeer.LAND)
+                return True
+
+        return Pending()
+
+
+def test_a_transport_keeping_staging_memory_cannot_change_a_collective_result():
+    """The core reads its staging memory (here an all-to-all's receive buffer, when a process
+    drives two ranks) without the allocation's lock. A Python transport is handed that
+    memory as a ``DeviceBuffer``, and a safe ``memset`` of it from another thread ran at once,
+    so the core copied out 0xFF bytes instead of process 1's blocks. The leader now holds
+    staging memory while it uses it: the memset waits until the collective is done."""
+    from runtime import _runtime as native
+
+    count = 3
+    peer = _KeepingPeer(count)
+    c0, c1 = native.comm_connect([0, 1], 0, 2, peer, timeout=WAIT)
+    sends = [
+        runtime.to_device(np.arange(4 * count, dtype=np.float32) + 10 * r, device=r) for r in (0, 1)
+    ]
+    recvs = [runtime.to_device(np.zeros(4 * count, np.float32), device=r) for r in (0, 1)]
+    streams = [runtime.Stream(r) for r in (0, 1)]
+    with comm.group():
+        for c, snd, rcv, st in zip((c0, c1), sends, recvs, streams):
+            c.all_to_all(snd, rcv, st)
+    for st in streams:
+        st.synchronize(timeout=WAIT)
+    peer.thread.join(WAIT)
+    assert peer.landed.is_set()
+    for m, rcv in enumerate(recvs):
+        got = rcv.copy_to_host().reshape(4, count)
+        for src in (0, 1):  # this process's ranks: block m of rank src's send
+            want = np.arange(m * count, (m + 1) * count, dtype=np.float32) + 10 * src
+            np.testing.assert_array_equal(got[src], want)
+        for src in (2, 3):
+            np.testing.assert_array_equal(got[src], np.full(count, 100 * src + m, np.float32))

@@ -315,7 +315,13 @@ struct PyTransport {
 }
 
 fn region(py: Python<'_>, r: &Region) -> PyResult<Py<PyDeviceBuffer>> {
-    let t = r.tensor();
+    // SAFETY: the Python transport is handed the region's memory as a `DeviceBuffer` for
+    // the step, to view with numpy, whose views are unsynchronised by contract (the package
+    // documents numpy views of device memory as numpy's semantics): what Python code does
+    // with that memory, during the step or after, is ordered by the program, as for any
+    // numpy view. The buffer's safe runtime operations wait for the collective's op, or for
+    // the core's own use of staging memory, to let go of it.
+    let t = unsafe { r.tensor() };
     Py::new(
         py,
         PyDeviceBuffer::typed(t.buffer().clone(), t.offset(), t.dtype(), vec![t.len()]),

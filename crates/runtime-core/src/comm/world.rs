@@ -19,7 +19,10 @@
 //!
 //! Regions handed to the transport are device memory (local buffers, or staging allocated on
 //! the first local device). They are the transport's only for the step: [`Region::read`] and
-//! [`Region::write`] fail once the step ended (completed, timed out or aborted).
+//! [`Region::write`] fail once the step ended (completed, timed out or aborted). The core
+//! reads and writes staging memory directly, holding its lock for as long as it uses it
+//! (`Staged`), as a collective's op holds the local buffers; the region's tensor, which a
+//! transport could keep past the step, is only reachable through an `unsafe fn`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,6 +33,7 @@ use crate::sync::lock::Mutex;
 use crate::device::Device;
 use crate::error::{arg_error, Error, KernelFailure, Result, StreamError};
 use crate::kernel::{DType, Tensor};
+use crate::memory::access::{Access, Held};
 
 use super::protocol::{panic_message, rank_list, Part, Shared};
 use super::{reduce, Communicator, Kind, ReduceOp};
@@ -140,9 +144,18 @@ impl Region {
         self.writable
     }
 
-    /// The region's bytes as a tensor (1-D, `len` elements of `dtype`). Bindings export it
-    /// to their host language; Rust transports use [`Region::read`] and [`Region::write`].
-    pub fn tensor(&self) -> &Tensor {
+    /// The region's bytes as a tensor (1-D, `len` elements of `dtype`), for bindings that
+    /// export it to their host language; Rust transports use [`Region::read`] and
+    /// [`Region::write`], which enforce what this leaves to the caller.
+    ///
+    /// # Safety
+    /// The caller takes over the region's rules for the tensor and every clone of it: its
+    /// memory is touched only while the step lasts (a collective's op or the leader holds it
+    /// only that long), written only when [`Region::is_writable`], and never while another
+    /// access of the same bytes by the transport (a [`Region::write`] from another thread,
+    /// say) is under way. The tensor's own safe accesses do not enforce this: on the
+    /// leader's thread they reach memory its op holds without waiting.
+    pub unsafe fn tensor(&self) -> &Tensor {
         &self.tensor
     }
 
@@ -447,10 +460,34 @@ fn local_form(op: ReduceOp) -> ReduceOp {
     }
 }
 
-/// A fresh staging tensor of `len` elements on `device`.
-fn staging(device: &Device, dtype: DType, len: usize) -> Result<Tensor> {
+/// A fresh staging tensor of `len` elements on `device`, held by the calling thread (the
+/// step's leader) for writing until the [`Staged`] value is dropped.
+fn staging(device: &Device, dtype: DType, len: usize) -> Result<Staged> {
     let buf = device.memory().allocate((len * dtype.size()) as u64)?;
-    Tensor::new(buf, 0, dtype, vec![len])
+    // A fresh allocation has the newest lock id, so taking it follows the global order and
+    // nothing else holds it yet.
+    let held = buf.access(Access::Write).acquire()?;
+    Ok(Staged {
+        tensor: Tensor::new(buf, 0, dtype, vec![len])?,
+        _held: held,
+    })
+}
+
+/// Staging memory of one collective, which the core reads and writes directly (`reduce`),
+/// without the allocation's lock: the leader holds that lock for as long as it uses the
+/// memory, as an op holds its buffers. A region of it hands the transport a tensor, which a
+/// transport may keep past the step; its safe accesses then wait for this value to go
+/// instead of racing the core's.
+struct Staged {
+    tensor: Tensor,
+    _held: Held,
+}
+
+impl std::ops::Deref for Staged {
+    type Target = Tensor;
+    fn deref(&self) -> &Tensor {
+        &self.tensor
+    }
 }
 
 impl World {
@@ -596,12 +633,14 @@ impl World {
             Kind::Reduce(op, root) => {
                 let (rp, rl) = self.locate(root);
                 let here = rp == p;
-                let acc = if here {
-                    recv(rl).clone()
+                let staged;
+                let acc: &Tensor = if here {
+                    recv(rl)
                 } else if local == 1 && !scaled {
-                    send(0).clone()
+                    send(0)
                 } else {
-                    staging(dev, dtype, count)?
+                    staged = staging(dev, dtype, count)?;
+                    &staged
                 };
                 if here || local > 1 || scaled {
                     let ins: Vec<(&Tensor, usize)> = (0..local).map(|l| (send(l), 0)).collect();
@@ -610,13 +649,13 @@ impl World {
                         local_form(op),
                         &ins,
                         &factors,
-                        &[(&acc, 0)],
+                        &[(acc, 0)],
                         count,
                     );
                 }
-                self.reduce_across(sh, what, deadline, &acc, 0, dtype, op, count, Some(rp))?;
+                self.reduce_across(sh, what, deadline, acc, 0, dtype, op, count, Some(rp))?;
                 if here && op == ReduceOp::Avg {
-                    reduce::divide(dtype, &acc, 0, count, self.size);
+                    reduce::divide(dtype, acc, 0, count, self.size);
                 }
             }
             Kind::Broadcast(root) => {
@@ -721,17 +760,18 @@ impl World {
                         root: rp,
                     })?;
                 } else {
-                    let mine = if local == 1 {
-                        send(0).clone()
+                    let staged;
+                    let mine: &Tensor = if local == 1 {
+                        send(0)
                     } else {
-                        let t = staging(dev, dtype, local * count)?;
+                        staged = staging(dev, dtype, local * count)?;
                         for l in 0..local {
-                            reduce::copy_bytes(send(l), 0, &t, l * count * esz, count * esz);
+                            reduce::copy_bytes(send(l), 0, &staged, l * count * esz, count * esz);
                         }
-                        t
+                        &staged
                     };
                     self.exchange(sh, what, deadline, |s| Exchange::Gather {
-                        buf: Region::bytes(s, &mine),
+                        buf: Region::bytes(s, mine),
                         counts: pb,
                         root: rp,
                     })?;
@@ -751,19 +791,21 @@ impl World {
                         reduce::copy_bytes(sb, (first + l) * count * esz, recv(l), 0, count * esz);
                     }
                 } else {
-                    let mine = if local == 1 {
-                        recv(0).clone()
+                    let staged;
+                    let mine: &Tensor = if local == 1 {
+                        recv(0)
                     } else {
-                        staging(dev, dtype, local * count)?
+                        staged = staging(dev, dtype, local * count)?;
+                        &staged
                     };
                     self.exchange(sh, what, deadline, |s| Exchange::Scatter {
-                        buf: Region::bytes(s, &mine),
+                        buf: Region::bytes(s, mine),
                         counts: pb,
                         root: rp,
                     })?;
                     if local > 1 {
                         for l in 0..local {
-                            reduce::copy_bytes(&mine, l * count * esz, recv(l), 0, count * esz);
+                            reduce::copy_bytes(mine, l * count * esz, recv(l), 0, count * esz);
                         }
                     }
                 }
@@ -1037,7 +1079,7 @@ impl World {
         }
         let gathered = self.gather(sh, what, deadline, acc, at, dtype, count)?;
         let ins: Vec<(&Tensor, usize)> = (0..self.counts.len())
-            .map(|q| (&gathered, q * count))
+            .map(|q| (&*gathered, q * count))
             .collect();
         reduce::reduce_tensors(dtype, partial(op), &ins, &[], &[(acc, at)], count);
         Ok(())
@@ -1054,7 +1096,7 @@ impl World {
         at: usize,
         dtype: DType,
         count: usize,
-    ) -> Result<Tensor> {
+    ) -> Result<Staged> {
         let nproc = self.counts.len();
         let esz = dtype.size();
         let all = staging(&sh.devices[0], dtype, nproc * count)?;
@@ -1083,7 +1125,7 @@ impl World {
     ) -> Result<()> {
         let gathered = self.gather(sh, what, deadline, sum, 0, dtype, total)?;
         let ins: Vec<(&Tensor, usize)> = (0..self.counts.len())
-            .map(|q| (&gathered, q * total + from))
+            .map(|q| (&*gathered, q * total + from))
             .collect();
         reduce::reduce_tensors(dtype, partial(op), &ins, &[], &[(sum, from)], len);
         Ok(())
@@ -1224,8 +1266,12 @@ pub fn connect(
             ),
         ));
     }
-    let table = staging(&devices[0], DType::U8, 8 * processes)?;
-    reduce::write_bytes(&table, 8 * process, &(devices.len() as u64).to_le_bytes());
+    // The table outlives this call (`Connecting` may be polled from any thread), so the core
+    // reaches it through the allocation's lock, like any host access: a transport that keeps
+    // its region's tensor cannot race it.
+    let buf = devices[0].memory().allocate(8 * processes as u64)?;
+    buf.write(8 * process as u64, &(devices.len() as u64).to_le_bytes())?;
+    let table = Tensor::new(buf, 0, DType::U8, vec![8 * processes])?;
     let live = Arc::new(StepLive(Mutex::new(true)));
     let exchange = Exchange::AllGather {
         buf: Region::new(&live, &table, DType::U8, 0, 8 * processes),
@@ -1316,7 +1362,7 @@ impl Connecting {
         *self.live.0.lock() = false;
         let processes = self.table.len() / 8;
         let mut bytes = vec![0u8; 8 * processes];
-        reduce::read_bytes(&self.table, 0, &mut bytes);
+        self.table.buffer().read(0, &mut bytes)?;
         let counts: Vec<usize> = bytes
             .chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as usize)
