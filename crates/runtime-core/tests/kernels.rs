@@ -826,8 +826,24 @@ fn tensor_views_are_checked() {
         Err(Error::Arg(e)) => assert_eq!(e.arg, "shape"),
         other => panic!("{other:?}"),
     }
-    let t = Tensor::new(b, 8, DType::F64, vec![7]).unwrap();
+    let t = Tensor::new(b.clone(), 8, DType::F64, vec![7]).unwrap();
     assert_eq!((t.len(), t.nbytes()), (7, 56));
+    // Alignment is checked in memory, not within the view: offset 0 of a view that starts
+    // at byte 1 is misaligned for f64 (a native kernel would get that pointer as it is), and
+    // offset 7 of it is aligned.
+    let odd = b.view(1, 63).unwrap();
+    match Tensor::new(odd.clone(), 0, DType::F64, vec![4]) {
+        Err(Error::Arg(e)) => {
+            assert_eq!(e.arg, "offset");
+            assert!(e.to_string().contains("the view starts 1 byte past"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let t = Tensor::new(odd, 7, DType::F64, vec![7]).unwrap();
+    assert_eq!(
+        t.span(),
+        Tensor::new(b, 8, DType::F64, vec![7]).unwrap().span()
+    );
 }
 
 /// A view one allocation past the end of a small buffer is refused even though the device's

@@ -58,8 +58,9 @@ pub struct Tensor {
 type Shape = smallvec::SmallVec<[usize; 4]>;
 
 impl Tensor {
-    /// A view of `shape` elements of `dtype` at byte `offset` of `buffer`; checks alignment
-    /// and that it fits in the buffer (overflow included).
+    /// A view of `shape` elements of `dtype` at byte `offset` of `buffer`; checks that it fits
+    /// in the buffer (overflow included) and that its first element is aligned to the item
+    /// size in memory (allocations start aligned; a view may not).
     ///
     /// # Errors
     /// `ArgError` naming `offset` (misaligned, or past the end) or `shape` (too large).
@@ -69,17 +70,26 @@ impl Tensor {
             .try_fold(1usize, |a, &d| a.checked_mul(d))
             .and_then(|n| n.checked_mul(dtype.size()))
             .ok_or_else(|| arg_error("shape", format!("{shape:?} is too large")))?;
-        if !offset.is_multiple_of(dtype.size() as u64) {
-            return Err(arg_error(
-                "offset",
-                format!(
-                    "{offset} is not a multiple of the {} item size {}",
-                    dtype.name(),
-                    dtype.size()
-                ),
-            ));
-        }
         buffer.check_range("offset", offset, count as u64)?;
+        // Aligned in memory, not only within the view: a view (or a plugged allocator's
+        // block) may start at any byte, and a native kernel gets the element pointer as it is.
+        let misaligned = (buffer.as_ptr() as usize).wrapping_add(offset as usize) % dtype.size();
+        if misaligned != 0 {
+            let (name, size) = (dtype.name(), dtype.size());
+            let what = if misaligned == offset as usize % size {
+                format!("{offset} is not a multiple of the {name} item size {size}")
+            } else {
+                let start = (buffer.as_ptr() as usize) % size;
+                let bytes = |n: usize| format!("{n} byte{}", if n == 1 { "" } else { "s" });
+                format!(
+                    "{offset} leaves the first element {} past a multiple of the {name} item \
+                     size {size}: the view starts {} past one",
+                    bytes(misaligned),
+                    bytes(start)
+                )
+            };
+            return Err(arg_error("offset", what));
+        }
         Ok(Tensor {
             buffer,
             offset,

@@ -121,23 +121,9 @@ pub fn h2d(
     src_off: u64,
     count: u64,
 ) -> Result<Arc<dyn Op>> {
-    host_range("src_offset", src.len(), src_off, count)?;
-    let host = host_tracker(&*src, src_off, count);
-    h2d_op(dst, dst_off, src, src_off, count, host)
-}
-
-/// [`h2d`], ordered against other ops on the source by `host` (`None` for a staged source,
-/// private to the op).
-fn h2d_op(
-    dst: &Buffer,
-    dst_off: u64,
-    src: Arc<dyn HostMemory>,
-    src_off: u64,
-    count: u64,
-    host: Option<HostTracker>,
-) -> Result<Arc<dyn Op>> {
     dst.check_range("dst_offset", dst_off, count)?;
     host_range("src_offset", src.len(), src_off, count)?;
+    let host = host_tracker(&*src, src_off, count);
     let dst = dst.clone();
     Ok(FnOp::with_accesses(
         "memcpy_h2d",
@@ -145,8 +131,9 @@ fn h2d_op(
         and_host(dst.access(Access::Write), host, Access::Read),
         move || {
             // SAFETY: the range was checked against `src.len()`; `src` is alive (owned by
-            // this op) and host memory, never a device buffer's; the op holds `dst`'s
-            // allocation exclusively while it runs.
+            // this op) and host memory, never a device buffer's, held for reading through
+            // its tracker (or ordered by its owner: the `HostMemory` contract); the op holds
+            // `dst`'s allocation exclusively while it runs.
             unsafe {
                 dst.write_raw_unsynchronized(
                     dst_off,
@@ -249,7 +236,7 @@ pub fn h2d_async(
                 },
             ))
         }
-        None => h2d_op(dst, dst_off, stage(&*src, src_off, count), 0, count, None),
+        None => h2d(dst, dst_off, stage(&*src, src_off, count), 0, count),
     }
 }
 
@@ -552,20 +539,9 @@ impl Rect {
 pub fn h2d_2d(dst: &Buffer, src: Arc<dyn HostMemory>, rect: Rect) -> Result<Arc<dyn Op>> {
     dst.check()?;
     rect.check(dst.size(), "device buffer", src.len() as u64, "host buffer")?;
-    let host = host_tracker(&*src, rect.src_off, rect.src_span());
-    h2d_2d_op(dst, src, rect, host)
-}
-
-/// [`h2d_2d`], ordered against other ops on the source by `host` (`None` for a staged
-/// source, private to the op).
-fn h2d_2d_op(
-    dst: &Buffer,
-    src: Arc<dyn HostMemory>,
-    rect: Rect,
-    host: Option<HostTracker>,
-) -> Result<Arc<dyn Op>> {
     dst.check()?;
     rect.check(dst.size(), "device buffer", src.len() as u64, "host buffer")?;
+    let host = host_tracker(&*src, rect.src_off, rect.src_span());
     let dst = dst.clone();
     Ok(FnOp::with_accesses(
         "memcpy_2d_h2d",
@@ -574,8 +550,10 @@ fn h2d_2d_op(
         move || {
             for (d, s) in rect.rows() {
                 // SAFETY: every row lies inside `src` (checked by `Rect::check`); `src` is
-                // alive (owned by this op) and host memory; `write_raw_unsynchronized` checks
-                // the destination range; the op holds `dst`'s allocation exclusively.
+                // alive (owned by this op) and host memory, held for reading through its
+                // tracker (or ordered by its owner: the `HostMemory` contract);
+                // `write_raw_unsynchronized` checks the destination range; the op holds
+                // `dst`'s allocation exclusively.
                 unsafe {
                     dst.write_raw_unsynchronized(
                         d,
@@ -615,7 +593,7 @@ pub fn h2d_2d_async(dst: &Buffer, src: Arc<dyn HostMemory>, rect: Rect) -> Resul
                 },
             ))
         }
-        None => h2d_2d_op(dst, stage(&*src, rect.src_off, span), rect.staged(), None),
+        None => h2d_2d(dst, stage(&*src, rect.src_off, span), rect.staged()),
     }
 }
 
