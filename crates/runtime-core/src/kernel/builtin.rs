@@ -20,8 +20,8 @@
 //! bfloat16 loops do the same); complex uses the textbook product. Scalars for integer and bool tensors must be integers in the dtype's range;
 //! float tensors take any real number, complex tensors any number (`KernelArg::Complex` too). An output may be exactly one of its inputs
 //! (in place) but must not partly overlap one. float32/float64 (and float16 and bfloat16,
-//! widened) matrix products use the `matrixmultiply` crate (blocked, SIMD); the others a plain
-//! i-k-j loop.
+//! widened) matrix products use the `gemm` crate (blocked, SIMD, AVX-512 where the CPU has it);
+//! the others a plain i-k-j loop.
 //!
 //! Memory access: kernels read and write device memory through typed views
 //! ([`Buffer::slice_unsynchronized`](crate::memory::Buffer::slice_unsynchronized)); `check`
@@ -113,7 +113,7 @@ fn sum_f64(xs: impl ExactSizeIterator<Item = f64>) -> f64 {
 }
 
 macro_rules! float_elem {
-    ($t:ty, $gemm:path) => {
+    ($t:ty) => {
         impl Elem for $t {
             type Repr = $t;
             fn load(r: $t) -> $t {
@@ -150,34 +150,54 @@ macro_rules! float_elem {
                 (acc.iter().sum::<f64>() + tail) as $t
             }
             fn gemm(m: usize, k: usize, n: usize, a: &[Self], b: &[Self], c: &mut [Self]) {
-                assert!(a.len() == m * k && b.len() == k * n && c.len() == m * n);
-                // SAFETY: the slices hold exactly m*k, k*n and m*n elements (asserted) with
-                // row-major strides, and `c` is disjoint from `a` and `b` (checked at launch;
-                // distinct Rust slices here).
-                unsafe {
-                    $gemm(
-                        m,
-                        k,
-                        n,
-                        1.0,
-                        a.as_ptr(),
-                        k as isize,
-                        1,
-                        b.as_ptr(),
-                        n as isize,
-                        1,
-                        0.0,
-                        c.as_mut_ptr(),
-                        n as isize,
-                        1,
-                    )
-                };
+                gemm_rows::<$t>(m, k, n, a, b, c);
             }
         }
     };
 }
-float_elem!(f32, matrixmultiply::sgemm);
-float_elem!(f64, matrixmultiply::dgemm);
+float_elem!(f32);
+float_elem!(f64);
+
+/// `c = a @ b` for row-major `a` (`m × k`), `b` (`k × n`) and `c` (`m × n`), on the calling
+/// thread (a launch's blocks share out the rows): the `gemm` crate, which picks its kernel for
+/// the CPU at run time (AVX-512 where there is one).
+fn gemm_rows<T: Copy + 'static + From<u8>>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+) {
+    assert!(a.len() == m * k && b.len() == k * n && c.len() == m * n);
+    // SAFETY: the slices hold exactly m*k, k*n and m*n elements (asserted), read with
+    // row-major strides (row stride k, n and n, column stride 1) that stay inside them; `c`
+    // is disjoint from `a` and `b` (checked at launch; distinct Rust slices here); with
+    // `read_dst` false the destination is only written (c = 1 * a @ b).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.as_ptr(),
+            1,
+            k as isize,
+            b.as_ptr(),
+            1,
+            n as isize,
+            T::from(0),
+            T::from(1),
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    };
+}
 
 /// The 16-bit floats: computed in float32 ([`Half`], [`BHalf`]), rounded to the type once per
 /// stored result (numpy's float16 loops and ml_dtypes' bfloat16 loops do the same).
