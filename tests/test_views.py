@@ -820,3 +820,29 @@ def test_threads_allocate_write_verify_free_concurrently():
         t.join()
     assert not errors, errors
     assert [stats(d)["active_allocations"] for d in range(DEVICES)] == before
+
+
+def test_copies_through_a_numpy_view_take_turns_with_the_buffers_own_ops():
+    """A copy into a numpy view of a ``DeviceBuffer`` is a copy into that buffer's device
+    memory, but the view is host memory to the copy, which named no lock of the buffer: it
+    ran while a kernel on another stream held the buffer, and a Python kernel reading the
+    buffer saw half of one copy and half of the next. Copies through the view now take
+    turns with the buffer's ops (RELIABILITY.md W21)."""
+    n = 8 << 20
+    buf = runtime.device_malloc(0, n)
+    view = np.asarray(buf)
+    sources = [runtime.to_device(np.full(n, v, np.uint8), device=0) for v in (0xA0, 0xA1)]
+    copies, checks = runtime.Stream(0), runtime.Stream(0)
+    seen = []
+
+    def check(b):
+        a = np.asarray(b)
+        seen.append(bool((a == a[0]).all()))
+
+    for r in range(32):
+        runtime.memcpy_device_to_host(view, sources[r % 2], stream=copies)
+        checks.launch_kernel(check, (buf,))
+    copies.synchronize(timeout=60)
+    checks.synchronize(timeout=60)
+    assert len(seen) == 32
+    assert all(seen), f"{seen.count(False)} of 32 reads saw two copies at once"

@@ -115,8 +115,8 @@ fn copy_span(
     let stream = stream_arg(stream)?;
     let count = dev.len();
     let (dst, src, host_arg) = match dir {
-        Direction::DeviceToHost => (Side::Host(HostBuf::get(host, "dst", true)?), dev, "dst"),
-        _ => (dev, Side::Host(HostBuf::get(host, "src", false)?), "src"),
+        Direction::DeviceToHost => (host_end(py, host, "dst", true)?, dev, "dst"),
+        _ => (dev, host_end(py, host, "src", false)?, "src"),
     };
     let host_len = if dir == Direction::DeviceToHost {
         dst.len()
@@ -183,7 +183,7 @@ fn fits(arg: &str, what: &str, len: u64, off: u64, count: u64) -> PyResult<()> {
 /// a non-contiguous memoryview) a C-contiguous copy of it, as `to_device` makes. The export
 /// holds the copy until the queued transfer has run.
 fn host_source(py: Python<'_>, src: &Bound<'_, PyAny>) -> PyResult<HostBuf> {
-    match HostBuf::get(src, "src", false) {
+    match HostBuf::get(src, "src", false).map(|h| viewing(py, src, h)) {
         // ValueError: a buffer, but not a C-contiguous one.
         Err(e) if e.is_instance_of::<PyValueError>(py) => {
             let kw = PyDict::new(py);
@@ -199,13 +199,15 @@ fn host_source(py: Python<'_>, src: &Bound<'_, PyAny>) -> PyResult<HostBuf> {
 }
 
 /// Whether host object `obj` is a view of device memory (`np.asarray(buf)`, a managed
-/// buffer's `host_view()`): its chain of `.base` / `memoryview.obj` reaches a `DeviceBuffer`.
-/// The core reads such a source in stream order rather than staging it (`copy::End::DeviceView`).
-fn views_device(obj: &Bound<'_, PyAny>) -> bool {
+/// buffer's `host_view()`): `Some` when its chain of `.base` / `memoryview.obj` reaches a
+/// `DeviceBuffer`, with that buffer's core buffer while the handle is live. The core reads
+/// such a source in stream order rather than staging it (`copy::End::DeviceView`), and
+/// copies through it take turns with the buffer's own ops ([`HostBuf::viewing`]).
+fn viewed_buffer(py: Python<'_>, obj: &Bound<'_, PyAny>) -> Option<Option<Buffer>> {
     let mut cur = obj.clone();
     for _ in 0..16 {
-        if cur.cast::<crate::handles::PyDeviceBuffer>().is_ok() {
-            return true;
+        if let Ok(d) = cur.cast::<crate::handles::PyDeviceBuffer>() {
+            return Some(d.borrow().buffer(py).ok());
         }
         let next = if let Ok(mv) = cur.cast::<pyo3::types::PyMemoryView>() {
             mv.getattr("obj").ok()
@@ -214,10 +216,25 @@ fn views_device(obj: &Bound<'_, PyAny>) -> bool {
         };
         match next {
             Some(n) if !n.is_none() => cur = n,
-            _ => return false,
+            _ => return None,
         }
     }
-    false
+    None
+}
+
+/// Export host object `obj` for a copy (`arg`, `writable` as [`HostBuf::get`]), naming the
+/// device buffer it views, if any.
+fn host_end(py: Python<'_>, obj: &Bound<'_, PyAny>, arg: &str, writable: bool) -> PyResult<Side> {
+    let h = HostBuf::get(obj, arg, writable)?;
+    Ok(Side::Host(viewing(py, obj, h)))
+}
+
+/// `h`, the export of `obj`, naming the device buffer `obj` views, if any.
+fn viewing(py: Python<'_>, obj: &Bound<'_, PyAny>, h: HostBuf) -> HostBuf {
+    match viewed_buffer(py, obj).flatten() {
+        Some(b) => h.viewing(&b),
+        None => h,
+    }
 }
 
 /// The one copy path. Arguments are read in a fixed order (offsets, device ends, stream, host
@@ -243,16 +260,16 @@ pub fn memcpy(
     let dst_side = dst_dev.then(|| device(dst, "dst")).transpose()?;
     let src_side = src_dev.then(|| device(src, "src")).transpose()?;
     let stream = stream_arg(stream)?;
-    let dst_views_device = !dst_dev && views_device(dst);
+    let dst_views_device = !dst_dev && viewed_buffer(py, dst).is_some();
     let dst = End {
         arg: "dst",
         offset: dst_offset,
         side: match dst_side {
             Some(s) => s,
-            None => Side::Host(HostBuf::get(dst, "dst", true)?),
+            None => host_end(py, dst, "dst", true)?,
         },
     };
-    let src_views_device = !src_dev && views_device(src);
+    let src_views_device = !src_dev && viewed_buffer(py, src).is_some();
     let src = End {
         arg: "src",
         offset: src_offset,
@@ -421,7 +438,7 @@ fn end_2d(py: Python<'_>, obj: &Bound<'_, PyAny>, arg: &str, writable: bool) -> 
         let (b, off, len) = device_side(py, obj, arg)?;
         return Ok(Side::Device(b, off, len));
     }
-    Ok(Side::Host(HostBuf::get(obj, arg, writable)?))
+    host_end(py, obj, arg, writable)
 }
 
 /// Copy `height` rows of `width` bytes from `src` (rows `spitch` bytes apart, from byte
@@ -458,7 +475,7 @@ pub fn memcpy_2d(
     let stream = stream_arg(stream)?;
     let d = end_2d(py, dst, "dst", true)?;
     let s = end_2d(py, src, "src", false)?;
-    let src_views_device = matches!(s, Side::Host(_)) && views_device(src);
+    let src_views_device = matches!(s, Side::Host(_)) && viewed_buffer(py, src).is_some();
     let planned = copy::copy_2d(
         d.end(false)?,
         s.end(src_views_device)?,

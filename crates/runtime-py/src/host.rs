@@ -13,6 +13,7 @@ use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use runtime_core::kernel::DType;
+use runtime_core::memory::access::HostTracker;
 use runtime_core::memory::Buffer;
 use runtime_core::stream::copy::HostMemory;
 
@@ -22,6 +23,9 @@ use crate::handles::PyDeviceBuffer;
 /// An exported host buffer (C-contiguous), released under the GIL when dropped.
 pub struct HostBuf {
     view: Box<ffi::Py_buffer>,
+    /// The tracker that orders copies through it: the device allocation's, when the object
+    /// is a view of a `DeviceBuffer` ([`HostBuf::viewing`]).
+    tracker: Option<HostTracker>,
 }
 
 // SAFETY: the exporter keeps the memory valid and in place until `PyBuffer_Release`, which
@@ -31,6 +35,13 @@ unsafe impl Send for HostBuf {}
 unsafe impl Sync for HostBuf {}
 
 impl HostBuf {
+    /// This export, known to view device buffer `buf`'s memory: copies through it take turns
+    /// with `buf`'s own ops, as copies of `buf` itself do.
+    pub fn viewing(mut self, buf: &Buffer) -> HostBuf {
+        self.tracker = Some(buf.host_tracker());
+        self
+    }
+
     /// Export `obj` (any buffer-protocol object). Non-contiguous objects are refused.
     pub fn get(obj: &Bound<'_, PyAny>, arg: &str, writable: bool) -> PyResult<HostBuf> {
         let py = obj.py();
@@ -73,7 +84,10 @@ impl HostBuf {
                 ))
             });
         }
-        let hb = HostBuf { view };
+        let hb = HostBuf {
+            view,
+            tracker: None,
+        };
         if !hb.view.format.is_null() {
             // SAFETY: a non-null format is a NUL-terminated string owned by the export, which
             // `hb` holds.
@@ -127,10 +141,10 @@ impl Drop for HostBuf {
     }
 }
 
-// SAFETY: `buf` is valid for `len` bytes while the export is held (until Drop). It has no
-// tracker of its own (pinned and registered memory are found by address): two ops on one
-// pageable array are the Python program's to order, numpy's rule for arrays that threads
-// share.
+// SAFETY: `buf` is valid for `len` bytes while the export is held (until Drop). A view of a
+// device buffer names that allocation's tracker, and pinned and registered memory are found
+// by address; otherwise two ops on one pageable array are the Python program's to order,
+// numpy's rule for arrays that threads share.
 unsafe impl HostMemory for HostBuf {
     fn as_ptr(&self) -> *const u8 {
         self.view.buf as *const u8
@@ -140,6 +154,9 @@ unsafe impl HostMemory for HostBuf {
     }
     fn len(&self) -> usize {
         self.view.len as usize
+    }
+    fn tracker(&self) -> Option<&HostTracker> {
+        self.tracker.as_ref()
     }
 }
 

@@ -184,8 +184,9 @@ impl Tracker {
 }
 
 /// The tracker of a piece of host memory that stream ops use: a `HostVec`, a pinned block,
-/// a registered range, or a Rust caller's own host memory type (`HostMemory::tracker`, in
-/// `stream::copy`). Copies name it in their [`AccessSet`] beside the device side,
+/// a registered range, a Rust caller's own host memory type (`HostMemory::tracker`, in
+/// `stream::copy`), or host memory that is a view of a device allocation (whose tracker it
+/// then is: [`Buffer::host_tracker`]). Copies name it in their [`AccessSet`] beside the device side,
 /// so two queued ops that write the same host memory (two device-to-host copies on two
 /// streams), or one that writes it while another reads it, take turns instead of racing, as
 /// ops on one device allocation do. It has a lock and pending work like an allocation's, in
@@ -198,6 +199,11 @@ impl HostTracker {
     /// bytes order nothing between them).
     pub fn new() -> HostTracker {
         HostTracker(Tracker::new())
+    }
+
+    /// An allocation's own tracker, for host memory that views it (`Buffer::host_tracker`).
+    pub(super) fn of(tracker: &Arc<Tracker>) -> HostTracker {
+        HostTracker(tracker.clone())
     }
 }
 

@@ -1337,6 +1337,13 @@ impl Buffer {
         access::AccessSet::new([(self, access)])
     }
 
+    /// This allocation's tracker, for host memory that is a view of it (the Python package's
+    /// numpy views of a `DeviceBuffer`): a copy through that view names it
+    /// (`stream::copy::HostMemory::tracker`), so it takes turns with the buffer's own ops.
+    pub fn host_tracker(&self) -> access::HostTracker {
+        access::HostTracker::of(&self.alloc.tracker)
+    }
+
     /// Copy `src` into the buffer at `offset`. Ordered by the executor: waits for the stream
     /// work queued on this allocation (its last writer and its readers) and holds the
     /// allocation's lock for the copy, so no queued op or other thread touches the bytes
