@@ -433,9 +433,9 @@ pub fn unregister(ptr: *const u8) -> Result<()> {
     Ok(())
 }
 
-/// The keep-alive of the registered range holding all of `[ptr, ptr + len)`, if any (`len`
-/// > 0): a copy that holds it keeps [`unregister`] from giving the memory back under it.
-pub fn find_registered(ptr: *const u8, len: usize) -> Option<KeepAlive> {
+/// `f` of the registered range holding all of `[ptr, ptr + len)`, if any (`len` > 0), under
+/// the registry's lock.
+fn registered<R>(ptr: *const u8, len: usize, f: impl FnOnce(&Registration) -> R) -> Option<R> {
     if len == 0 {
         return None;
     }
@@ -443,19 +443,18 @@ pub fn find_registered(ptr: *const u8, len: usize) -> Option<KeepAlive> {
     let end = start.checked_add(len)?;
     let reg = REGISTERED.lock();
     let (&s, r) = reg.range(..=start).next_back()?;
-    (end <= s + r.len).then(|| r.held.clone() as KeepAlive)
+    (end <= s + r.len).then(|| f(r))
+}
+
+/// The keep-alive of the registered range holding all of `[ptr, ptr + len)`, if any (`len`
+/// > 0): a copy that holds it keeps [`unregister`] from giving the memory back under it.
+pub fn find_registered(ptr: *const u8, len: usize) -> Option<KeepAlive> {
+    registered(ptr, len, |r| r.held.clone() as KeepAlive)
 }
 
 /// The tracker of the registered range holding all of `[ptr, ptr + len)`, if any (`len` > 0).
 pub fn registered_tracker(ptr: *const u8, len: usize) -> Option<HostTracker> {
-    if len == 0 {
-        return None;
-    }
-    let start = ptr as usize;
-    let end = start.checked_add(len)?;
-    let reg = REGISTERED.lock();
-    let (&s, r) = reg.range(..=start).next_back()?;
-    (end <= s + r.len).then(|| r.tracker.clone())
+    registered(ptr, len, |r| r.tracker.clone())
 }
 
 /// Whether a range is registered at exactly `ptr`.
