@@ -545,3 +545,45 @@ fn queued_copies_into_one_host_memory_on_two_streams_take_turns() {
     }
     pinned::unregister(plain_at).unwrap();
 }
+
+/// A queued copy from a `HostVec` stages it when queued (it is pageable), and staging is a
+/// host access: it waits for the copy queued into the `HostVec` before it on another stream
+/// and reads all of that copy's bytes. Before, staging read the vector while the earlier
+/// copy was still writing it (ThreadSanitizer reported the race; the staged copies carried
+/// a few MiB of the 32). Both the 1-D and the 2-D path stage.
+#[test]
+fn staging_a_host_vec_waits_for_the_copies_queued_into_it() {
+    use runtime_core::stream::copy::{End, Submit};
+    use runtime_core::stream::Stream;
+    const LEN: usize = 8 << 20;
+    let rt = one_device();
+    let dev = rt.device(0).unwrap();
+    let x = dev.memory().allocate(LEN as u64).unwrap();
+    let y = dev.memory().allocate(LEN as u64).unwrap();
+    x.fill(0, LEN as u64, 0xAB).unwrap();
+    let (s1, s2) = (Stream::new(dev, 0).unwrap(), Stream::new(dev, 0).unwrap());
+    for two_d in [false, true] {
+        for _ in 0..3 {
+            let hv = HostVec::new(vec![0u8; LEN]);
+            y.fill(0, LEN as u64, 0).unwrap();
+            s1.launch(copy::d2h(hv.clone(), 0, &x, 0, LEN as u64).unwrap())
+                .unwrap();
+            let (dst, src) = (End::Device(y.clone()), End::Host(hv.clone()));
+            let planned = if two_d {
+                let r = rect(0, 1 << 10, 0, 1 << 10, 1 << 10, (LEN >> 10) as u64);
+                copy::copy_2d(dst, src, r, Submit::Queued)
+            } else {
+                copy::copy(dst, 0, src, 0, LEN as u64, Submit::Queued)
+            };
+            s2.launch(planned.unwrap().op).unwrap();
+            s2.synchronize(None).unwrap();
+            let got = y.to_vec::<u8>(0, LEN).unwrap();
+            let copied = got.iter().filter(|&&b| b == 0xAB).count();
+            assert_eq!(
+                copied, LEN,
+                "2-D: {two_d}: the staged copy carried {copied} bytes"
+            );
+            s1.synchronize(None).unwrap();
+        }
+    }
+}

@@ -187,8 +187,23 @@ fn holding(op: Arc<dyn Op>, keep: Option<KeepAlive>) -> Arc<dyn Op> {
 /// Copy `count` bytes of `src` at `src_off` into a staging buffer now: a block of the pinned
 /// cache up to [`STAGE_PINNED_MAX`] (as CUDA stages pageable memory through pinned buffers:
 /// after the first copy of a size the block is reused, so staging costs one memcpy and no
-/// page faults), else or when no pinned block can be mapped a vector.
-fn stage(src: &dyn HostMemory, src_off: u64, count: u64) -> Arc<dyn HostMemory> {
+/// page faults), else or when no pinned block can be mapped a vector. Memory with a tracker
+/// of its own (a `HostVec`) is read as a safe host access of it: after the queued ops that
+/// write it, holding it for reading.
+///
+/// # Errors
+/// Waiting for those ops was refused (`NotPermitted`, from a runtime thread).
+fn stage(src: &dyn HostMemory, src_off: u64, count: u64) -> Result<Arc<dyn HostMemory>> {
+    match src.tracker() {
+        Some(t) => AccessSet::default()
+            .with_host([(t, Access::Read)])
+            .host(|| stage_now(src, src_off, count)),
+        None => Ok(stage_now(src, src_off, count)),
+    }
+}
+
+/// [`stage`], reading `src` at once.
+fn stage_now(src: &dyn HostMemory, src_off: u64, count: u64) -> Arc<dyn HostMemory> {
     // SAFETY: the caller checked `[src_off, src_off + count)` against `src.len()`; `src` is
     // valid for reads of `len()` bytes while it lives (the `HostMemory` contract).
     let bytes =
@@ -236,7 +251,7 @@ pub fn h2d_async(
                 },
             ))
         }
-        None => h2d(dst, dst_off, stage(&*src, src_off, count), 0, count),
+        None => h2d(dst, dst_off, stage(&*src, src_off, count)?, 0, count),
     }
 }
 
@@ -593,7 +608,7 @@ pub fn h2d_2d_async(dst: &Buffer, src: Arc<dyn HostMemory>, rect: Rect) -> Resul
                 },
             ))
         }
-        None => h2d_2d(dst, stage(&*src, rect.src_off, span), rect.staged()),
+        None => h2d_2d(dst, stage(&*src, rect.src_off, span)?, rect.staged()),
     }
 }
 
