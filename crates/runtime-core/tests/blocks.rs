@@ -694,3 +694,92 @@ fn a_native_kernel_run_directly_takes_its_buffers_as_a_host_access_does() {
     runner.join().unwrap();
     assert_eq!(torn, 0, "{torn} of 50 host reads saw a half-written buffer");
 }
+
+/// Every block arrives and waits for block 0 to finish; block 0, once the test says the
+/// second stream's copy is queued, reads `y` (whose pending writer is that copy) with a safe
+/// `Buffer::read`, and records what it returned.
+struct ReadsWhileEveryWorkerIsBusy {
+    y: Buffer,
+    arrived: AtomicU32,
+    queued: std::sync::atomic::AtomicBool,
+    read: Mutex<Option<Result<Vec<u8>, String>>>,
+}
+
+impl Kernel for ReadsWhileEveryWorkerIsBusy {
+    fn name(&self) -> &str {
+        "test.reads_while_every_worker_is_busy"
+    }
+    fn check(&self, _: &[KernelArg]) -> Result<(), ArgError> {
+        Ok(())
+    }
+    fn run(&self, _: &Args, cx: &RunContext) -> Result<(), KernelFailure> {
+        let fail = |what: &str| KernelFailure::new(self.name(), what.to_string());
+        let until = Instant::now() + Duration::from_secs(30);
+        self.arrived.fetch_add(1, Ordering::SeqCst);
+        if cx.block_idx() == 0 {
+            while !self.queued.load(Ordering::SeqCst) {
+                if Instant::now() > until {
+                    return Err(fail("the copy was never queued"));
+                }
+                std::thread::yield_now();
+            }
+            let mut b = vec![0u8; 16];
+            let r = self.y.read(0, &mut b).map(|()| b);
+            *self.read.lock().unwrap() = Some(r.map_err(|e| e.to_string()));
+        } else {
+            while self.read.lock().unwrap().is_none() {
+                if Instant::now() > until {
+                    return Err(fail("block 0 never read"));
+                }
+                std::thread::yield_now();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A block's safe host read of a buffer whose pending writer is a built-in kernel queued on
+/// another stream, while every compute worker runs a block of the launch: the read runs that
+/// stream on the block's thread, and the kernel takes the launch's borrowed tensors there.
+/// It took the launch's host mutex a second time on the thread that held it, and the thread
+/// hung for good. The read now completes, with the copy's bytes.
+#[test]
+fn a_block_reading_a_buffer_runs_the_queued_kernel_that_writes_it() {
+    let rt = init();
+    let dev = rt.device(0).unwrap();
+    let workers = u32::try_from(dev.compute_info().compute_engines).unwrap();
+    let (x, y) = (alloc(0, 4096), alloc(0, 4096));
+    x.fill(0, 4096, 0x5A).unwrap();
+    let (s1, s2) = (stream(0), stream(0));
+    let tx = Tensor::new(x.clone(), 0, DType::F32, vec![1024]).unwrap();
+    let ty = Tensor::new(y.clone(), 0, DType::F32, vec![1024]).unwrap();
+    let k = Arc::new(ReadsWhileEveryWorkerIsBusy {
+        y: y.clone(),
+        arrived: AtomicU32::new(0),
+        queued: false.into(),
+        read: Mutex::new(None),
+    });
+    let args = vec![KernelArg::Tensor(tx.clone())];
+    kernel::launch_blocks(&s1, k.clone(), args, Some(workers)).unwrap();
+    // Not `synchronize`: a waiting thread would run a block and leave a worker free.
+    let until = Instant::now() + Duration::from_secs(30);
+    while k.arrived.load(Ordering::SeqCst) < workers {
+        assert!(Instant::now() < until, "the blocks never all ran at once");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let copy = kernel::find("copy").unwrap();
+    kernel::launch(
+        &s2,
+        copy,
+        vec![KernelArg::Tensor(ty), KernelArg::Tensor(tx)],
+    )
+    .unwrap();
+    k.queued.store(true, Ordering::SeqCst);
+    while !(s1.query().unwrap() && s2.query().unwrap()) {
+        assert!(Instant::now() < until, "the block's read hung");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    s1.synchronize(None).unwrap();
+    let read = k.read.lock().unwrap().take().expect("block 0 read");
+    assert_eq!(read.unwrap(), vec![0x5A; 16]);
+}

@@ -28,7 +28,9 @@
 //!   duration (`lend`, `Lending::enter`): it counts as a holder (never taking the locks
 //!   again, which would deadlock against the op that waits for it), and safe host accesses
 //!   of borrowed allocations take the launch's own mutex instead, so two blocks never copy
-//!   into the same bytes at once through safe calls.
+//!   into the same bytes at once through safe calls. An access nested in one that holds that
+//!   mutex on the same thread (a block's host read that runs a queued stream's kernel inline)
+//!   is covered by it and does not take it again.
 //!
 //! Host memory that stream ops use has a tracker too ([`HostTracker`]: a `HostVec`, a pinned
 //! block, a registered range), named in the copies' sets beside their device side, so two
@@ -331,7 +333,14 @@ impl AccessSet {
                     )));
                 }
                 if let (Some(lending), None) = (lent, &held.blocks) {
-                    // Borrowed by a block: the other blocks of the launch hold it too.
+                    // Borrowed by a block: the other blocks of the launch hold it too. An
+                    // access nested in one that holds the launch's mutex on this thread (an
+                    // op a block's host access ran inline) is covered by it: the mutex is not
+                    // re-entrant.
+                    let key = lending.launch;
+                    if HOST_MUTEXES.with(|m| m.borrow().contains(&key)) {
+                        continue;
+                    }
                     let guard = match wait {
                         Wait::Block => lending.host.lock_arc(),
                         Wait::No => lending.host.try_lock_arc().ok_or_else(|| {
@@ -342,7 +351,8 @@ impl AccessSet {
                             ))
                         })?,
                     };
-                    held.blocks = Some(guard);
+                    HOST_MUTEXES.with(|m| m.borrow_mut().push(key));
+                    held.blocks = Some((guard, key));
                 }
                 continue;
             }
@@ -418,8 +428,9 @@ enum Guard {
 /// Locks taken by [`AccessSet::acquire`]; released (in reverse order) when dropped.
 pub(crate) struct Held {
     guards: Vec<(u64, Guard)>,
-    /// The launch's mutex, when some of the allocations are borrowed by a block.
-    blocks: Option<parking_lot::ArcMutexGuard<parking_lot::RawMutex, ()>>,
+    /// The launch's mutex, when some of the allocations are borrowed by a block, and its
+    /// key in [`HOST_MUTEXES`].
+    blocks: Option<(parking_lot::ArcMutexGuard<parking_lot::RawMutex, ()>, u64)>,
 }
 
 impl Drop for Held {
@@ -433,7 +444,15 @@ impl Drop for Held {
                 }
             });
         }
-        self.blocks = None;
+        if let Some((guard, key)) = self.blocks.take() {
+            drop(guard);
+            HOST_MUTEXES.with(|m| {
+                let mut m = m.borrow_mut();
+                if let Some(i) = m.iter().rposition(|&k| k == key) {
+                    m.remove(i);
+                }
+            });
+        }
     }
 }
 
@@ -446,6 +465,10 @@ struct HeldEntry {
 }
 
 thread_local! {
+    /// The launches (by their never-reused ids, `Lending::launch`) whose host mutex this
+    /// thread holds, innermost last.
+    static HOST_MUTEXES: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+
     /// The allocations this thread holds (the op it runs, or its host access, or the
     /// holdings a block borrowed), in the order taken.
     static HELD: RefCell<Vec<HeldEntry>> = const { RefCell::new(Vec::new()) };
