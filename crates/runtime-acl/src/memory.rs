@@ -702,7 +702,13 @@ pub unsafe fn memset(
         Side::Host(mem, off) => {
             writable(name, "devPtr", &mem)?;
             let addr = mem.as_mut_ptr().expect("checked writable") as usize + off as usize;
-            let op = FnOp::shared("aclrtMemset(host)", OpKind::Copy, move || {
+            // Named as a write of the host memory's tracker, as the core's copies name it,
+            // so a copy queued into the same block on another stream takes turns with it.
+            let uses = match copy::host_tracker(&*mem, off, count) {
+                Some(t) => AccessSet::default().with_host([(&t, Access::Write)]),
+                None => AccessSet::default(),
+            };
+            let op = FnOp::with_accesses("aclrtMemset(host)", OpKind::Copy, uses, move || {
                 let _keep = &mem;
                 hostmem::fill(addr, byte, count as usize)
                     .map_err(|e| KernelFailure::new("aclrtMemset", e.to_string()))

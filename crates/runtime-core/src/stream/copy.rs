@@ -72,8 +72,10 @@ pub unsafe trait HostMemory: Send + Sync {
 }
 
 /// The tracker of bytes `[off, off + count)` of `mem` (see [`HostMemory`]): its own, or that
-/// of the pinned block or registered range holding them; `None` for an empty range.
-fn host_tracker(mem: &dyn HostMemory, off: u64, count: u64) -> Option<HostTracker> {
+/// of the pinned block or registered range holding them; `None` for an empty range. Every
+/// op this module builds names it; an op built elsewhere that touches host memory should
+/// too (the ACL face's host memset does).
+pub fn host_tracker(mem: &dyn HostMemory, off: u64, count: u64) -> Option<HostTracker> {
     if count == 0 {
         return None;
     }
