@@ -17,9 +17,10 @@ fn a_host_memset_and_a_copy_into_the_same_block_take_turns() {
     let dev = memory::malloc(LEN, DeviceKind::Malloc).unwrap();
     let s1 = state::stream("t", state::create_stream(0).unwrap()).unwrap();
     let s2 = state::stream("t", state::create_stream(0).unwrap()).unwrap();
-    // SAFETY (every call below): `Foreign::Refuse` touches only memory in the ACL table.
+    // SAFETY: `Foreign::Refuse` touches only memory in the ACL table.
     unsafe { memory::memset(dev, LEN, 0x55, LEN, None, Foreign::Refuse).unwrap() };
     for round in 0..20 {
+        // SAFETY: as above.
         unsafe {
             memory::memset(host, LEN, 0x00, LEN, None, Foreign::Refuse).unwrap();
             memory::memset(host, LEN, 0xAA, LEN, Some(&s1), Foreign::Refuse).unwrap();
