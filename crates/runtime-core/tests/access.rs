@@ -20,47 +20,13 @@ use runtime_core::Error;
 
 const LEN: usize = 1 << 20;
 
-/// Writes byte `value` over its tensor in two halves with a pause between them: a reader
-/// that does not wait for it sees a half-written buffer.
-struct Halves;
-
-impl Kernel for Halves {
-    fn name(&self) -> &str {
-        "test_halves"
-    }
-    fn check(&self, args: &[KernelArg]) -> Result<(), ArgError> {
-        match args {
-            [KernelArg::Tensor(_), KernelArg::Int(_)] => Ok(()),
-            _ => Err(ArgError::new("args", "tensor, value")),
-        }
-    }
-    fn run(&self, args: &Args, _: &RunContext) -> Result<(), KernelFailure> {
-        let (KernelArg::Tensor(t), KernelArg::Int(v)) = (&args[0], &args[1]) else {
-            unreachable!("checked")
-        };
-        let half = t.nbytes() / 2;
-        let fill = |off: u64| {
-            t.buffer()
-                .write(t.offset() + off, &vec![*v as u8; half as usize])
-                .map_err(|e| KernelFailure::new("test_halves", e.to_string()))
-        };
-        fill(0)?;
-        std::thread::sleep(std::time::Duration::from_micros(200));
-        fill(half)
-    }
-}
-
-fn uniform(bytes: &[u8]) -> bool {
-    bytes.iter().all(|&b| b == bytes[0])
-}
-
 #[test]
 fn a_read_waits_for_the_kernel_queued_on_the_buffer() {
     let rt = common::init();
     let d = rt.device(0).unwrap();
     let s = Stream::new(d, 0).unwrap();
     let b = d.memory().allocate(LEN as u64).unwrap();
-    let k: Arc<dyn Kernel> = Arc::new(Halves);
+    let k: Arc<dyn Kernel> = Arc::new(common::Halves);
     let mut back = vec![0u8; LEN];
     for round in 1..=200u8 {
         let t = Tensor::new(b.clone(), 0, DType::U8, vec![LEN]).unwrap();
@@ -72,7 +38,7 @@ fn a_read_waits_for_the_kernel_queued_on_the_buffer() {
         .unwrap();
         b.read(0, &mut back).unwrap();
         assert!(
-            uniform(&back) && back[0] == round,
+            common::uniform(&back) && back[0] == round,
             "round {round}: read before the queued kernel finished ({} then {})",
             back[0],
             back[LEN - 1]
@@ -97,7 +63,7 @@ fn a_write_waits_for_the_kernels_reading_the_buffer() {
         src.write(0, &vec![0; LEN]).unwrap();
         dst.read(0, &mut back).unwrap();
         assert!(
-            uniform(&back) && back[0] == round,
+            common::uniform(&back) && back[0] == round,
             "round {round}: {}",
             back[0]
         );
@@ -122,7 +88,7 @@ fn host_threads_writing_and_reading_one_buffer_never_tear() {
     let mut back = vec![0u8; LEN];
     for i in 0..100 {
         b.read(0, &mut back).unwrap();
-        assert!(uniform(&back), "read {i} was torn");
+        assert!(common::uniform(&back), "read {i} was torn");
     }
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap();
@@ -136,7 +102,7 @@ fn two_streams_writing_one_buffer_take_turns() {
     let d = rt.device(0).unwrap();
     let (s1, s2) = (Stream::new(d, 0).unwrap(), Stream::new(d, 0).unwrap());
     let b = d.memory().allocate(LEN as u64).unwrap();
-    let k: Arc<dyn Kernel> = Arc::new(Halves);
+    let k: Arc<dyn Kernel> = Arc::new(common::Halves);
     let mut back = vec![0u8; LEN];
     for round in 0..50i64 {
         for (s, v) in [(&s1, 2 * round + 1), (&s2, 2 * round + 2)] {
@@ -147,7 +113,7 @@ fn two_streams_writing_one_buffer_take_turns() {
         s2.synchronize(None).unwrap();
         b.read(0, &mut back).unwrap();
         assert!(
-            uniform(&back),
+            common::uniform(&back),
             "round {round}: two kernels interleaved their halves"
         );
     }

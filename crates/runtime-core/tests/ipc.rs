@@ -4,13 +4,19 @@
 //! exactly the block; stale, forged and malformed handles are refused; imported memory is
 //! accounted apart from the allocator; the exporter exiting leaves the importer's view intact.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+mod common;
+
+use std::io::{BufRead, BufReader, Lines, Write};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use runtime_core::config::Options;
 use runtime_core::error::{DeviceError, Error, MemoryError};
-use runtime_core::memory::{ipc, DeviceMemory};
+use runtime_core::kernel::{self, DType, Kernel, KernelArg, Tensor};
+use runtime_core::memory::allocator::{Allocator, Block};
+use runtime_core::memory::{ipc, Buffer, DeviceMemory};
+use runtime_core::stream::Stream;
 
 const MIB: u64 = 1 << 20;
 
@@ -161,7 +167,7 @@ fn child_process_entry() {
         // Export a buffer, tell the parent, check the parent's write, then exit first.
         let a = m.allocate(3 * MIB).unwrap();
         a.write(0, &pattern(3 * MIB as usize, 3)).unwrap();
-        println!("HANDLE {}", hex(&a.ipc_handle().unwrap()));
+        println!("HANDLE={}", hex(&a.ipc_handle().unwrap()));
         std::io::stdout().flush().unwrap();
         lines.next().unwrap().unwrap(); // parent wrote
         let mut got = [0u8; 4];
@@ -170,10 +176,40 @@ fn child_process_entry() {
         std::io::stdout().flush().unwrap();
         std::process::exit(0);
     }
+    if mode == "overlap" {
+        // Export two blocks of a plugged allocator (at 0 and 2 MiB of one 4 MiB buffer) and
+        // the buffer itself: three handles over overlapping bytes. Exit when told.
+        let backing = m.allocate(4 * MIB).unwrap();
+        m.set_allocator(Some(Arc::new(Slices {
+            backing: backing.clone(),
+            next: AtomicU64::new(0),
+        })));
+        let (a, c) = (m.malloc(MIB).unwrap(), m.malloc(MIB).unwrap());
+        assert!(a.overlaps(0, MIB, &backing, 0, MIB) && c.overlaps(0, MIB, &backing, 2 * MIB, MIB));
+        for (tag, b) in [("A", &a), ("C", &c), ("BACKING", &backing)] {
+            println!("{tag}={}", hex(&b.ipc_handle().unwrap()));
+        }
+        std::io::stdout().flush().unwrap();
+        lines.next().unwrap().unwrap();
+        std::process::exit(0);
+    }
 }
 
-#[test]
-fn another_process_exports_and_the_import_survives_its_exit() {
+/// A plugged allocator handing out consecutive 2 MiB-aligned ranges of one buffer.
+struct Slices {
+    backing: Buffer,
+    next: AtomicU64,
+}
+
+impl Allocator for Slices {
+    fn allocate(&self, _: &Arc<DeviceMemory>, size: u64) -> runtime_core::Result<Block> {
+        let at = self.next.fetch_add(2 * MIB, Ordering::Relaxed);
+        Ok(Block::new(self.backing.view(at, size)?))
+    }
+    fn free(&self, _: Block) {}
+}
+
+fn spawn_child(mode: &str) -> (Child, Lines<BufReader<ChildStdout>>) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -181,19 +217,96 @@ fn another_process_exports_and_the_import_survives_its_exit() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env("RUNTIME_IPC_TEST_CHILD", "export")
+        .env("RUNTIME_IPC_TEST_CHILD", mode)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
-    let handle = loop {
+    let out = BufReader::new(child.stdout.take().unwrap()).lines();
+    (child, out)
+}
+
+/// The hex after `tag=` on the child's next line that has it (libtest prints the test's
+/// name on the same line as the first).
+fn expect_handle(out: &mut Lines<BufReader<ChildStdout>>, tag: &str) -> Vec<u8> {
+    loop {
         let line = out.next().expect("child output").unwrap();
-        // libtest prints the test's name on the same line.
-        if let Some(i) = line.find("HANDLE ") {
-            break unhex(line[i + 7..].trim());
+        if let Some(i) = line.find(&format!("{tag}=")) {
+            break unhex(line[i + tag.len() + 1..].trim());
         }
-    };
+    }
+}
+
+/// Imports of overlapping blocks of one exporter take turns as one buffer would: a read
+/// through one waits for a kernel queued on the other. (Before, each import had its own
+/// tracker: the first read of a plugged block's import, made right after queuing a kernel
+/// that writes the import of the buffer it is part of, saw none of the kernel's bytes.) An
+/// import that would join two imports with different trackers is refused, and opens once one
+/// of them is dropped.
+#[test]
+fn imports_of_overlapping_blocks_take_turns() {
+    let rt = common::init();
+    let d = rt.device(0).unwrap();
+    let s = Stream::new(d, 0).unwrap();
+    let (mut child, mut out) = spawn_child("overlap");
+    let (ha, hc, hb) = (
+        expect_handle(&mut out, "A"),
+        expect_handle(&mut out, "C"),
+        expect_handle(&mut out, "BACKING"),
+    );
+    let m = d.memory();
+    let (c, backing) = (
+        m.open_ipc_handle(&hc).unwrap(),
+        m.open_ipc_handle(&hb).unwrap(),
+    );
+    assert!(c.is_imported() && backing.is_imported() && !c.same_allocation(&backing));
+    assert!(c.overlaps(0, MIB, &backing, 2 * MIB, MIB));
+    let k: Arc<dyn Kernel> = Arc::new(common::Halves);
+    let mut back = vec![0u8; MIB as usize];
+    for round in 1..=100u8 {
+        let t = Tensor::new(backing.clone(), 2 * MIB, DType::U8, vec![MIB as usize]).unwrap();
+        kernel::launch(
+            &s,
+            k.clone(),
+            vec![KernelArg::Tensor(t), KernelArg::Int(round.into())],
+        )
+        .unwrap();
+        c.read(0, &mut back).unwrap();
+        assert!(
+            common::uniform(&back) && back[0] == round,
+            "round {round}: read through one import before the kernel on the other finished \
+             ({} then {})",
+            back[0],
+            back[MIB as usize - 1]
+        );
+    }
+    // A overlaps the backing buffer's import only: it joins that tracker.
+    let a = m.open_ipc_handle(&ha).unwrap();
+    drop(backing);
+    // A and C are open with one tracker; with the backing's import gone, a new one joins it.
+    let backing = m.open_ipc_handle(&hb).unwrap();
+    drop((a, c, backing));
+    // A and C opened apart have two trackers: the buffer over both is refused until one goes.
+    let (a, c) = (
+        m.open_ipc_handle(&ha).unwrap(),
+        m.open_ipc_handle(&hc).unwrap(),
+    );
+    let e = m.open_ipc_handle(&hb).unwrap_err();
+    assert!(
+        is_invalid_handle(&e) && e.to_string().contains("overlap two blocks"),
+        "{e}"
+    );
+    drop(c);
+    let backing = m.open_ipc_handle(&hb).unwrap();
+    assert!(backing.overlaps(0, MIB, &a, 0, MIB));
+    writeln!(child.stdin.as_mut().unwrap(), "done").unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn another_process_exports_and_the_import_survives_its_exit() {
+    let (mut child, mut out) = spawn_child("export");
+    let handle = expect_handle(&mut out, "HANDLE");
     let m = memory(1);
     let before = m.stats();
     let b = m.open_ipc_handle(&handle).unwrap();

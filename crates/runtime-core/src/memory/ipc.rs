@@ -49,9 +49,15 @@ static NEXT_IMPORT_ID: AtomicU64 = AtomicU64::new(1 << 48);
 
 /// The allocations of this process that other handles may name, by the memory they are (the
 /// file's nonce and the block's offset in it): blocks this process exported, and blocks it
-/// imported. Opening a handle whose block is here returns that allocation, so one process
-/// never holds two allocations over the same memory (an alias would have its own lock, and
-/// its own idea of which bytes overlap).
+/// imported. Opening a handle this process has open already returns that allocation.
+///
+/// Two handles can name overlapping bytes of one exporter's memory under different offsets:
+/// a plugged allocator's block and the buffer it is a range of are both exportable, and an
+/// import can outlive its exporter's buffer while a later export reuses part of its bytes.
+/// Such imports are separate allocations but share one tracker (as the exporter's plugged
+/// blocks share their buffer's), so their ops and host accesses take turns: two trackers
+/// over the same bytes would let a write through one import tear a read through the other.
+/// An import that would overlap imports with two different trackers is refused.
 static OPEN: OpenTable = crate::sync::StaticMutex::new(Vec::new());
 
 /// Note `alloc` as the allocation of the memory `key` (dropping entries whose allocation is
@@ -62,18 +68,48 @@ fn note_open(key: (u64, u64), alloc: &Arc<Allocation>) {
     open.push((key, Arc::downgrade(alloc)));
 }
 
-/// The live allocation of the memory `key`, if this process has one.
-fn find_open(key: (u64, u64)) -> Option<Arc<Allocation>> {
-    find_in(&OPEN.lock(), key)
+/// The live allocation of the memory `key` that was exported or imported as `handle`, if
+/// this process has one.
+fn find_open(key: (u64, u64), handle: &[u8]) -> Option<Arc<Allocation>> {
+    find_in(&OPEN.lock(), key, handle)
 }
 
 fn find_in(
     open: &[((u64, u64), std::sync::Weak<Allocation>)],
     key: (u64, u64),
+    handle: &[u8],
 ) -> Option<Arc<Allocation>> {
     open.iter()
         .filter(|(k, _)| *k == key)
-        .find_map(|(_, a)| live(a))
+        .filter_map(|(_, a)| live(a))
+        .find(|a| was_opened_as(a, handle))
+}
+
+/// The tracker a new import of `len` bytes at `key` shares: the one of the live allocations
+/// over any of those bytes, a new one when there are none; `None` when they have two.
+fn tracker_for(
+    open: &[((u64, u64), std::sync::Weak<Allocation>)],
+    key: (u64, u64),
+    len: u64,
+) -> Option<Arc<super::access::Tracker>> {
+    let (file, start) = key;
+    let end = start.saturating_add(len);
+    let mut shared: Option<Arc<super::access::Tracker>> = None;
+    for a in open
+        .iter()
+        .filter(|(k, _)| k.0 == file)
+        .filter_map(|(_, a)| live(a))
+    {
+        let (_, at) = a.memory();
+        if at < end && start < at.saturating_add(a.size) {
+            match &shared {
+                Some(t) if !Arc::ptr_eq(t, &a.tracker) => return None,
+                Some(_) => {}
+                None => shared = Some(a.tracker.clone()),
+            }
+        }
+    }
+    Some(shared.unwrap_or_else(super::access::Tracker::new))
 }
 
 /// The allocation behind `a`, unless it is gone or its runtime was shut down: a buffer the
@@ -455,7 +491,7 @@ pub(super) fn open_ipc_handle(mem: &Arc<DeviceMemory>, handle: &[u8]) -> Result<
         // This process's own memory: the exported allocation itself, or nothing. Mapping
         // the file again would alias whatever lives there now (after a free, a new
         // allocation that must read zero).
-        return match find_open(key).filter(|a| was_opened_as(a, handle)) {
+        return match find_open(key, handle) {
             Some(alloc) => Ok(opened(alloc)?),
             None => Err(invalid(
                 "it names a block of this process's memory that is no longer exported \
@@ -509,18 +545,9 @@ pub(super) fn open_ipc_handle(mem: &Arc<DeviceMemory>, handle: &[u8]) -> Result<
             field(0)
         )));
     }
-    if let Some(alloc) = find_open(key) {
-        // Open here already: the same allocation (one lock, one idea of overlap).
-        return if was_opened_as(&alloc, handle) {
-            opened(alloc)
-        } else {
-            Err(invalid(format!(
-                "this process still holds an import of the block at offset {} of process \
-                 {}'s memory from an earlier export of it (freed by its exporter since); \
-                 drop that buffer first",
-                h.offset, h.pid
-            )))
-        };
+    if let Some(alloc) = find_open(key, handle) {
+        // Open here already: the same allocation.
+        return opened(alloc);
     }
     let start = h.offset / PAGE * PAGE;
     let end = h
@@ -540,30 +567,44 @@ pub(super) fn open_ipc_handle(mem: &Arc<DeviceMemory>, handle: &[u8]) -> Result<
         file_nonce: h.file_nonce,
         file_offset: h.offset,
     };
-    let alloc = Arc::new(Allocation {
-        mem: mem.clone(),
-        place: Place::Imported(imported),
-        size: h.len,
-        block: 0,
-        id: NEXT_IMPORT_ID.fetch_add(1, Ordering::Relaxed),
-        recorded: crate::sync::lock::Mutex::new(Vec::new()),
-        export: std::sync::OnceLock::new(),
-        tracker: super::access::Tracker::new(),
-    });
-    // Two threads opening the same block at once: the first noted wins, the other's
-    // mapping is dropped unused.
-    let alloc = {
-        let mut open = OPEN.lock();
-        let key = (h.file_nonce, h.offset);
-        match find_in(&open, key) {
-            Some(first) => first,
-            None => {
+    // Under the table's lock, so two threads opening overlapping blocks at once agree on
+    // one tracker; two threads opening the same handle: the first noted wins, the other's
+    // mapping is dropped unused (after the lock is released).
+    let mut open = OPEN.lock();
+    let chosen = match find_in(&open, key, handle) {
+        Some(first) => Ok(first),
+        None => match tracker_for(&open, key, h.len) {
+            Some(tracker) => {
+                let alloc = Arc::new(Allocation {
+                    mem: mem.clone(),
+                    place: Place::Imported(imported),
+                    size: h.len,
+                    block: 0,
+                    id: NEXT_IMPORT_ID.fetch_add(1, Ordering::Relaxed),
+                    recorded: crate::sync::lock::Mutex::new(Vec::new()),
+                    export: std::sync::OnceLock::new(),
+                    tracker,
+                });
                 open.retain(|(_, a)| live(a).is_some());
                 open.push((key, Arc::downgrade(&alloc)));
-                alloc
+                return Ok(Buffer {
+                    alloc,
+                    offset: 0,
+                    len: h.len,
+                });
             }
-        }
+            None => Err(imported),
+        },
     };
+    drop(open);
+    let alloc = chosen.map_err(|imported| {
+        drop(imported);
+        invalid(format!(
+            "its {} bytes at offset {} of process {}'s memory overlap two blocks this \
+             process imported separately from it; drop one of those buffers first",
+            h.len, h.offset, h.pid
+        ))
+    })?;
     Ok(Buffer {
         alloc,
         offset: 0,

@@ -5,6 +5,8 @@
 use std::sync::Arc;
 
 use runtime_core::config::ConfigBuilder;
+use runtime_core::error::{ArgError, KernelFailure};
+use runtime_core::kernel::{Args, Kernel, KernelArg, RunContext};
 use runtime_core::runtime::{self, Runtime};
 
 /// The settings most test binaries share: 2 devices of 256 MiB.
@@ -51,4 +53,39 @@ impl Rng {
         let (lo, hi) = ((min as f64).ln(), (max as f64).ln());
         ((lo + u * (hi - lo)).exp() as u64).clamp(min, max)
     }
+}
+
+/// Writes byte `value` over its tensor in two halves with a pause between them: a reader
+/// that does not wait for it sees a half-written buffer.
+pub struct Halves;
+
+impl Kernel for Halves {
+    fn name(&self) -> &str {
+        "test_halves"
+    }
+    fn check(&self, args: &[KernelArg]) -> Result<(), ArgError> {
+        match args {
+            [KernelArg::Tensor(_), KernelArg::Int(_)] => Ok(()),
+            _ => Err(ArgError::new("args", "tensor, value")),
+        }
+    }
+    fn run(&self, args: &Args, _: &RunContext) -> Result<(), KernelFailure> {
+        let (KernelArg::Tensor(t), KernelArg::Int(v)) = (&args[0], &args[1]) else {
+            unreachable!("checked")
+        };
+        let half = t.nbytes() / 2;
+        let fill = |off: u64| {
+            t.buffer()
+                .write(t.offset() + off, &vec![*v as u8; half as usize])
+                .map_err(|e| KernelFailure::new("test_halves", e.to_string()))
+        };
+        fill(0)?;
+        std::thread::sleep(std::time::Duration::from_micros(200));
+        fill(half)
+    }
+}
+
+/// Whether every byte equals the first.
+pub fn uniform(bytes: &[u8]) -> bool {
+    bytes.iter().all(|&b| b == bytes[0])
 }
