@@ -650,12 +650,30 @@ pub unsafe fn memcpy(
                 writable(name, "dst", m)?;
             }
             let (to, from) = (addr(&d), addr(&s));
+            // Pinned blocks and registered ranges have trackers: the copy waits for the
+            // stream copies queued into (or out of) them and holds them meanwhile, as a
+            // safe host access of a device buffer does. The caller's own memory has none.
+            let tracker = |side: &Side| match side {
+                Side::Host(m, off) => copy::host_tracker(&**m, *off, count),
+                _ => None,
+            };
+            let (dt, st) = (tracker(&d), tracker(&s));
+            let uses = AccessSet::default().with_host(
+                [
+                    dt.as_ref().map(|t| (t, Access::Write)),
+                    st.as_ref().map(|t| (t, Access::Read)),
+                ]
+                .into_iter()
+                .flatten(),
+            );
             // Registered ranges stay alive while `d` and `s` hold them.
-            hostmem::copy(to, from, count as usize).map_err(|e| {
-                AclError::param(format!(
-                    "{name}: {count} bytes from {from:#x} to {to:#x}: host memory the runtime does not know is not accessible: {e}"
-                ))
-            })
+            uses.host(|| hostmem::copy(to, from, count as usize))
+                .map_err(core)?
+                .map_err(|e| {
+                    AclError::param(format!(
+                        "{name}: {count} bytes from {from:#x} to {to:#x}: host memory the runtime does not know is not accessible: {e}"
+                    ))
+                })
         }
     }
 }

@@ -402,8 +402,15 @@ impl AccessSet {
     }
 
     /// Run `f` as a safe host access of these allocations: after the queued work it must
-    /// follow, holding their locks.
-    pub(crate) fn host<R>(&self, f: impl FnOnce() -> R) -> Result<R> {
+    /// follow, holding their locks (what [`Buffer::read`] does for one buffer; for callers
+    /// that copy host memory with trackers themselves, such as the ACL face's blocking
+    /// host-to-host copy).
+    ///
+    /// # Errors
+    /// As [`Buffer::read`]'s wait: a wait a runtime thread may not make is refused
+    /// (`NotPermitted`); a lock taken out of order that does not come within
+    /// [`OUT_OF_ORDER_WAIT`] is refused.
+    pub fn host<R>(&self, f: impl FnOnce() -> R) -> Result<R> {
         self.wait_pending()?;
         let _held = self.acquire()?;
         Ok(f())
