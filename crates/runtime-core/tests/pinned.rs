@@ -222,6 +222,20 @@ fn registered_ranges_are_found_refused_twice_and_held_by_their_users() {
     assert!(pinned::unregister(p).is_err());
     let empty: pinned::KeepAlive = mem.clone();
     assert!(pinned::register(p, 0, empty).is_err());
+    // A range with any byte of a pinned block is refused, not only one starting in it: one
+    // memory has one tracker. (Registration touches no byte, so the range before the block
+    // need not be mapped.)
+    let block = pinned::allocate(8192).unwrap();
+    let base = block.as_ptr();
+    for (at, len) in [(0, 16), (4096, 8192), (-4096, 8192), (-4096, 1 << 20)] {
+        let keep: pinned::KeepAlive = mem.clone();
+        let e = pinned::register(base.wrapping_offset(at), len, keep).unwrap_err();
+        assert!(
+            e.to_string().contains("overlaps the pinned block"),
+            "{at}: {e}"
+        );
+    }
+    drop(block);
     // Only `mem` and this test's handle are left: the registry let go of its clone.
     assert_eq!(Arc::strong_count(&mem), 1);
 }

@@ -337,6 +337,19 @@ pub fn find(ptr: *const u8, len: usize) -> Option<PinnedBuffer> {
     inside.then_some(PinnedBuffer(b))
 }
 
+/// The pinned block (its base and mapped length) with a byte in `[start, end)`, if any.
+fn block_overlapping(start: usize, end: usize) -> Option<(usize, usize)> {
+    let pool = POOL.lock();
+    // Blocks are disjoint: the last one starting before `end` is the only candidate.
+    let b = pool.live.range(..end).next_back()?.1.upgrade();
+    // Dropped after the lock: the last clone's drop takes the pool's lock.
+    drop(pool);
+    let b = b?;
+    let base = b.base() as usize;
+    let mapped = b.mapping.as_ref().map_or(0, |m| m.len);
+    (base + mapped > start).then_some((base, mapped))
+}
+
 /// What keeps registered memory valid while it is registered (and while queued copies use
 /// it).
 pub type KeepAlive = Arc<dyn std::any::Any + Send + Sync>;
@@ -375,10 +388,16 @@ pub fn register(ptr: *const u8, len: usize, keep: KeepAlive) -> Result<()> {
             "its range overflows the address space",
         ));
     };
-    if find(ptr, 1).is_some() {
+    // Any byte of a pinned block: one memory has one tracker, and copies would find the
+    // block's for ranges inside it and the registration's for ranges reaching past it.
+    if let Some((base, blen)) = block_overlapping(start, end) {
         return Err(crate::error::arg_error(
             "arr",
-            format!("{start:#x} is pinned memory already (malloc_host)"),
+            format!(
+                "[{start:#x}, {end:#x}) overlaps the pinned block [{base:#x}, {:#x}) \
+                 (malloc_host), which is pinned memory already",
+                base + blen
+            ),
         ));
     }
     let mut reg = REGISTERED.lock();
