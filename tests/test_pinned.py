@@ -572,6 +572,10 @@ def test_register_misuse_is_refused_and_changes_nothing():
     with pytest.raises(ValueError, match="malloc_host"):
         runtime.host_register(p)
     runtime.free_host(p)
+    # A numpy view of device memory: the buffer's own tracker orders it, not a registration.
+    d = runtime.to_device(np.ones(64, np.uint8))
+    with pytest.raises(ValueError, match="overlaps device memory"):
+        runtime.host_register(np.asarray(d))
     with pytest.raises(ValueError, match="C-contiguous"):
         runtime.host_register(np.ones((4, 4))[:, ::2])
     with pytest.raises(TypeError, match="arr"):

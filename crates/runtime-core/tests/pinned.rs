@@ -236,6 +236,12 @@ fn registered_ranges_are_found_refused_twice_and_held_by_their_users() {
         );
     }
     drop(block);
+    // Device memory has its allocations' trackers: it is not registered either.
+    let rt = common::init();
+    let buf = rt.device(0).unwrap().memory().allocate(8192).unwrap();
+    let keep: pinned::KeepAlive = mem.clone();
+    let e = pinned::register(buf.as_ptr().wrapping_add(4096), 16, keep).unwrap_err();
+    assert!(e.to_string().contains("overlaps device memory"), "{e}");
     // Only `mem` and this test's handle are left: the registry let go of its clone.
     assert_eq!(Arc::strong_count(&mem), 1);
 }

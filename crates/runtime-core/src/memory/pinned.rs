@@ -373,7 +373,8 @@ static REGISTERED: crate::sync::StaticMutex<BTreeMap<usize, Registration>> =
 ///
 /// # Errors
 /// `ArgError` (argument `arr`) for an empty range, one that overlaps a registered range
-/// (registering twice), or memory of this allocator's own pinned blocks (`malloc_host`).
+/// (registering twice), memory of this allocator's own pinned blocks (`malloc_host`), or
+/// device memory: one memory has one tracker.
 pub fn register(ptr: *const u8, len: usize, keep: KeepAlive) -> Result<()> {
     let start = ptr as usize;
     if len == 0 {
@@ -397,6 +398,17 @@ pub fn register(ptr: *const u8, len: usize, keep: KeepAlive) -> Result<()> {
                 "[{start:#x}, {end:#x}) overlaps the pinned block [{base:#x}, {:#x}) \
                  (malloc_host), which is pinned memory already",
                 base + blen
+            ),
+        ));
+    }
+    // Device memory has its allocations' trackers (and `cudaHostRegister` refuses it too).
+    if let Some((base, mlen)) = super::host::mapping_overlapping(start, len) {
+        return Err(crate::error::arg_error(
+            "arr",
+            format!(
+                "[{start:#x}, {end:#x}) overlaps device memory [{base:#x}, {:#x}); only host \
+                 memory is registered",
+                base + mlen
             ),
         ));
     }
