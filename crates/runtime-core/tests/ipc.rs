@@ -8,14 +8,16 @@ mod common;
 
 use std::io::{BufRead, BufReader, Lines, Write};
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use runtime_core::config::Options;
 use runtime_core::error::{DeviceError, Error, MemoryError};
 use runtime_core::kernel::{self, DType, Kernel, KernelArg, Tensor};
+use runtime_core::memory::access::Access;
 use runtime_core::memory::allocator::{Allocator, Block};
 use runtime_core::memory::{ipc, Buffer, DeviceMemory};
+use runtime_core::runtime;
 use runtime_core::stream::Stream;
 
 const MIB: u64 = 1 << 20;
@@ -193,6 +195,45 @@ fn child_process_entry() {
         lines.next().unwrap().unwrap();
         std::process::exit(0);
     }
+    if mode == "import-across-shutdown" {
+        // Hold the import's lock for a host access across a shutdown and a new `init`, then
+        // import the block again and write it: the write waits for that access.
+        let h = unhex(&std::env::var("RUNTIME_IPC_HANDLE").unwrap());
+        let old = common::init()
+            .device(0)
+            .unwrap()
+            .memory()
+            .open_ipc_handle(&h)
+            .unwrap();
+        let started = Arc::new(AtomicBool::new(false));
+        let released = Arc::new(AtomicBool::new(false));
+        let (st, rel) = (started.clone(), released.clone());
+        let holder = std::thread::spawn(move || {
+            old.access(Access::Write)
+                .host(|| {
+                    st.store(true, Ordering::SeqCst);
+                    std::thread::sleep(std::time::Duration::from_millis(300));
+                    rel.store(true, Ordering::SeqCst);
+                })
+                .unwrap();
+        });
+        while !started.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        runtime::shutdown().unwrap();
+        let new = common::init()
+            .device(0)
+            .unwrap()
+            .memory()
+            .open_ipc_handle(&h)
+            .unwrap();
+        new.fill(0, 4096, 7).unwrap();
+        let waited = released.load(Ordering::SeqCst);
+        holder.join().unwrap();
+        println!("WAITED={waited}");
+        std::io::stdout().flush().unwrap();
+        std::process::exit(0);
+    }
 }
 
 /// A plugged allocator handing out consecutive 2 MiB-aligned ranges of one buffer.
@@ -349,4 +390,36 @@ fn another_process_exports_and_the_import_survives_its_exit() {
     // A new import of the dead process's handle is refused.
     let e = m.open_ipc_handle(&handle).unwrap_err();
     assert!(e.to_string().contains("has exited"), "{e}");
+}
+
+/// An import the program still holds from before a shutdown and a new `init` shares its
+/// tracker with a new import of the same block: a host copy through the old one may still be
+/// running (a shutdown drains the streams, not host threads), and a write through the new one
+/// waits for it. (Before, the old import no longer counted once its runtime was shut down: the
+/// new import had a lock of its own and its write did not wait, and a read through it tore
+/// against a 512 MiB write through the old one in 1 of 5 rounds.) Run in a child importer,
+/// since it shuts down its runtime.
+#[test]
+fn an_import_from_before_a_shutdown_takes_turns_with_a_new_import_of_its_block() {
+    let (mut exporter, mut out) = spawn_child("overlap");
+    let backing = expect_handle(&mut out, "BACKING");
+    let importer = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_process_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("RUNTIME_IPC_TEST_CHILD", "import-across-shutdown")
+        .env("RUNTIME_IPC_HANDLE", hex(&backing))
+        .output()
+        .unwrap();
+    writeln!(exporter.stdin.as_mut().unwrap(), "done").unwrap();
+    assert!(exporter.wait().unwrap().success());
+    let text = String::from_utf8_lossy(&importer.stdout);
+    assert!(importer.status.success(), "importer failed: {text}");
+    assert!(
+        text.contains("WAITED=true"),
+        "the new import's write did not wait for the old import's host access: {text}"
+    );
 }

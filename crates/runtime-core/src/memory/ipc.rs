@@ -61,10 +61,11 @@ static NEXT_IMPORT_ID: AtomicU64 = AtomicU64::new(1 << 48);
 static OPEN: OpenTable = crate::sync::StaticMutex::new(Vec::new());
 
 /// Note `alloc` as the allocation of the memory `key` (dropping entries whose allocation is
-/// gone, or belongs to a runtime that was shut down).
+/// gone; those of a runtime shut down stay while the program holds them, for
+/// [`tracker_for`]).
 fn note_open(key: (u64, u64), alloc: &Arc<Allocation>) {
     let mut open = OPEN.lock();
-    open.retain(|(_, a)| live(a).is_some());
+    open.retain(|(_, a)| a.strong_count() > 0);
     open.push((key, Arc::downgrade(alloc)));
 }
 
@@ -85,8 +86,11 @@ fn find_in(
         .find(|a| was_opened_as(a, handle))
 }
 
-/// The tracker a new import of `len` bytes at `key` shares: the one of the live allocations
-/// over any of those bytes, a new one when there are none; `None` when they have two.
+/// The tracker a new import of `len` bytes at `key` shares: the one of the allocations over
+/// any of those bytes, a new one when there are none; `None` when they have two. Every
+/// allocation the program still holds counts, one of a runtime shut down since included: a
+/// host copy through it may still be running (a shutdown drains the streams, not the host
+/// threads), and the new import must take turns with it.
 fn tracker_for(
     open: &[((u64, u64), std::sync::Weak<Allocation>)],
     key: (u64, u64),
@@ -98,7 +102,7 @@ fn tracker_for(
     for a in open
         .iter()
         .filter(|(k, _)| k.0 == file)
-        .filter_map(|(_, a)| live(a))
+        .filter_map(|(_, a)| a.upgrade())
     {
         let (_, at) = a.memory();
         if at < end && start < at.saturating_add(a.size) {
@@ -585,7 +589,7 @@ pub(super) fn open_ipc_handle(mem: &Arc<DeviceMemory>, handle: &[u8]) -> Result<
                     export: std::sync::OnceLock::new(),
                     tracker,
                 });
-                open.retain(|(_, a)| live(a).is_some());
+                open.retain(|(_, a)| a.strong_count() > 0);
                 open.push((key, Arc::downgrade(&alloc)));
                 return Ok(Buffer {
                     alloc,
