@@ -31,7 +31,9 @@ use std::time::{Duration, Instant};
 use crate::error::{ArgError, DeviceError, Result};
 use crate::event::{Event, EventInner, EventOptions, Shared};
 use crate::memory::host::{shared_file, Arena, PAGE};
-use crate::memory::ipc::{process_alive, process_start_time, HandleFields};
+use crate::memory::ipc::{
+    claim_event_page, is_event_page, process_alive, process_start_time, HandleFields,
+};
 
 /// Length of an event handle in bytes.
 pub const EVENT_HANDLE_LEN: usize = 48;
@@ -90,6 +92,8 @@ impl Proc {
 /// The shared page of one event, as mapped in this process.
 struct Page {
     page: Arena,
+    /// Keeps the page noted as an event page (`memory::ipc::claim_event_page`) while it lives.
+    _claim: Arc<dyn std::any::Any + Send + Sync>,
 }
 
 impl Page {
@@ -311,6 +315,9 @@ pub fn create(options: EventOptions) -> Result<Event> {
     let (_, offset) = page
         .file_range()
         .expect("a fresh arena is in the memory file");
+    let claim: Arc<dyn std::any::Any + Send + Sync> = Arc::new(());
+    // A fresh arena: nothing of this process's memory table can be over it.
+    claim_event_page(file.nonce(), offset, &claim).map_err(invalid)?;
     let nonce = crate::memory::host::random_u64() | 1;
     page.atomic_u64(NONCE).store(nonce, Ordering::SeqCst);
     let me = Proc::me();
@@ -326,7 +333,14 @@ pub fn create(options: EventOptions) -> Result<Event> {
     debug_assert_eq!(h.len(), EVENT_HANDLE_LEN);
     Ok(attach(
         Event::with_options(options),
-        Participant::new(Page { page }, None, Some(h)),
+        Participant::new(
+            Page {
+                page,
+                _claim: claim,
+            },
+            None,
+            Some(h),
+        ),
     ))
 }
 
@@ -393,11 +407,28 @@ pub fn open(handle: &[u8]) -> Result<Event> {
     let name = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or_default();
-    if !name.starts_with("/memfd:runtime-mem-") || !offset.is_multiple_of(PAGE) {
+    let file_nonce = name
+        .strip_prefix("/memfd:runtime-mem-")
+        .and_then(|rest| rest.get(..16))
+        .and_then(|hex| u64::from_str_radix(hex, 16).ok());
+    let Some(file_nonce) = file_nonce.filter(|_| offset.is_multiple_of(PAGE)) else {
         return Err(invalid(format!(
             "descriptor {fd} of process {pid} is not runtime memory (forged or stale handle)"
         )));
+    };
+    // The page is read and written with atomics from here on: it must be an event page and
+    // nothing else of this process's memory (a device buffer copied under its lock).
+    if crate::memory::host::own_file_nonce() == Some(file_nonce)
+        && !is_event_page(file_nonce, offset)
+    {
+        return Err(invalid(format!(
+            "it names memory of this process at offset {offset} that is no event (forged or \
+             stale handle)"
+        )));
     }
+    let claim: Arc<dyn std::any::Any + Send + Sync> = Arc::new(());
+    claim_event_page(file_nonce, offset, &claim)
+        .map_err(|why| invalid(format!("{why} (forged handle)")))?;
     let page = Arena::map_file(&file, offset, PAGE)
         .map_err(|e| invalid(format!("cannot map the event page: {e}")))?;
     if page.atomic_u64(NONCE).load(Ordering::SeqCst) != nonce {
@@ -407,7 +438,14 @@ pub fn open(handle: &[u8]) -> Result<Event> {
     }
     Ok(attach(
         Event::with_options(EventOptions::without_timing()),
-        Participant::new(Page { page }, Some(exporter), None),
+        Participant::new(
+            Page {
+                page,
+                _claim: claim,
+            },
+            Some(exporter),
+            None,
+        ),
     ))
 }
 
@@ -525,6 +563,7 @@ mod tests {
         Link {
             page: Page {
                 page: Arena::map(PAGE).expect("a page of the memory file"),
+                _claim: Arc::new(()),
             },
             exporter: Some(exporter),
             dead: AtomicBool::new(false),

@@ -195,6 +195,12 @@ fn child_process_entry() {
             lines.next();
             std::thread::sleep(Duration::from_secs(600));
         }
+        // Export a zero-filled device buffer; exit when told.
+        "export_memory" => {
+            let buf = dev.memory().allocate(4 << 20).unwrap();
+            say(format!("MEMORY {}", hex(&buf.ipc_handle().unwrap())));
+            lines.next();
+        }
         other => panic!("unknown child mode {other}"),
     }
 }
@@ -329,4 +335,56 @@ fn an_exporter_killed_and_not_yet_reaped_is_dead() {
     let e = ipc_event::open(&h).unwrap_err();
     assert!(e.to_string().contains("has exited"), "{e}");
     child.wait().unwrap();
+}
+
+/// An event handle forged from a memory handle (same process, descriptor and page; nonce 0,
+/// what a zeroed buffer holds).
+fn event_handle_over(memory_handle: &[u8]) -> Vec<u8> {
+    let mut h = Vec::with_capacity(ipc_event::EVENT_HANDLE_LEN);
+    h.extend_from_slice(b"RTIPCEVT");
+    h.extend_from_slice(&2u32.to_le_bytes());
+    h.extend_from_slice(&memory_handle[12..28]); // pid, start time, descriptor
+    h.extend_from_slice(&0u32.to_le_bytes());
+    h.extend_from_slice(&memory_handle[48..56]); // the block's offset in the file
+    h.extend_from_slice(&0u64.to_le_bytes());
+    h
+}
+
+/// An event page is written with atomics and a device buffer with plain copies under its
+/// lock, so one process never has the two over the same bytes: an event handle naming this
+/// process's own memory that is no event is refused, and so is one naming memory it imported
+/// from another process, and a memory import over an event page it has open. (Before, a
+/// handle forged from a buffer's own memory handle opened: records on the event wrote the
+/// buffer's bytes while a kernel held it for writing, 88 bytes changing under its lock.)
+#[test]
+fn an_event_handle_over_device_memory_is_refused() {
+    let rt = common::init();
+    let mem = rt.device(0).unwrap().memory();
+    let own = mem.allocate(4 << 20).unwrap();
+    let e = ipc_event::open(&event_handle_over(&own.ipc_handle().unwrap())).unwrap_err();
+    assert!(
+        is_invalid_handle(&e) && e.to_string().contains("no event"),
+        "{e}"
+    );
+    // Another process's memory: refused while imported here; once an event is open over it,
+    // the memory import is refused.
+    let (mut child, mut out) = spawn_child("export_memory");
+    let handle = unhex(&expect_line(&mut out, "MEMORY "));
+    let imported = mem.open_ipc_handle(&handle).unwrap();
+    let e = ipc_event::open(&event_handle_over(&handle)).unwrap_err();
+    assert!(
+        is_invalid_handle(&e) && e.to_string().contains("overlaps device memory"),
+        "{e}"
+    );
+    drop(imported);
+    let ev = ipc_event::open(&event_handle_over(&handle)).unwrap();
+    let e = mem.open_ipc_handle(&handle).unwrap_err();
+    assert!(
+        is_invalid_handle(&e) && e.to_string().contains("event page"),
+        "{e}"
+    );
+    drop(ev);
+    assert!(mem.open_ipc_handle(&handle).is_ok());
+    send(&mut child, "done");
+    assert!(child.wait().unwrap().success());
 }

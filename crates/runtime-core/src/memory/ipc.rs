@@ -128,10 +128,75 @@ type OpenTable = crate::sync::StaticMutex<Vec<((u64, u64), std::sync::Weak<Alloc
 
 static OPEN_FORK: crate::sync::ForkGuarded<OpenTable> = crate::sync::ForkGuarded::new(|| &OPEN);
 
+/// The interprocess event pages this process has open (its own events' and those it opened
+/// from handles), by the memory they are, each while its owner lives. An event page is
+/// written with atomics, an allocation's bytes with plain copies under its lock: the two must
+/// never be the same bytes, so an event handle naming memory that this process has imported
+/// (or its own memory that is no event) is refused, and so is a memory import over an open
+/// event page. Locked after [`OPEN`], never before.
+static EVENT_PAGES: EventTable = crate::sync::StaticMutex::new(Vec::new());
+
+type EventTable =
+    crate::sync::StaticMutex<Vec<((u64, u64), std::sync::Weak<dyn std::any::Any + Send + Sync>)>>;
+
+static EVENT_PAGES_FORK: crate::sync::ForkGuarded<EventTable> =
+    crate::sync::ForkGuarded::new(|| &EVENT_PAGES);
+
+/// Note the event page at `offset` of the memory file `file` as open while `owner` lives,
+/// unless a live allocation of this process's memory table overlaps it.
+///
+/// # Errors
+/// What overlaps it, for the caller's message.
+pub(crate) fn claim_event_page(
+    file: u64,
+    offset: u64,
+    owner: &Arc<dyn std::any::Any + Send + Sync>,
+) -> std::result::Result<(), String> {
+    let open = OPEN.lock();
+    let end = offset + PAGE;
+    let overlapping = open
+        .iter()
+        .filter(|(k, _)| k.0 == file)
+        .filter_map(|(_, a)| a.upgrade())
+        .find(|a| {
+            let at = a.memory().1;
+            at < end && offset < at.saturating_add(a.size)
+        });
+    if let Some(a) = overlapping {
+        return Err(format!(
+            "its page overlaps device memory this process holds (DeviceBuffer#{}, {} bytes)",
+            a.id, a.size
+        ));
+    }
+    let mut pages = EVENT_PAGES.lock();
+    pages.retain(|(_, o)| o.strong_count() > 0);
+    pages.push(((file, offset), Arc::downgrade(owner)));
+    Ok(())
+}
+
+/// Whether this process has an event page open at `offset` of the memory file `file`.
+pub(crate) fn is_event_page(file: u64, offset: u64) -> bool {
+    EVENT_PAGES
+        .lock()
+        .iter()
+        .any(|(k, o)| *k == (file, offset) && o.strong_count() > 0)
+}
+
+/// Whether an open event page lies in `[start, start + len)` of the memory file `file`
+/// (called with [`OPEN`] held).
+fn event_page_in(file: u64, start: u64, len: u64) -> bool {
+    let end = start.saturating_add(len);
+    EVENT_PAGES
+        .lock()
+        .iter()
+        .any(|((f, at), o)| *f == file && *at < end && start < at + PAGE && o.strong_count() > 0)
+}
+
 /// Around `fork()`: hold the table's lock so no other thread is inside it when the process
 /// is copied; released by [`after_fork`].
 pub(crate) fn before_fork(wait: std::time::Duration) {
     OPEN_FORK.before_fork(wait);
+    EVENT_PAGES_FORK.before_fork(wait);
     IMPORTED_FORK.before_fork(wait);
 }
 
@@ -139,9 +204,11 @@ pub(crate) fn before_fork(wait: std::time::Duration) {
 /// child's entries are the parent's allocations, which it refuses anyway: it forgets them.
 pub(crate) fn after_fork(child: bool) {
     IMPORTED_FORK.after_fork(child);
+    EVENT_PAGES_FORK.after_fork(child);
     OPEN_FORK.after_fork(child);
     if child {
         std::mem::forget(std::mem::take(&mut *OPEN.lock()));
+        std::mem::forget(std::mem::take(&mut *EVENT_PAGES.lock()));
     }
 }
 
@@ -577,6 +644,10 @@ pub(super) fn open_ipc_handle(mem: &Arc<DeviceMemory>, handle: &[u8]) -> Result<
     let mut open = OPEN.lock();
     let chosen = match find_in(&open, key, handle) {
         Some(first) => Ok(first),
+        None if event_page_in(h.file_nonce, h.offset, h.len) => Err((
+            imported,
+            "overlap an interprocess event page this process has open (forged handle)",
+        )),
         None => match tracker_for(&open, key, h.len) {
             Some(tracker) => {
                 let alloc = Arc::new(Allocation {
@@ -597,15 +668,18 @@ pub(super) fn open_ipc_handle(mem: &Arc<DeviceMemory>, handle: &[u8]) -> Result<
                     len: h.len,
                 });
             }
-            None => Err(imported),
+            None => Err((
+                imported,
+                "overlap two blocks this process imported separately from it; drop one of \
+                 those buffers first",
+            )),
         },
     };
     drop(open);
-    let alloc = chosen.map_err(|imported| {
+    let alloc = chosen.map_err(|(imported, why)| {
         drop(imported);
         invalid(format!(
-            "its {} bytes at offset {} of process {}'s memory overlap two blocks this \
-             process imported separately from it; drop one of those buffers first",
+            "its {} bytes at offset {} of process {}'s memory {why}",
             h.len, h.offset, h.pid
         ))
     })?;
