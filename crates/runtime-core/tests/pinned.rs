@@ -225,6 +225,8 @@ fn registered_ranges_are_found_refused_twice_and_held_by_their_users() {
     // A range with any byte of a pinned block is refused, not only one starting in it: one
     // memory has one tracker. (Registration touches no byte, so the range before the block
     // need not be mapped.)
+    // Pinned statistics are process-wide: allocate under the tests' lock.
+    let _g = lock();
     let block = pinned::allocate(8192).unwrap();
     let base = block.as_ptr();
     for (at, len) in [(0, 16), (4096, 8192), (-4096, 8192), (-4096, 1 << 20)] {
