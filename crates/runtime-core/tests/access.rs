@@ -26,16 +26,9 @@ fn a_read_waits_for_the_kernel_queued_on_the_buffer() {
     let d = rt.device(0).unwrap();
     let s = Stream::new(d, 0).unwrap();
     let b = d.memory().allocate(LEN as u64).unwrap();
-    let k: Arc<dyn Kernel> = Arc::new(common::Halves);
     let mut back = vec![0u8; LEN];
     for round in 1..=200u8 {
-        let t = Tensor::new(b.clone(), 0, DType::U8, vec![LEN]).unwrap();
-        kernel::launch(
-            &s,
-            k.clone(),
-            vec![KernelArg::Tensor(t), KernelArg::Int(round.into())],
-        )
-        .unwrap();
+        common::launch_halves(&s, &b, 0, LEN, round.into());
         b.read(0, &mut back).unwrap();
         assert!(
             common::uniform(&back) && back[0] == round,
@@ -102,12 +95,10 @@ fn two_streams_writing_one_buffer_take_turns() {
     let d = rt.device(0).unwrap();
     let (s1, s2) = (Stream::new(d, 0).unwrap(), Stream::new(d, 0).unwrap());
     let b = d.memory().allocate(LEN as u64).unwrap();
-    let k: Arc<dyn Kernel> = Arc::new(common::Halves);
     let mut back = vec![0u8; LEN];
     for round in 0..50i64 {
         for (s, v) in [(&s1, 2 * round + 1), (&s2, 2 * round + 2)] {
-            let t = Tensor::new(b.clone(), 0, DType::U8, vec![LEN]).unwrap();
-            kernel::launch(s, k.clone(), vec![KernelArg::Tensor(t), KernelArg::Int(v)]).unwrap();
+            common::launch_halves(s, &b, 0, LEN, v);
         }
         s1.synchronize(None).unwrap();
         s2.synchronize(None).unwrap();

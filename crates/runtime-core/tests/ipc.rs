@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use runtime_core::config::Options;
 use runtime_core::error::{DeviceError, Error, MemoryError};
-use runtime_core::kernel::{self, DType, Kernel, KernelArg, Tensor};
 use runtime_core::memory::access::Access;
 use runtime_core::memory::allocator::{Allocator, Block};
 use runtime_core::memory::{ipc, Buffer, DeviceMemory};
@@ -302,16 +301,9 @@ fn imports_of_overlapping_blocks_take_turns() {
     );
     assert!(c.is_imported() && backing.is_imported() && !c.same_allocation(&backing));
     assert!(c.overlaps(0, MIB, &backing, 2 * MIB, MIB));
-    let k: Arc<dyn Kernel> = Arc::new(common::Halves);
     let mut back = vec![0u8; MIB as usize];
     for round in 1..=100u8 {
-        let t = Tensor::new(backing.clone(), 2 * MIB, DType::U8, vec![MIB as usize]).unwrap();
-        kernel::launch(
-            &s,
-            k.clone(),
-            vec![KernelArg::Tensor(t), KernelArg::Int(round.into())],
-        )
-        .unwrap();
+        common::launch_halves(&s, &backing, 2 * MIB, MIB as usize, round.into());
         c.read(0, &mut back).unwrap();
         assert!(
             common::uniform(&back) && back[0] == round,

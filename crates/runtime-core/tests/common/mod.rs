@@ -6,8 +6,10 @@ use std::sync::Arc;
 
 use runtime_core::config::ConfigBuilder;
 use runtime_core::error::{ArgError, KernelFailure};
-use runtime_core::kernel::{Args, Kernel, KernelArg, RunContext};
+use runtime_core::kernel::{Args, DType, Kernel, KernelArg, RunContext, Tensor};
+use runtime_core::memory::Buffer;
 use runtime_core::runtime::{self, Runtime};
+use runtime_core::stream::Stream;
 
 /// The settings most test binaries share: 2 devices of 256 MiB.
 pub fn settings() -> ConfigBuilder {
@@ -83,6 +85,17 @@ impl Kernel for Halves {
         std::thread::sleep(std::time::Duration::from_micros(200));
         fill(half)
     }
+}
+
+/// Queue [`Halves`] on `s`, writing byte `value` over `len` bytes of `buf` from `offset`.
+pub fn launch_halves(s: &Stream, buf: &Buffer, offset: u64, len: usize, value: i64) {
+    let t = Tensor::new(buf.clone(), offset, DType::U8, vec![len]).unwrap();
+    runtime_core::kernel::launch(
+        s,
+        Arc::new(Halves),
+        vec![KernelArg::Tensor(t), KernelArg::Int(value)],
+    )
+    .unwrap();
 }
 
 /// Whether every byte equals the first.
