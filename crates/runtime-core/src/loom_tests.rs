@@ -50,6 +50,34 @@ fn loom_two_waiters_and_a_late_submit() {
     });
 }
 
+/// Sleepers for different targets: the completer wakes them only at the lowest target
+/// (`wake_at`), and the one still short of its own target must lower it again before it
+/// sleeps, also when a second completer's reset erased it meanwhile.
+#[test]
+fn loom_waiters_for_different_targets_are_each_woken() {
+    loom::model(|| {
+        let c = Arc::new(Completion::new());
+        let first = c.submit();
+        let second = c.submit();
+        let near = {
+            let c = c.clone();
+            thread::spawn(move || assert!(c.wait(first, None)))
+        };
+        let completers: Vec<_> = (0..2)
+            .map(|_| {
+                let c = c.clone();
+                thread::spawn(move || c.complete_one())
+            })
+            .collect();
+        assert!(c.wait(second, None));
+        near.join().unwrap();
+        for t in completers {
+            t.join().unwrap();
+        }
+        assert_eq!(c.completed(), 2);
+    });
+}
+
 #[test]
 fn loom_gate_parked_waiter_is_released_exactly_once() {
     loom::model(|| {

@@ -1,10 +1,12 @@
 //! Completion tracking of a stream: two counters and a sleeping-waiter protocol.
 //!
 //! `submit` bumps `submitted` before a command is queued; the runner bumps `completed` after
-//! it ran. A waiter for `target` spins briefly, then announces itself in `waiters` and sleeps
-//! on the condvar; a completer notifies (under the lock) only when `waiters` is non-zero.
-//! Both sides use sequentially consistent operations, so either the completer sees the
-//! waiter or the waiter sees the new count: no wake-up is lost (checked by the loom model in
+//! it ran. A waiter for `target` spins briefly, then lowers `wake_at` to its target (under
+//! the lock) and sleeps on the condvar; a completer notifies (under the lock) only once
+//! `completed` reaches `wake_at`, the lowest target anyone sleeps for, and resets it, and the
+//! waiters it woke that still have to wait lower it again before they sleep. Both sides use
+//! sequentially consistent operations, so either the completer sees the waiter's target or
+//! the waiter sees the new count: no wake-up is lost (checked by the loom models in
 //! `loom_tests`). Idle streams are answered from the counters alone.
 //!
 //! It also keeps where the last submitter and the last runner ran (CPU numbers): a spinning
@@ -29,7 +31,14 @@ pub(crate) struct Completion {
     /// and forth between the submitter's core and the runner's.
     submit: super::command::CacheLine<Submitted>,
     completed: AtomicU64,
+    /// Threads asleep (or about to sleep) in [`Completion::wait_helping`].
     waiters: AtomicUsize,
+    /// The lowest target a sleeping waiter waits for (`u64::MAX`: none). A completer wakes
+    /// the sleepers once `completed` reaches it, not after every command: a thread asleep in
+    /// `synchronize` behind a backlog of thousands of small commands cost the runner a
+    /// futex wake-up per command (and itself a wake-up and a sleep), 0.4 system calls per
+    /// launch of a three-buffer `add` in a launch loop.
+    wake_at: AtomicU64,
     /// Waiters spinning now (before they sleep): they can run blocks of a launch meanwhile.
     spinning: std::sync::atomic::AtomicU32,
     lock: Mutex<()>,
@@ -54,6 +63,7 @@ impl Completion {
             }),
             completed: AtomicU64::new(0),
             waiters: AtomicUsize::new(0),
+            wake_at: AtomicU64::new(u64::MAX),
             spinning: std::sync::atomic::AtomicU32::new(0),
             lock: Mutex::new(()),
             cv: Condvar::new(),
@@ -114,14 +124,19 @@ impl Completion {
         self.completed() >= self.submitted()
     }
 
-    /// Count one completed command and wake sleeping waiters, if any.
+    /// Count one completed command and wake the sleeping waiters once it reaches the lowest
+    /// target one of them waits for.
     pub(crate) fn complete_one(&self) {
-        self.completed.fetch_add(1, Ordering::SeqCst);
-        // A read-modify-write, not a load: it reads the latest `waiters` in modification
-        // order and synchronises with the waiter's increment, so the protocol is correct with
+        let completed = self.completed.fetch_add(1, Ordering::SeqCst) + 1;
+        // A read-modify-write, not a load: it reads the latest `wake_at` in modification
+        // order and synchronises with the waiter's update, so the protocol is correct with
         // acquire/release alone (which is also all that loom models of SeqCst).
-        if self.waiters.fetch_add(0, Ordering::SeqCst) > 0 {
+        if self.wake_at.fetch_add(0, Ordering::SeqCst) <= completed {
             let _g = self.lock.lock();
+            // Every sleeper wakes and, unless its target is reached, lowers `wake_at` again
+            // (under this lock, so after this reset): a target another completer's reset
+            // erased meanwhile is set again by its waiter, which that reset's notify woke.
+            self.wake_at.store(u64::MAX, Ordering::SeqCst);
             self.cv.notify_all();
         }
     }
@@ -160,6 +175,9 @@ impl Completion {
         self.waiters.fetch_add(1, Ordering::SeqCst);
         let mut g = self.lock.lock();
         let ok = loop {
+            // Before the check, under the lock: a completer that counts `target` after the
+            // check sees it here, and notifies only once this thread waits on the condvar.
+            self.wake_at.fetch_min(target, Ordering::SeqCst);
             if self.reached(target) {
                 break true;
             }
