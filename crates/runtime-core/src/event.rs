@@ -699,7 +699,12 @@ impl Event {
     /// Whether the latest record has completed (true if never recorded).
     pub fn query(&self) -> Result<bool> {
         self.check()?;
-        Ok(self.0.gate.latest() >= self.0.recorded())
+        let target = self.0.recorded();
+        if self.0.shared.get().is_some() {
+            // Taking up another process's record can find the shared event unusable.
+            self.check()?;
+        }
+        Ok(self.0.gate.latest() >= target)
     }
 
     /// Whether the event was ever recorded.

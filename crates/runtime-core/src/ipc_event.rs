@@ -23,6 +23,18 @@
 //! an opened event reports it (`InvalidHandle`) on every later use; when the process that made
 //! a pending record died, the record is completed and waits for it report that
 //! (`InvalidHandle`, on streams as their error), so nothing waits forever.
+//!
+//! Who made a record: a ring entry (one word: the number and a slot of the page's table of
+//! recording processes) names it until a record `RING_LEN` later takes the entry; an entry is
+//! never set back to an older record. A record the ring no longer names is abandoned once
+//! every other process of the table that took it or a later number died (a later record
+//! completing completes it too). Any process that maps the memory file can write the page: a
+//! latest record that no take can have left (beyond the numbers taken, over an older ring
+//! entry, named by a slot that took no such number, or taken by no process of the table) is
+//! not taken up, and the event reports its page inconsistent (`InvalidHandle`) on every later
+//! use, so no wait (and no stream a shutdown drains) waits for a number no process took. An
+//! event made or opened before a `fork()` is refused in the child, as every inherited handle
+//! is: the child has no watcher for the records it took up, and no claim on the page.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -39,19 +51,34 @@ use crate::memory::ipc::{
 pub const EVENT_HANDLE_LEN: usize = 48;
 
 const MAGIC: &[u8; 8] = b"RTIPCEVT";
-/// Version 2: records of every process share the page's sequence.
-const VERSION: u32 = 2;
+/// Version 3: ring entries name a slot of the page's table of recording processes.
+const VERSION: u32 = 3;
 /// Page layout: nonce, latest record published, highest completed record, record numbers
-/// taken, then the ring of recent records (number, recording pid, its start time).
+/// taken, the highest record taken by a process that found no free slot in the table; then
+/// the ring of recent records (one word each: the number and the slot of its recorder), then
+/// the table of processes that recorded (pid and state, start time, highest record taken).
 const NONCE: u64 = 0;
 const RECORDED: u64 = 8;
 const COMPLETED: u64 = 16;
 const TICKETS: u64 = 24;
+const UNNAMED: u64 = 32;
 const RING: u64 = 64;
-/// Records named in the ring (the recorder of an older record is found by elimination).
+/// Records named in the ring (an older record's entry holds a later one; its recorder is then
+/// one of the table's processes that took a number at least as high).
 pub(crate) const RING_LEN: u64 = 128;
-const ENTRY: u64 = 24;
-const _: () = assert!(RING + RING_LEN * ENTRY <= PAGE);
+const PROCS: u64 = RING + RING_LEN * 8;
+const PROC: u64 = 24;
+/// Processes in the table (a dead one's slot is taken over when no slot is free).
+const PROC_SLOTS: u64 = (PAGE - PROCS) / PROC;
+/// A ring entry: the record number in its low bits, 1 + its recorder's slot (0: none) above.
+const NUMBER_BITS: u32 = 56;
+const NUMBER: u64 = (1 << NUMBER_BITS) - 1;
+/// A table slot's state word: the pid in its low half, the state above (0: free).
+const READY: u64 = 1 << 32;
+const CLAIMING: u64 = 2 << 32;
+const _: () = assert!(PROC_SLOTS >= 64 && PROC_SLOTS < (1 << (64 - NUMBER_BITS)) - 1);
+/// The stores of one take (see [`Page::take_steps`]).
+const TAKE_STEPS: usize = 5;
 
 fn invalid(why: impl Into<String>) -> crate::error::Error {
     DeviceError::InvalidHandle {
@@ -92,11 +119,22 @@ impl Proc {
 /// The shared page of one event, as mapped in this process.
 struct Page {
     page: Arena,
+    /// This process's slot in the page's table: its pid above, 1 + the slot below (0: none
+    /// found yet).
+    slot: AtomicU64,
     /// Keeps the page noted as an event page (`memory::ipc::claim_event_page`) while it lives.
     _claim: Arc<dyn std::any::Any + Send + Sync>,
 }
 
 impl Page {
+    fn new(page: Arena, claim: Arc<dyn std::any::Any + Send + Sync>) -> Page {
+        Page {
+            page,
+            slot: AtomicU64::new(0),
+            _claim: claim,
+        }
+    }
+
     fn at(&self, offset: u64) -> &AtomicU64 {
         self.page.atomic_u64(offset)
     }
@@ -109,43 +147,198 @@ impl Page {
         self.at(COMPLETED).load(Ordering::SeqCst)
     }
 
-    /// Take the next record number for a record `by` makes: name the recorder in the ring,
-    /// then publish the number as the latest.
+    fn entry(&self, n: u64) -> &AtomicU64 {
+        self.at(RING + (n % RING_LEN) * 8)
+    }
+
+    /// Slot `i` of the table: its state word, its process's start time, its highest record.
+    fn state(&self, i: u64) -> &AtomicU64 {
+        self.at(PROCS + i * PROC)
+    }
+
+    fn start_time(&self, i: u64) -> &AtomicU64 {
+        self.at(PROCS + i * PROC + 8)
+    }
+
+    fn taken(&self, i: u64) -> &AtomicU64 {
+        self.at(PROCS + i * PROC + 16)
+    }
+
+    /// The process holding slot `i`, if one holds it (not while one takes it over).
+    fn owner(&self, i: u64) -> Option<Proc> {
+        let s = self.state(i).load(Ordering::SeqCst);
+        if s & !0xFFFF_FFFF != READY {
+            return None;
+        }
+        let start_time = self.start_time(i).load(Ordering::SeqCst);
+        (self.state(i).load(Ordering::SeqCst) == s).then_some(Proc {
+            pid: s as u32,
+            start_time,
+        })
+    }
+
+    /// The slot of `me` in the table: found, or a free one taken, or a dead process's taken
+    /// over (its highest record stays: a later record of `me` is higher anyway). `None` when
+    /// every slot is held by a live process.
+    fn slot_of(&self, me: Proc) -> Option<u64> {
+        let cached = self.slot.load(Ordering::Relaxed);
+        if cached >> 32 == u64::from(me.pid) && cached & 0xFFFF_FFFF != 0 {
+            return Some((cached & 0xFFFF_FFFF) - 1);
+        }
+        let held = READY | u64::from(me.pid);
+        let take = |i: u64, from: u64| {
+            let claiming = CLAIMING | u64::from(me.pid);
+            if self
+                .state(i)
+                .compare_exchange(from, claiming, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+            {
+                return false;
+            }
+            self.start_time(i).store(me.start_time, Ordering::SeqCst);
+            self.state(i).store(held, Ordering::SeqCst);
+            true
+        };
+        let found = (0..PROC_SLOTS)
+            .find(|&i| self.owner(i) == Some(me))
+            .or_else(|| (0..PROC_SLOTS).find(|&i| take(i, 0)))
+            .or_else(|| {
+                (0..PROC_SLOTS).find(|&i| {
+                    let s = self.state(i).load(Ordering::SeqCst);
+                    self.owner(i).is_some_and(|p| !p.alive()) && take(i, s)
+                })
+            })?;
+        self.slot
+            .store((u64::from(me.pid) << 32) | (found + 1), Ordering::Relaxed);
+        Some(found)
+    }
+
+    /// Take the next record number for a record `by` makes: note it as `by`'s highest, name
+    /// `by` in the ring, then publish the number as the latest.
     fn take(&self, by: Proc) -> u64 {
+        self.take_steps(by, TAKE_STEPS)
+    }
+
+    /// The first `steps` of the [`TAKE_STEPS`] stores of [`Page::take`] (tests stop a take
+    /// part way, as a process killed or paused there does).
+    fn take_steps(&self, by: Proc, steps: usize) -> u64 {
+        let slot = if steps > 0 { self.slot_of(by) } else { None };
+        if steps < 2 {
+            return 0;
+        }
         let n = self.at(TICKETS).fetch_add(1, Ordering::SeqCst) + 1;
-        let e = RING + (n % RING_LEN) * ENTRY;
-        self.at(e + 8).store(u64::from(by.pid), Ordering::SeqCst);
-        self.at(e + 16).store(by.start_time, Ordering::SeqCst);
-        self.at(e).store(n, Ordering::SeqCst);
-        self.at(RECORDED).fetch_max(n, Ordering::SeqCst);
+        if steps > 2 {
+            let highest = slot.map_or(self.at(UNNAMED), |i| self.taken(i));
+            highest.fetch_max(n, Ordering::SeqCst);
+        }
+        if steps > 3 {
+            // Never over a later record's entry: a take delayed past RING_LEN later ones.
+            let entry = (slot.map_or(0, |i| i + 1) << NUMBER_BITS) | (n & NUMBER);
+            let _ = self
+                .entry(n)
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |e| {
+                    (e & NUMBER < n).then_some(entry)
+                });
+        }
+        if steps > 4 {
+            self.at(RECORDED).fetch_max(n, Ordering::SeqCst);
+        }
         n
     }
 
-    /// Who made record `n`, if the ring still names it.
-    fn recorder(&self, n: u64) -> Option<Proc> {
-        let e = RING + (n % RING_LEN) * ENTRY;
-        if self.at(e).load(Ordering::SeqCst) != n {
-            return None;
+    /// Who made record `n`, the latest published: `Ok(Some)` the process the ring names,
+    /// `Ok(None)` when the ring no longer names it (a later record took its entry, its
+    /// recorder found no slot, or a dead recorder's slot is being taken over). Read before
+    /// the tickets counter, which no take publishes a record or an entry ahead of.
+    ///
+    /// # Errors
+    /// Why the page cannot be what takes made of it, for the caller's message.
+    fn maker(&self, n: u64) -> std::result::Result<Option<Proc>, String> {
+        let e = self.entry(n).load(Ordering::SeqCst);
+        let (number, who) = (e & NUMBER, e >> NUMBER_BITS);
+        let tickets = self.at(TICKETS).load(Ordering::SeqCst);
+        let i = n % RING_LEN;
+        if number > n && number % RING_LEN == i && number <= tickets {
+            return Ok(None);
         }
-        let p = Proc {
-            pid: self.at(e + 8).load(Ordering::SeqCst) as u32,
-            start_time: self.at(e + 16).load(Ordering::SeqCst),
-        };
-        (self.at(e).load(Ordering::SeqCst) == n).then_some(p)
+        if number != n {
+            return Err(format!(
+                "ring entry {i} holds record {number}, not record {n} or a later one of that \
+                 entry (record numbers taken: {tickets})"
+            ));
+        }
+        if who == 0 {
+            return Ok(None);
+        }
+        let slot = who - 1;
+        if slot >= PROC_SLOTS || self.state(slot).load(Ordering::SeqCst) == 0 {
+            return Err(format!(
+                "ring entry {i} names record {n} as made by process slot {slot}, which no \
+                 process took"
+            ));
+        }
+        let highest = self.taken(slot).load(Ordering::SeqCst);
+        if highest < n {
+            return Err(format!(
+                "ring entry {i} names record {n} as made by process slot {slot}, whose highest \
+                 record is {highest}"
+            ));
+        }
+        Ok(self.owner(slot))
     }
 
-    /// Every process the ring names.
-    fn recorders(&self) -> Vec<Proc> {
-        let mut all = Vec::new();
-        for i in 0..RING_LEN {
-            let n = self.at(RING + i * ENTRY).load(Ordering::SeqCst);
-            if let Some(p) = (n != 0).then(|| self.recorder(n)).flatten() {
-                if !all.contains(&p) {
-                    all.push(p);
-                }
+    /// The latest record published and who made it (see [`Page::maker`]); `(0, None)` when
+    /// none was.
+    ///
+    /// # Errors
+    /// Why the page cannot be what takes made of it: a number beyond those taken, or one no
+    /// process of the table took.
+    fn latest(&self) -> std::result::Result<(u64, Option<Proc>), String> {
+        let mut tries = 0;
+        loop {
+            let n = self.recorded();
+            if n == 0 {
+                return Ok((0, None));
             }
+            let completed = self.completed();
+            let maker = self.maker(n);
+            let tickets = self.at(TICKETS).load(Ordering::SeqCst);
+            if n > tickets || completed > tickets {
+                return Err(format!(
+                    "record {} is published as the {}, but only {tickets} record numbers were \
+                     taken",
+                    n.max(completed),
+                    if n > tickets {
+                        "latest"
+                    } else {
+                        "highest completed"
+                    }
+                ));
+            }
+            if let Some(p) = maker? {
+                return Ok((n, Some(p)));
+            }
+            tries += 1;
+            if self.recorded() != n && tries < 8 {
+                continue; // a later record took its entry and is published: take that up
+            }
+            let took = (0..PROC_SLOTS).any(|i| self.taken(i).load(Ordering::SeqCst) >= n)
+                || self.at(UNNAMED).load(Ordering::SeqCst) >= n;
+            if !took {
+                return Err(format!(
+                    "record {n} is published as the latest, but no process that recorded took \
+                     it"
+                ));
+            }
+            return Ok((n, None));
         }
-        all
+    }
+
+    /// The processes of the table that took record `n` or a later one.
+    fn takers_from(&self, n: u64) -> impl Iterator<Item = Proc> + '_ {
+        (0..PROC_SLOTS)
+            .filter(move |&i| self.taken(i).load(Ordering::SeqCst) >= n)
+            .filter_map(|i| self.owner(i))
     }
 }
 
@@ -156,6 +349,9 @@ struct Link {
     exporter: Option<Proc>,
     /// The exporter died (importing side).
     dead: AtomicBool,
+    /// Why the page is no longer what takes made of it (a process wrote it other than through
+    /// the runtime): the event reports it on every later use.
+    broken: std::sync::OnceLock<String>,
     /// The latest record abandoned because its recorder died: (number, recorder's pid, 0 if
     /// unknown).
     abandoned: crate::sync::lock::Mutex<Option<(u64, u32)>>,
@@ -186,12 +382,10 @@ impl Link {
         let me = Proc::me();
         let gone = match recorder {
             Some(r) => r != me && !alive(r),
-            // No longer named in the ring: abandoned once every other recorder it names died.
-            None => self
-                .page
-                .recorders()
-                .into_iter()
-                .all(|r| r == me || !alive(r)),
+            // No longer named in the ring: made by a process of the table that took it or a
+            // later record (a later one completing completes it too): abandoned once every
+            // such process but this one died (this one's later record may wait for it).
+            None => self.page.takers_from(n).all(|r| r == me || !alive(r)),
         };
         // The exporter after the recorders: a process, once dead, stays dead, so an exporter
         // found dead as the recorder is found dead here too, and the event reports it on
@@ -216,6 +410,9 @@ impl Link {
 /// One process's side of a shared event: the exporter's, or an importer's.
 struct Participant {
     link: Arc<Link>,
+    /// The process it was made in: a child of a `fork()` has no watcher for the records it
+    /// took up, and no claim on its page (`memory::ipc::after_fork`), so it refuses the event.
+    made_in: u32,
     /// The handle (exporting side only).
     handle: Option<Vec<u8>>,
     me: std::sync::OnceLock<Weak<EventInner>>,
@@ -230,8 +427,10 @@ impl Participant {
                 page,
                 exporter,
                 dead: AtomicBool::new(false),
+                broken: std::sync::OnceLock::new(),
                 abandoned: crate::sync::lock::Mutex::new(None),
             }),
+            made_in: std::process::id(),
             handle,
             me: std::sync::OnceLock::new(),
             pulling: crate::sync::lock::Mutex::new(()),
@@ -253,11 +452,21 @@ impl Shared for Participant {
 
     fn pull(&self, event: &EventInner) {
         let page = &self.link.page;
-        let remote = page.recorded();
-        if remote <= event.latest_taken() {
+        if page.recorded() <= event.latest_taken()
+            || self.link.broken.get().is_some()
+            || std::process::id() != self.made_in
+        {
             return;
         }
         let guard = self.pulling.lock();
+        let (remote, recorder) = match page.latest() {
+            Ok(latest) => latest,
+            Err(why) => {
+                // Not taken up: no wait waits for a number no process took.
+                let _ = self.link.broken.set(why);
+                return;
+            }
+        };
         if remote <= event.latest_taken() {
             return;
         }
@@ -273,12 +482,28 @@ impl Shared for Participant {
                 event: me.clone(),
                 link: self.link.clone(),
                 remote,
-                recorder: page.recorder(remote),
+                recorder,
             });
         }
     }
 
     fn check(&self) -> Result<()> {
+        if std::process::id() != self.made_in {
+            return Err(invalid(format!(
+                "it was {} in process {} before a fork(); a forked child opens the handle again",
+                if self.handle.is_some() {
+                    "made"
+                } else {
+                    "opened"
+                },
+                self.made_in
+            )));
+        }
+        if let Some(why) = self.link.broken.get() {
+            return Err(invalid(format!(
+                "the event's shared page was written other than by the runtime: {why}"
+            )));
+        }
         match self.link.exporter {
             Some(e) if self.link.dead.load(Ordering::Acquire) => Err(invalid(format!(
                 "the exporting process (pid {}) exited before its record completed",
@@ -333,14 +558,7 @@ pub fn create(options: EventOptions) -> Result<Event> {
     debug_assert_eq!(h.len(), EVENT_HANDLE_LEN);
     Ok(attach(
         Event::with_options(options),
-        Participant::new(
-            Page {
-                page,
-                _claim: claim,
-            },
-            None,
-            Some(h),
-        ),
+        Participant::new(Page::new(page, claim), None, Some(h)),
     ))
 }
 
@@ -438,14 +656,7 @@ pub fn open(handle: &[u8]) -> Result<Event> {
     }
     Ok(attach(
         Event::with_options(EventOptions::without_timing()),
-        Participant::new(
-            Page {
-                page,
-                _claim: claim,
-            },
-            Some(exporter),
-            None,
-        ),
+        Participant::new(Page::new(page, claim), Some(exporter), None),
     ))
 }
 
@@ -462,8 +673,8 @@ struct Watcher {
     cv: std::sync::Condvar,
 }
 
-/// The watcher of this process (with the fork count it was started under: a forked child
-/// starts its own).
+/// The watcher of this process (with the pid it was started in: a forked child starts its
+/// own, also after a fork the runtime's handlers did not see, made before the first `init`).
 static WATCHER: WatcherSlot = crate::sync::StaticMutex::new(None);
 
 type WatcherSlot = crate::sync::StaticMutex<Option<(u64, Arc<Watcher>)>>;
@@ -483,11 +694,11 @@ pub(crate) fn after_fork(child: bool) {
 }
 
 fn watch(p: Pending) {
-    let forks = crate::generation::forks();
+    let pid = u64::from(std::process::id());
     let w = {
         let mut slot = WATCHER.lock();
         match slot.as_ref() {
-            Some((f, w)) if *f == forks => w.clone(),
+            Some((p, w)) if *p == pid => w.clone(),
             _ => {
                 let w = Arc::new(Watcher {
                     pending: std::sync::Mutex::new(Vec::new()),
@@ -505,7 +716,7 @@ fn watch(p: Pending) {
                     }
                     return;
                 }
-                *slot = Some((forks, w.clone()));
+                *slot = Some((pid, w.clone()));
                 w
             }
         }
@@ -561,12 +772,13 @@ mod tests {
     /// The importer's side of an event exported by `exporter`, with nothing completed.
     fn imported_from(exporter: Proc) -> Link {
         Link {
-            page: Page {
-                page: Arena::map(PAGE).expect("a page of the memory file"),
-                _claim: Arc::new(()),
-            },
+            page: Page::new(
+                Arena::map(PAGE).expect("a page of the memory file"),
+                Arc::new(()),
+            ),
             exporter: Some(exporter),
             dead: AtomicBool::new(false),
+            broken: std::sync::OnceLock::new(),
             abandoned: crate::sync::lock::Mutex::new(None),
         }
     }
@@ -593,6 +805,38 @@ mod tests {
             let dead = link.dead.load(Ordering::Acquire);
             assert_eq!(settled, dead, "dies at read {dies_at}");
             assert_eq!(settled, dies_at < 2, "dies at read {dies_at}");
+        }
+    }
+
+    /// Record `n` is pending, made by a live process; `RING_LEN` records later another process
+    /// takes a number whose ring entry is `n`'s and dies (or only pauses) part way through its
+    /// take. Whatever part of the take it did, a look at who made `n` (what a process pulling
+    /// `n` does) must not name that other process, and `n` must not be found abandoned.
+    #[test]
+    fn a_take_cut_short_over_a_pending_records_ring_entry_leaves_it_to_its_maker() {
+        let exporter = Proc::me();
+        let maker = Proc {
+            pid: u32::MAX - 3,
+            start_time: 1,
+        };
+        let killed = Proc {
+            pid: u32::MAX - 5,
+            start_time: 1,
+        };
+        let alive = |p: Proc| p != killed;
+        for steps in 0..=TAKE_STEPS {
+            let link = imported_from(exporter);
+            let n = link.page.take(maker);
+            for _ in 1..RING_LEN {
+                link.page.take(exporter);
+            }
+            link.page.take_steps(killed, steps);
+            let who = link.page.maker(n).unwrap();
+            assert_ne!(who, Some(killed), "after {steps} steps");
+            assert!(
+                !link.settled_by(n, who, true, alive),
+                "after {steps} steps: record {n} found abandoned; its maker lives"
+            );
         }
     }
 }

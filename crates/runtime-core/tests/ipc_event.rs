@@ -13,9 +13,13 @@ use std::time::Duration;
 use runtime_core::error::{DeviceError, Error, StreamError};
 use runtime_core::event::{Event, EventOptions};
 use runtime_core::ipc_event;
+use runtime_core::runtime;
 use runtime_core::stream::{FnOp, Op, OpKind, Stream};
 
 const WAIT: Duration = Duration::from_secs(60);
+
+/// Records one process has pending at once in `record_many`: more than the page's ring names.
+const MANY: usize = 300;
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -185,6 +189,91 @@ fn child_process_entry() {
             say(format!("DONE {}", ev.query().unwrap()));
             lines.next();
         }
+        // Take up the parent's pending record on an event opened under this runtime and on
+        // one opened with no runtime live (it belongs to the first runtime it is used under),
+        // then fork: the forked child reports what a wait on each does; this process waits
+        // on the second under a new runtime.
+        "fork_after_taking_up" => {
+            let h = unhex(lines.next().unwrap().unwrap().trim());
+            let bound = ipc_event::open(&h).unwrap();
+            drop(s);
+            runtime::shutdown().unwrap();
+            let unbound = ipc_event::open(&h).unwrap();
+            say(format!(
+                "TAKEN {} {}",
+                bound.is_recorded(),
+                unbound.is_recorded()
+            ));
+            // SAFETY: the child only makes runtime calls (the fork handlers made them usable)
+            // and then `_exit`s, never returning into the test harness.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork failed");
+            if pid == 0 {
+                let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    runtime::init(&common::settings()).unwrap();
+                    if !bound.query().is_err_and(|e| is_invalid_handle(&e)) {
+                        return 4;
+                    }
+                    match unbound.synchronize(Some(Duration::from_secs(20))) {
+                        Err(e) if is_invalid_handle(&e) && e.to_string().contains("fork") => 0,
+                        Err(Error::Stream(StreamError::Timeout { .. })) => 1,
+                        Ok(()) => 2,
+                        Err(_) => 3,
+                    }
+                }))
+                .unwrap_or(99);
+                // SAFETY: ends the child at once, without running the parent's exit handlers.
+                unsafe { libc::_exit(code) };
+            }
+            say("FORKED yes".into());
+            lines.next(); // the parent's record completed
+            runtime::init(&common::settings()).unwrap();
+            say(format!(
+                "PARENT {:?}",
+                unbound.synchronize(Some(WAIT)).map_err(|e| e.to_string())
+            ));
+            let deadline = std::time::Instant::now() + Duration::from_secs(40);
+            let code = loop {
+                let mut status = 0;
+                // SAFETY: waiting for our own child; `status` is a valid out pointer.
+                let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                if r == pid {
+                    break if libc::WIFEXITED(status) {
+                        libc::WEXITSTATUS(status)
+                    } else {
+                        -1
+                    };
+                }
+                if std::time::Instant::now() > deadline {
+                    // SAFETY: killing and reaping our own child.
+                    unsafe {
+                        libc::kill(pid, libc::SIGKILL);
+                        libc::waitpid(pid, &mut status, 0);
+                    }
+                    break -2;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            say(format!("GRANDCHILD {code}"));
+            lines.next();
+        }
+        // Record the parent's event `MANY` times behind held work, all pending at once;
+        // release them on "go".
+        "record_many" => {
+            let h = unhex(lines.next().unwrap().unwrap().trim());
+            let ev = ipc_event::open(&h).unwrap();
+            let (release, held) = gate();
+            s.launch(held).unwrap();
+            for _ in 0..MANY {
+                s.record(&ev).unwrap();
+            }
+            say(format!("RECORDED {}", ev.query().unwrap()));
+            lines.next().unwrap().unwrap();
+            release.send(()).unwrap();
+            s.synchronize(Some(WAIT)).unwrap();
+            say(format!("DONE {}", ev.query().unwrap()));
+            lines.next();
+        }
         // Export an event recorded behind work that never ends; wait to be killed.
         "export_and_hang" => {
             let ev = interprocess();
@@ -342,7 +431,7 @@ fn an_exporter_killed_and_not_yet_reaped_is_dead() {
 fn event_handle_over(memory_handle: &[u8]) -> Vec<u8> {
     let mut h = Vec::with_capacity(ipc_event::EVENT_HANDLE_LEN);
     h.extend_from_slice(b"RTIPCEVT");
-    h.extend_from_slice(&2u32.to_le_bytes());
+    h.extend_from_slice(&3u32.to_le_bytes());
     h.extend_from_slice(&memory_handle[12..28]); // pid, start time, descriptor
     h.extend_from_slice(&0u32.to_le_bytes());
     h.extend_from_slice(&memory_handle[48..56]); // the block's offset in the file
@@ -386,5 +475,124 @@ fn an_event_handle_over_device_memory_is_refused() {
     drop(ev);
     assert!(mem.open_ipc_handle(&handle).is_ok());
     send(&mut child, "done");
+    assert!(child.wait().unwrap().success());
+}
+
+/// A process forked after taking up another process's pending record has no watcher for it
+/// (the thread did not survive the fork), and its copy of the event's claim on the page was
+/// forgotten: an event made or opened before a fork is refused in the child, as every other
+/// inherited handle is, even one opened with no runtime live (which a new runtime adopts).
+/// Before, the child's wait on that one timed out although the record had completed, while
+/// the same wait in the parent returned.
+#[test]
+fn an_event_taken_up_before_a_fork_is_refused_in_the_child_not_waited_for() {
+    let rt = common::init();
+    let dev = rt.device(0).unwrap();
+    let ev = interprocess();
+    let s = Stream::new(dev, 0).unwrap();
+    let (release, held) = gate();
+    s.launch(held).unwrap();
+    s.record(&ev).unwrap();
+    let (mut child, mut out) = spawn_child("fork_after_taking_up");
+    send(&mut child, &hex(&ipc_event::handle(&ev).unwrap()));
+    assert_eq!(expect_line(&mut out, "TAKEN "), "true true");
+    assert_eq!(expect_line(&mut out, "FORKED "), "yes");
+    release.send(()).unwrap();
+    ev.synchronize(Some(WAIT)).unwrap();
+    send(&mut child, "completed");
+    assert_eq!(expect_line(&mut out, "PARENT "), "Ok(())");
+    // 0: refused, naming the fork; 1: the wait timed out (the record was never seen).
+    assert_eq!(expect_line(&mut out, "GRANDCHILD "), "0");
+    send(&mut child, "bye");
+    assert!(child.wait().unwrap().success());
+}
+
+/// Writes `value` over the 8 bytes at `at` of the page of the event `handle` names, as any
+/// process that maps the memory file can.
+fn scribble(handle: &[u8], at: u64, value: u64) {
+    use std::os::unix::fs::FileExt;
+    let u32_at = |i: usize| u32::from_le_bytes(handle[i..i + 4].try_into().unwrap());
+    let offset = u64::from_le_bytes(handle[32..40].try_into().unwrap());
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/proc/{}/fd/{}", u32_at(12), u32_at(24)))
+        .unwrap();
+    file.write_at(&value.to_le_bytes(), offset + at).unwrap();
+}
+
+/// A process with the page open writes a record number nobody took as the latest (alone,
+/// and with the tickets counter raised to match). It is no record: a wait must not wait for
+/// it (before, it waited while any process named in the page lived: here the child that
+/// recorded before, so it timed out), and no stream queues a wait on it, which a shutdown's
+/// drain would wait for. The event reports its page inconsistent (`InvalidHandle`).
+#[test]
+fn a_record_number_no_process_took_is_refused_not_waited_for() {
+    let _rt = common::init();
+    const GARBAGE: u64 = 1 << 40;
+    for words in [&[(8, GARBAGE)][..], &[(24, GARBAGE), (8, GARBAGE)][..]] {
+        let ev = interprocess();
+        let h = ipc_event::handle(&ev).unwrap();
+        let (mut child, mut out) = spawn_child("record");
+        send(&mut child, &hex(&h));
+        assert_eq!(expect_line(&mut out, "RECORDED "), "false");
+        send(&mut child, "go");
+        assert_eq!(expect_line(&mut out, "DONE "), "true");
+        ev.synchronize(Some(WAIT)).unwrap(); // the child lives on, named in the page
+        for &(at, value) in words {
+            scribble(&h, at, value);
+        }
+        let e = ev.synchronize(Some(Duration::from_secs(20))).unwrap_err();
+        assert!(
+            is_invalid_handle(&e) && e.to_string().contains(&GARBAGE.to_string()),
+            "{words:?}: {e}"
+        );
+        let s = Stream::new(common::init().device(0).unwrap(), 0).unwrap();
+        let e = s.wait_event(&ev).unwrap_err();
+        assert!(is_invalid_handle(&e), "{words:?}: {e}");
+        s.synchronize(Some(WAIT)).unwrap();
+        assert!(
+            ev.query().is_err(),
+            "{words:?}: the page stays inconsistent"
+        );
+        send(&mut child, "bye");
+        assert!(child.wait().unwrap().success());
+    }
+}
+
+/// More records pending at once than the page's ring names (its slots are reused while the
+/// first records are pending), made by a child while this process reads the event's latest
+/// record all along: none is reported abandoned, and all complete once released.
+#[test]
+fn more_records_in_flight_than_the_ring_names_complete_without_error() {
+    let rt = common::init();
+    let ev = interprocess();
+    let (mut child, mut out) = spawn_child("record_many");
+    send(&mut child, &hex(&ipc_event::handle(&ev).unwrap()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (ev, stop) = (ev.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                ev.query().unwrap();
+                reads += 1;
+            }
+            reads
+        })
+    };
+    assert_eq!(expect_line(&mut out, "RECORDED "), "false");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(reader.join().unwrap() > 0);
+    assert!(!ev.query().unwrap());
+    let s = Stream::new(rt.device(1).unwrap(), 0).unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    s.wait_event(&ev).unwrap();
+    s.launch(log_op(&log, "after the child's records")).unwrap();
+    send(&mut child, "go");
+    ev.synchronize(Some(WAIT)).unwrap();
+    s.synchronize(Some(WAIT)).unwrap();
+    assert_eq!(*log.lock().unwrap(), vec!["after the child's records"]);
+    assert_eq!(expect_line(&mut out, "DONE "), "true");
+    send(&mut child, "bye");
     assert!(child.wait().unwrap().success());
 }
