@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 
 import runtime as rt
 
@@ -93,6 +94,56 @@ def launch_rows(cfg: Config) -> list[Row]:
                 "stdlib": tq_launch_sync,
             },
             note="one launch, then wait for it (round trip)",
+        )
+    )
+
+    # 7b launch + event record, amortised ----------------------------------------------
+    def rt_launch_record(ctx):
+        s = _stream(ctx)
+        e = rt.Event()
+        launch, record, noop = s.launch_kernel, e.record, rt.kernels.noop
+
+        def call():
+            launch(noop)
+            record(s)
+
+        return timed_amortised(call, N, s.synchronize)
+
+    def cl_launch_marker(ctx):
+        p = ctx.peers
+        q = p.cl.CommandQueue(p.cl_ctx, p.cl_dev)
+        enq, knl, marker = p.cl.enqueue_nd_range_kernel, p.cl_noop, p.cl.enqueue_marker
+
+        def call():
+            enq(q, knl, (1,), None)
+            marker(q)
+
+        return timed_amortised(call, N, q.finish)
+
+    def tq_launch_record(ctx):
+        w = _tq(ctx)
+        ev = threading.Event()
+        put = w.q.put
+
+        def call():
+            put(_nothing)
+            put(ev.set)
+
+        return timed_amortised(call, N, w.q.join)
+
+    rows.append(
+        Row(
+            "launch_record_amortised",
+            f"no-op launch + event record, amortised over {N:,}",
+            {
+                "runtime": rt_launch_record,
+                "numpy": _na(NO_STREAMS_NUMPY),
+                "pyopencl": cl_launch_marker,
+                "torch": _na(TORCH_NO_QUEUES),
+                "stdlib": tq_launch_record,
+            },
+            reps=cfg.loop_reps,
+            note="(N x (launch + record) + 1 synchronize) / N: launch_kernel(noop) + Event.record(s) | enqueue_nd_range_kernel + enqueue_marker | q.put(noop) + q.put(event.set)",
         )
     )
 

@@ -89,6 +89,44 @@ def kernel_rows(cfg: Config) -> list[Row]:
                 "others: its OpenMP threads spin on after each call)",
             )
         )
+    # Many adds queued before one synchronize: the stream runs behind the launching thread,
+    # which then sleeps in synchronize while the backlog drains.
+    nq, q = 1 << 16, (200 if cfg.quick else 2000)
+
+    def rt_add_queued(ctx):
+        s = _stream(ctx)
+        a, b = rt.to_device(_data(nq, 1)), rt.to_device(_data(nq, 2))
+        out = rt.empty(nq, "float32")
+        add = rt.kernels.add
+        return timed_amortised(lambda: add(out, a, b, stream=s), q, s.synchronize)
+
+    def np_add_queued(ctx):
+        a, b, out = _data(nq, 1), _data(nq, 2), np.empty(nq, np.float32)
+        return timed_calls(functools.partial(np.add, a, b, out=out), q)
+
+    def torch_add_queued(ctx):
+        t = ctx.peers.torch
+        a, b = t.from_numpy(_data(nq, 1)), t.from_numpy(_data(nq, 2))
+        out = t.empty(nq, dtype=t.float32)
+        return timed_calls(functools.partial(t.add, a, b, out=out), q)
+
+    rows.append(
+        Row(
+            "add_2p16_queued",
+            f"add 2^16 float32, {q:,} queued + 1 synchronize (per add)",
+            {
+                "runtime": rt_add_queued,
+                "numpy": np_add_queued,
+                "pyopencl": _na(NO_KERNELS_CL),
+                "torch": torch_add_queued,
+                "stdlib": _na(NO_KERNELS_STDLIB),
+            },
+            reps=cfg.loop_reps,
+            apart=("torch",),
+            note=f"{q:,} x kernels.add(out, a, b, stream=s), then s.synchronize(), per add | "
+            f"{q:,} x np.add(a, b, out=out) | {q:,} x torch.add(a, b, out=out)",
+        )
+    )
     for m in QUICK_MATMUL_SIZES if cfg.quick else MATMUL_SIZES:
         k = 8 if m <= 256 else 1
 
