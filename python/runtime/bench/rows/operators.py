@@ -38,6 +38,20 @@ def _data(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
 
 
+def _np_add(ctx, n: int, k: int):
+    """The numpy peer of the add rows: ``k`` calls of ``np.add(a, b, out=out)`` on ``n`` floats."""
+    a, b, out = _data(n, 1), _data(n, 2), np.empty(n, np.float32)
+    return timed_calls(functools.partial(np.add, a, b, out=out), k)
+
+
+def _torch_add(ctx, n: int, k: int):
+    """The torch peer of the add rows: ``k`` calls of ``torch.add(a, b, out=out)``."""
+    t = ctx.peers.torch
+    a, b = t.from_numpy(_data(n, 1)), t.from_numpy(_data(n, 2))
+    out = t.empty(n, dtype=t.float32)
+    return timed_calls(functools.partial(t.add, a, b, out=out), k)
+
+
 def kernel_rows(cfg: Config) -> list[Row]:
     """``add`` at 2^16 / 2^20 / 2^24 and ``matmul`` at 256^2 / 1024^2, float32."""
     rows: list[Row] = []
@@ -60,25 +74,15 @@ def kernel_rows(cfg: Config) -> list[Row]:
                 raise RuntimeError("kernels.add differs from numpy")
             return timed_calls(call, k)
 
-        def np_add(ctx, n=n, k=k):
-            a, b, out = _data(n, 1), _data(n, 2), np.empty(n, np.float32)
-            return timed_calls(functools.partial(np.add, a, b, out=out), k)
-
-        def torch_add(ctx, n=n, k=k):
-            t = ctx.peers.torch
-            a, b = t.from_numpy(_data(n, 1)), t.from_numpy(_data(n, 2))
-            out = t.empty(n, dtype=t.float32)
-            return timed_calls(functools.partial(t.add, a, b, out=out), k)
-
         rows.append(
             Row(
                 f"add_2p{p}",
                 f"add 2^{p} float32 (+ synchronize)",
                 {
                     "runtime": rt_add,
-                    "numpy": np_add,
+                    "numpy": functools.partial(_np_add, n=n, k=k),
                     "pyopencl": _na(NO_KERNELS_CL),
-                    "torch": torch_add,
+                    "torch": functools.partial(_torch_add, n=n, k=k),
                     "stdlib": _na(NO_KERNELS_STDLIB),
                 },
                 nbytes=3 * 4 * n,
@@ -100,25 +104,15 @@ def kernel_rows(cfg: Config) -> list[Row]:
         add = rt.kernels.add
         return timed_amortised(lambda: add(out, a, b, stream=s), q, s.synchronize)
 
-    def np_add_queued(ctx):
-        a, b, out = _data(nq, 1), _data(nq, 2), np.empty(nq, np.float32)
-        return timed_calls(functools.partial(np.add, a, b, out=out), q)
-
-    def torch_add_queued(ctx):
-        t = ctx.peers.torch
-        a, b = t.from_numpy(_data(nq, 1)), t.from_numpy(_data(nq, 2))
-        out = t.empty(nq, dtype=t.float32)
-        return timed_calls(functools.partial(t.add, a, b, out=out), q)
-
     rows.append(
         Row(
             "add_2p16_queued",
             f"add 2^16 float32, {q:,} queued + 1 synchronize (per add)",
             {
                 "runtime": rt_add_queued,
-                "numpy": np_add_queued,
+                "numpy": functools.partial(_np_add, n=nq, k=q),
                 "pyopencl": _na(NO_KERNELS_CL),
-                "torch": torch_add_queued,
+                "torch": functools.partial(_torch_add, n=nq, k=q),
                 "stdlib": _na(NO_KERNELS_STDLIB),
             },
             reps=cfg.loop_reps,
