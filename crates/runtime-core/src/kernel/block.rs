@@ -233,23 +233,18 @@ pub(crate) fn run_blocks_on(
         .flatten();
     let engine = exec.engines.compute();
     let wanted = (block_num as usize - 1).min(engine.helpers_for_caller());
-    if wanted > 0 {
-        // A waiter spinning for the stream takes a block at once: no sleeping worker is
-        // woken for that one (the wake-up would cost this thread a system call before its
-        // own first block, more than a small block takes).
-        let spinning = usize::from(
-            offer
-                .as_ref()
-                .is_some_and(crate::stream::Offer::waiter_spinning),
-        );
-        if wake {
-            engine.post_help(&help, wanted, spinning);
-        } else {
-            // Only workers that are awake find these; the spinning waiter is one helper.
-            let copies = wanted.saturating_sub(spinning);
-            engine.post_help(&help, copies, copies);
-        }
-    }
+    // A waiter spinning for the stream takes a block at once: it is one of the helpers, and
+    // no request is posted (nor a sleeping worker woken) for it. A request for it too would
+    // outlive the launch in the engine's queue, and a wake-up costs this thread a system
+    // call before its own first block, more than a small block takes.
+    let spinning = usize::from(
+        offer
+            .as_ref()
+            .is_some_and(crate::stream::Offer::waiter_spinning),
+    );
+    let copies = wanted.saturating_sub(spinning);
+    // Without `wake`, only workers that are awake find the requests.
+    let posted = engine.post_help(&help, copies, if wake { 0 } else { copies });
     {
         let _borrowed = launch.lending.enter();
         launch.run_claimed(&*body);
@@ -257,7 +252,9 @@ pub(crate) fn run_blocks_on(
     drop(offer);
     drop(help);
     drop(body);
-    launch.finish()
+    let result = launch.finish();
+    drop(posted);
+    result
 }
 
 /// One multi-block launch in flight.

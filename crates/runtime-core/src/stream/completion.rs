@@ -160,7 +160,7 @@ impl Completion {
             return true;
         }
         #[cfg(not(loom))]
-        {
+        loop {
             self.spinning
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let done = self.spin(target, Duration::from_micros(50), help);
@@ -168,6 +168,14 @@ impl Completion {
                 .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
             if done {
                 return true;
+            }
+            // A launch that began while this thread was counted spinning posted no request
+            // for it (`kernel::block`): one more look at the stream's offer, now that it is
+            // no longer counted. Either that launch saw the count fall and asked a worker
+            // instead, or this look sees its offer (both sequentially consistent), so no
+            // block is left waiting for a helper that went to sleep.
+            if !help() {
+                break;
             }
         }
         #[cfg(loom)]

@@ -146,6 +146,9 @@ pub(crate) trait Help: Send + Sync {
     fn help(&self);
 }
 
+/// One request for help ([`Engine::post_help`]).
+type HelpRequest = Arc<dyn Help>;
+
 pub(crate) enum Msg {
     Run(Arc<StreamInner>),
     Help(Arc<dyn Help>),
@@ -269,7 +272,17 @@ pub(crate) struct Engine {
     kind: EngineKind,
     device: usize,
     workers: usize,
+    /// Ready streams, one queue per priority level (and the workers' `Stop`).
     queues: Vec<(Sender<Msg>, Receiver<Msg>)>,
+    /// Requests for help with the blocks of a launch ([`Engine::post_help`]), apart from the
+    /// streams: a request its launch no longer needs (every block was claimed, the launch
+    /// ended) stays queued until a worker pops it, and must not read as a stream waiting
+    /// (the op's own worker would stop lingering on its stream, and the next launch pay a
+    /// wake-up).
+    helps: (Sender<HelpRequest>, Receiver<HelpRequest>),
+    /// Launches whose requests for help may still be queued and wanted: from their
+    /// [`Engine::post_help`] until the launch ends ([`HelpPosted`]).
+    live_helps: AtomicUsize,
     threads: Mutex<Vec<JoinHandle<()>>>,
     started: AtomicBool,
     /// The wake-up protocol of this engine's idle workers.
@@ -294,6 +307,8 @@ impl Engine {
             queues: (0..PRIORITY_LEVELS)
                 .map(|_| crossbeam_channel::unbounded())
                 .collect(),
+            helps: crossbeam_channel::unbounded(),
+            live_helps: AtomicUsize::new(0),
             threads: Mutex::new(Vec::new()),
             started: AtomicBool::new(false),
             idle: Idle::new(),
@@ -312,20 +327,31 @@ impl Engine {
         self.idle.wake_one();
     }
 
-    /// Ask `copies` workers to help with `work` (at the most urgent level, so that running
-    /// streams yield their turn to it), waking sleepers for all but `unwoken` of them (those
-    /// only spinning workers, and sleepers that wake for other work, find). The caller does
-    /// not wait for them: whatever they do not take, it does itself.
-    pub(crate) fn post_help(self: &Arc<Self>, work: &Arc<dyn Help>, copies: usize, unwoken: usize) {
-        if !self.started.load(Ordering::Acquire) && self.start().is_err() {
-            return;
+    /// Ask `copies` workers to help with `work` (taken before any stream, and running streams
+    /// yield their turn to it), waking sleepers for all but `unwoken` of them (those only
+    /// spinning workers, and sleepers that wake for other work, find). The caller does not
+    /// wait for them: whatever they do not take, it does itself. The requests count as work
+    /// waiting (for lingering workers, time slices, and sleepers left to wake) until the
+    /// returned guard is dropped, when the launch has ended; `None` when nothing was posted.
+    pub(crate) fn post_help(
+        self: &Arc<Self>,
+        work: &Arc<dyn Help>,
+        copies: usize,
+        unwoken: usize,
+    ) -> Option<HelpPosted<'_>> {
+        if copies == 0 || (!self.started.load(Ordering::Acquire) && self.start().is_err()) {
+            return None;
         }
+        // Counted live before the first request is visible: whoever finds a request queued
+        // and the count zero may take it for one whose launch ended.
+        self.live_helps.fetch_add(1, Ordering::SeqCst);
         for i in 0..copies {
-            let _ = self.queues[0].0.send(Msg::Help(work.clone()));
+            let _ = self.helps.0.send(work.clone());
             if i >= unwoken {
                 self.idle.wake_one();
             }
         }
+        Some(HelpPosted(self))
     }
 
     /// Workers of this engine that could help the calling thread: all of them, less the
@@ -390,12 +416,20 @@ impl Engine {
     }
 
     fn try_pop(&self) -> Option<Msg> {
-        self.queues.iter().find_map(|(_, rx)| rx.try_recv().ok())
+        self.helps
+            .1
+            .try_recv()
+            .ok()
+            .map(Msg::Help)
+            .or_else(|| self.queues.iter().find_map(|(_, rx)| rx.try_recv().ok()))
     }
 
-    /// Whether another stream waits at `level` or above (used to yield a long-running stream).
+    /// Whether work waits for a worker: another stream at `level` or above (used to yield a
+    /// long-running stream), or a request for help of a launch still running. Requests left
+    /// over from launches that ended do not count (they are popped and found empty).
     pub(crate) fn has_waiting(&self, level: usize) -> bool {
         self.queues[..=level].iter().any(|(_, rx)| !rx.is_empty())
+            || (self.live_helps.load(Ordering::SeqCst) > 0 && !self.helps.1.is_empty())
     }
 
     /// For a worker whose stream's `ready` commands ran out while its submitter keeps
@@ -540,6 +574,16 @@ impl Engine {
     }
 }
 
+/// Requests for help of one launch posted to an engine ([`Engine::post_help`]); dropped when
+/// the launch has ended, after which they no longer count as work waiting.
+pub(crate) struct HelpPosted<'a>(&'a Engine);
+
+impl Drop for HelpPosted<'_> {
+    fn drop(&mut self) {
+        self.0.live_helps.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Add the time since `since` to a busy-time counter.
 fn add_busy(busy_ns: &AtomicU64, since: Instant) {
     let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -661,5 +705,57 @@ impl Engines {
         self.compute.stop();
         self.copy.stop();
         self.serial.stop();
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    struct Nothing;
+    impl Help for Nothing {
+        fn help(&self) {}
+    }
+
+    /// A request for help outlives its launch in the queue until a worker pops it; once the
+    /// launch has ended it is not work waiting, or the worker of the stream that ran the
+    /// launch stopped lingering on it (and the next launch paid a wake-up).
+    #[test]
+    fn a_help_request_left_over_from_an_ended_launch_is_not_work_waiting() {
+        let e = Engine::new(EngineKind::Compute, 0, 2, Arc::new(AtomicU64::new(0)));
+        // Marked started with no workers: the requests stay queued.
+        e.started.store(true, Ordering::Release);
+        let work: Arc<dyn Help> = Arc::new(Nothing);
+        assert!(
+            e.post_help(&work, 0, 0).is_none(),
+            "no request, nothing posted"
+        );
+        assert!(!e.has_waiting(PRIORITY_LEVELS - 1));
+        let posted = e.post_help(&work, 2, 2);
+        assert!(posted.is_some());
+        assert!(
+            e.has_waiting(0),
+            "a running launch's requests are work waiting"
+        );
+        drop(posted);
+        assert!(
+            !e.has_waiting(PRIORITY_LEVELS - 1),
+            "the ended launch's requests are not"
+        );
+        assert!(matches!(e.try_pop(), Some(Msg::Help(_))), "still queued");
+        assert!(matches!(e.try_pop(), Some(Msg::Help(_))));
+        assert!(e.try_pop().is_none());
+    }
+
+    /// A stream queued behind a leftover request is still work waiting.
+    #[test]
+    fn a_waiting_stream_counts_whatever_requests_are_left_over() {
+        let e = Engine::new(EngineKind::Compute, 0, 2, Arc::new(AtomicU64::new(0)));
+        e.started.store(true, Ordering::Release);
+        let work: Arc<dyn Help> = Arc::new(Nothing);
+        drop(e.post_help(&work, 1, 1));
+        let _ = e.queues[PRIORITY_LEVELS - 1].0.send(Msg::Stop);
+        assert!(!e.has_waiting(0));
+        assert!(e.has_waiting(PRIORITY_LEVELS - 1));
     }
 }

@@ -1102,7 +1102,8 @@ impl Drop for Offer {
 /// them; true when it did. The blocks run under the rules of a runtime thread (a wait from
 /// them for a busy stream is refused, never a hang).
 fn help_offered(s: &StreamInner) -> bool {
-    if !s.offered.load(Ordering::Relaxed) {
+    // Sequentially consistent: see `Completion::wait_helping`'s last look.
+    if !s.offered.load(Ordering::SeqCst) {
         return false;
     }
     let Some(help) = s.offer.lock().clone() else {
