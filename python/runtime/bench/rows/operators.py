@@ -52,6 +52,25 @@ def _torch_add(ctx, n: int, k: int):
     return timed_calls(functools.partial(t.add, a, b, out=out), k)
 
 
+def _rt_add(ctx, n: int, k: int, block_dim: int | None = None):
+    """The runtime cell of the add rows: ``k`` calls of ``kernels.add`` on ``n`` floats, each
+    followed by ``synchronize`` (``block_dim`` None: the kernel chooses), checked once
+    against numpy."""
+    s = _stream(ctx)
+    a, b = rt.to_device(_data(n, 1)), rt.to_device(_data(n, 2))
+    out = rt.empty(n, "float32")
+    add, sync = rt.kernels.add, s.synchronize
+
+    def call():
+        add(out, a, b, stream=s, block_dim=block_dim)
+        sync()
+
+    call()
+    if not np.array_equal(out.copy_to_host(), _data(n, 1) + _data(n, 2)):
+        raise RuntimeError("kernels.add differs from numpy")
+    return timed_calls(call, k)
+
+
 def kernel_rows(cfg: Config) -> list[Row]:
     """``add`` at 2^16 / 2^20 / 2^24 and ``matmul`` at 256^2 / 1024^2, float32."""
     rows: list[Row] = []
@@ -59,27 +78,12 @@ def kernel_rows(cfg: Config) -> list[Row]:
         n = 1 << p
         k = _ops_per_sample(3 * 4 * n)
 
-        def rt_add(ctx, n=n, k=k):
-            s = _stream(ctx)
-            a, b = rt.to_device(_data(n, 1)), rt.to_device(_data(n, 2))
-            out = rt.empty(n, "float32")
-            add, sync = rt.kernels.add, s.synchronize
-
-            def call():
-                add(out, a, b, stream=s)
-                sync()
-
-            call()
-            if not np.array_equal(out.copy_to_host(), _data(n, 1) + _data(n, 2)):
-                raise RuntimeError("kernels.add differs from numpy")
-            return timed_calls(call, k)
-
         rows.append(
             Row(
                 f"add_2p{p}",
                 f"add 2^{p} float32 (+ synchronize)",
                 {
-                    "runtime": rt_add,
+                    "runtime": functools.partial(_rt_add, n=n, k=k),
                     "numpy": functools.partial(_np_add, n=n, k=k),
                     "pyopencl": _na(NO_KERNELS_CL),
                     "torch": functools.partial(_torch_add, n=n, k=k),
@@ -93,6 +97,26 @@ def kernel_rows(cfg: Config) -> list[Row]:
                 "others: its OpenMP threads spin on after each call)",
             )
         )
+    # An operator author's explicit block_dim on a small input: the blocks are shorter than
+    # a wake-up, and the waiting thread runs the second one.
+    n8, k8 = 1 << 16, _ops_per_sample(3 * 4 * (1 << 16))
+    rows.append(
+        Row(
+            "add_2p16_block_dim8",
+            "add 2^16 float32, block_dim=8 (+ synchronize)",
+            {
+                "runtime": functools.partial(_rt_add, n=n8, k=k8, block_dim=8),
+                "numpy": functools.partial(_np_add, n=n8, k=k8),
+                "pyopencl": _na(NO_KERNELS_CL),
+                "torch": functools.partial(_torch_add, n=n8, k=k8),
+                "stdlib": _na(NO_KERNELS_STDLIB),
+            },
+            nbytes=3 * 4 * n8,
+            apart=("torch",),
+            note="kernels.add(out, a, b, stream=s, block_dim=8) + s.synchronize() | "
+            "np.add(a, b, out=out) | torch.add(a, b, out=out)",
+        )
+    )
     # Many adds queued before one synchronize: the stream runs behind the launching thread,
     # which then sleeps in synchronize while the backlog drains.
     nq, q = 1 << 16, (200 if cfg.quick else 2000)
