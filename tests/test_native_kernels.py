@@ -160,6 +160,26 @@ def test_blocks_of_one_native_launch_overlap_in_time(lib, stream):
     assert np.asarray(arrived)[0] == 2
 
 
+def test_blocks_overlap_when_nobody_waits_on_the_stream(lib, stream):
+    """As above, waited for through an event: no thread waiting on the stream runs a block,
+    so the second block needs a worker woken for it."""
+    k = runtime.Kernel.load(lib, "rendezvous")
+    add = runtime.kernels.add
+    x = runtime.to_device(np.ones(1 << 12, np.float32))
+    out = runtime.empty(1 << 12, "float32")
+    for i in range(20):
+        # short two-block launches before it on the same stream, as a loop would have
+        for _ in range(i % 3):
+            add(out, x, x, stream=stream, block_dim=2)
+        arrived = runtime.zeros(1, "int32")
+        k(arrived, stream=stream, block_dim=2)
+        done = runtime.Event()
+        done.record(stream)
+        done.synchronize(timeout=WAIT)
+        assert np.asarray(arrived)[0] == 2
+    stream.synchronize(timeout=WAIT)
+
+
 def test_a_native_kernel_does_not_hold_the_gil(lib, stream):
     """The kernel spins until the main thread, running Python meanwhile, sets its flag."""
     k = runtime.Kernel.load(lib, "wait_flag")

@@ -31,6 +31,12 @@ use crate::stream::Executor;
 /// The largest `block_dim` a launch accepts (Ascend C's limit).
 pub const MAX_BLOCK_DIM: u32 = 65_535;
 
+/// How long the thread running a launch that asks for sleeping workers first waits for a
+/// helper already awake (a thread entering `synchronize` on the stream): about the time a
+/// launching thread takes to return from the launch and start waiting, from Python too; a
+/// fraction of what a wake-up costs on these VMs (10-25 us).
+const WAKE_GRACE: Duration = Duration::from_micros(5);
+
 /// Which instance of a launch is running: block `block_idx` of `block_num` (Ascend C's
 /// `GetBlockIdx()` / `GetBlockNum()`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -243,8 +249,25 @@ pub(crate) fn run_blocks_on(
             .is_some_and(crate::stream::Offer::waiter_spinning),
     );
     let copies = wanted.saturating_sub(spinning);
-    // Without `wake`, only workers that are awake find the requests.
-    let posted = engine.post_help(&help, copies, if wake { 0 } else { copies });
+    // Without `wake`, only workers that are awake find the requests. With it, and nobody
+    // awake to take them (no waiter spinning yet, no worker spinning), the requests are
+    // posted unwoken first, and sleepers are woken only if within `WAKE_GRACE` no waiter
+    // starts spinning and no helper claims a block: a thread that launches and then
+    // synchronizes (from Python, a microsecond or two later) is then the helper, where the
+    // wake-up cost a system call here and, with both cores busy, a core.
+    let grace = wake && copies > 0 && offer.is_some() && !engine.has_spinner();
+    let unwoken = if wake && !grace { 0 } else { copies };
+    let posted = engine.post_help(&help, copies, unwoken);
+    if grace && posted.is_some() {
+        let came = launch.await_helper(WAKE_GRACE, || {
+            offer
+                .as_ref()
+                .is_some_and(crate::stream::Offer::waiter_spinning)
+        });
+        if !came {
+            engine.wake_sleepers(copies);
+        }
+    }
     {
         let _borrowed = launch.lending.enter();
         launch.run_claimed(&*body);
@@ -310,6 +333,24 @@ impl Launch {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Spin for up to `grace` until a block is claimed or `waiter()` is true; returns whether
+    /// one of them happened. Never longer than `grace`, so a launch whose blocks wait for
+    /// each other still gets its sleeping workers woken after it.
+    fn await_helper(&self, grace: Duration, waiter: impl Fn() -> bool) -> bool {
+        let start = Instant::now();
+        loop {
+            if self.next.load(Ordering::SeqCst) > 0 || waiter() {
+                return true;
+            }
+            if start.elapsed() >= grace {
+                return false;
+            }
+            for _ in 0..16 {
+                std::hint::spin_loop();
+            }
+        }
     }
 
     /// Claim and run blocks until none is left.

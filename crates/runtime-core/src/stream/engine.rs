@@ -354,6 +354,20 @@ impl Engine {
         Some(HelpPosted(self))
     }
 
+    /// Whether one of this engine's workers spins (or lingers) now, and so finds requests
+    /// posted without waking anyone.
+    pub(crate) fn has_spinner(&self) -> bool {
+        self.idle.spinning.load(crate::sync::Ordering::SeqCst) > 0
+    }
+
+    /// Wake up to `n` sleeping workers for requests posted unwoken ([`Engine::post_help`]),
+    /// as that many pushes would: none while a worker spins (it finds them).
+    pub(crate) fn wake_sleepers(&self, n: usize) {
+        for _ in 0..n {
+            self.idle.wake_one();
+        }
+    }
+
     /// Workers of this engine that could help the calling thread: all of them, less the
     /// caller when it is one.
     pub(crate) fn helpers_for_caller(self: &Arc<Self>) -> usize {
