@@ -47,11 +47,11 @@ static ALL: [Builtin; 9] = {
 
 /// All built-in kernels.
 pub fn all() -> Vec<KernelRef> {
-    ALL.iter().map(|b| KernelRef::builtin(b)).collect()
+    ALL.iter().map(KernelRef::builtin).collect()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Builtin {
+pub(crate) enum Builtin {
     Noop,
     Fill,
     Copy,

@@ -261,7 +261,9 @@ impl std::fmt::Debug for Scalar {
 /// Cloning keeps the kernel that checked them (the blocks of a launch share clones).
 #[derive(Clone)]
 pub struct Args {
-    args: Vec<KernelArg>,
+    /// A boxed slice, not a `Vec`: a launch's op holds these, and the capacity a `Vec`
+    /// keeps would be one more word of it to build and hand to the worker.
+    args: Box<[KernelArg]>,
     /// The multi-block launch these are the arguments of (0: none): set only by the launch
     /// itself, on its blocks' copy.
     launch: u64,
@@ -293,7 +295,7 @@ impl Args {
     fn check_owned(kernel: KernelRef, args: Vec<KernelArg>) -> Result<Args, ArgError> {
         kernel.check(&args)?;
         Ok(Args {
-            args,
+            args: args.into_boxed_slice(),
             launch: 0,
             checked_by: kernel,
         })
@@ -386,16 +388,29 @@ impl std::ops::Deref for Args {
 #[derive(Clone)]
 pub struct KernelRef(Held);
 
+/// A built-in is held by a thin reference to its static, so that the two kinds fit in
+/// two words (the shared kind's fat pointer, whose non-null data word tells them apart).
 #[derive(Clone)]
 enum Held {
-    Static(&'static (dyn Kernel + 'static)),
+    Static(&'static builtin::Builtin),
     Shared(Arc<dyn Kernel>),
 }
 
 impl KernelRef {
     /// A built-in kernel (the core's statics only; see the type's note).
-    pub(crate) fn builtin(kernel: &'static (dyn Kernel + 'static)) -> KernelRef {
+    pub(crate) fn builtin(kernel: &'static builtin::Builtin) -> KernelRef {
         KernelRef(Held::Static(kernel))
+    }
+
+    /// The kernel's name for a launch's messages, asked where the launch runs: a built-in
+    /// answers itself; any other kernel's `name` is its author's code, so it is asked under
+    /// `catch_unwind` (a panic there gives a placeholder, and the worker asking goes on).
+    fn launch_name(&self) -> &str {
+        match &self.0 {
+            Held::Static(k) => k.name(),
+            Held::Shared(k) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| k.name()))
+                .unwrap_or("<a kernel whose name() panicked>"),
+        }
     }
 
     /// Whether it is one of the core's built-in kernels: Rust code of this crate, which
@@ -407,7 +422,7 @@ impl KernelRef {
     /// The kernel's address, for identity.
     fn as_ptr(&self) -> *const dyn Kernel {
         match &self.0 {
-            Held::Static(k) => *k as *const dyn Kernel,
+            Held::Static(k) => std::ptr::from_ref::<dyn Kernel>(*k),
             Held::Shared(k) => Arc::as_ptr(k),
         }
     }
@@ -561,46 +576,16 @@ pub fn find(name: &str) -> Result<KernelRef> {
     })
 }
 
-/// A kernel's name as a launch keeps it: in place when short (no allocation per launch,
-/// which the launching thread would make and a worker free), else on the heap.
-enum OpName {
-    Inline { len: u8, bytes: [u8; 30] },
-    Heap(Box<str>),
-}
-
-impl OpName {
-    fn new(name: &str) -> OpName {
-        let mut bytes = [0u8; 30];
-        match bytes.get_mut(..name.len()) {
-            Some(dst) => {
-                dst.copy_from_slice(name.as_bytes());
-                OpName::Inline {
-                    len: name.len() as u8,
-                    bytes,
-                }
-            }
-            None => OpName::Heap(name.into()),
-        }
-    }
-
-    fn as_str(&self) -> &str {
-        match self {
-            // Whole UTF-8 (a copy of a `str`), so this never falls back.
-            OpName::Inline { len, bytes } => {
-                std::str::from_utf8(&bytes[..*len as usize]).unwrap_or("")
-            }
-            OpName::Heap(s) => s,
-        }
-    }
-}
-
 /// A launch as its stream queues it. Built on the launching thread and dropped by the
 /// worker that ran it, so it holds as few shared counters as it can: the kernel once (in
 /// `args`), the executor only for a launch of several blocks.
+///
+/// Two cache lines exactly (aligned to one, and [`KernelOp::SIZE`] checks the size at
+/// compile time): the launching thread writes every line of it into a box whose lines the
+/// worker last held, and each line is one more transfer between their cores per launch. It
+/// keeps no copy of the kernel's name for that reason ([`KernelRef::launch_name`]).
+#[repr(align(64))]
 struct KernelOp {
-    /// The kernel's name, asked once on the launching thread (`Kernel::name` is user code:
-    /// the engines never call it).
-    name: OpName,
     args: Args,
     accesses: AccessSet,
     /// Blocks of the launch (`1..=MAX_BLOCK_DIM`).
@@ -611,11 +596,16 @@ struct KernelOp {
     exec: Option<Arc<Executor>>,
 }
 
+impl KernelOp {
+    /// Two cache lines (see the type).
+    const SIZE: () = assert!(std::mem::size_of::<KernelOp>() == 128);
+}
+
 impl crate::stream::command::sealed::Sealed for KernelOp {}
 
 impl Op for KernelOp {
     fn name(&self) -> &str {
-        self.name.as_str()
+        self.args.checked_by.launch_name()
     }
     fn kind(&self) -> OpKind {
         OpKind::Compute
@@ -643,7 +633,7 @@ impl Op for KernelOp {
         let args = self.args.for_launch(launch);
         block::run_blocks_on(
             exec,
-            self.name.as_str(),
+            self.args.checked_by.launch_name(),
             self.blocks,
             Arc::new(move |cx| args.checked_by.run(&args, &cx)),
             launch,
@@ -782,8 +772,8 @@ fn build_into(
             (n, n > 1 && kernel.wakes_workers(&args, n))
         }
     };
+    let () = KernelOp::SIZE;
     *out = Some(KernelOp {
-        name: OpName::new(kernel.name()),
         args,
         accesses,
         blocks,

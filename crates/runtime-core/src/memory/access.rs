@@ -267,6 +267,9 @@ impl AccessSet {
     }
 
     fn from_vec(mut v: Uses) -> AccessSet {
+        if v.len() < 2 {
+            return AccessSet(v); // sorted, and nothing to merge (most launches' sets)
+        }
         v.sort_by(|a, b| a.0.id.cmp(&b.0.id).then(b.1.cmp(&a.1)));
         v.dedup_by(|later, first| later.0.id == first.0.id);
         AccessSet(v)
