@@ -190,3 +190,51 @@ fn registering_again_replaces_the_kernel() {
     let now = kernel::find("test.iota_replaced").unwrap();
     assert!(KernelRef::same(&now, &(second as Arc<dyn Kernel>).into()));
 }
+
+/// A kernel whose `run` panics, and whose `name` panics too except on the thread that made
+/// it: the launch asks the name where it runs (the op keeps no copy), so a panic there must
+/// be contained like one in `run`.
+struct Unnamable {
+    maker: std::thread::ThreadId,
+}
+
+impl Kernel for Unnamable {
+    fn name(&self) -> &str {
+        assert!(
+            std::thread::current().id() == self.maker,
+            "name() asked off the launching thread"
+        );
+        "test.unnamable"
+    }
+
+    fn check(&self, _args: &[KernelArg]) -> Result<(), ArgError> {
+        Ok(())
+    }
+
+    fn run(&self, _args: &Args, _cx: &RunContext) -> Result<(), KernelFailure> {
+        panic!("run exploded");
+    }
+}
+
+#[test]
+fn a_kernel_whose_name_panics_where_it_runs_fails_its_launch_only() {
+    let rt = init();
+    let dev = rt.device(0).unwrap();
+    let s = Stream::new(dev, 0).unwrap();
+    let k: Arc<dyn Kernel> = Arc::new(Unnamable {
+        maker: std::thread::current().id(),
+    });
+    for _ in 0..3 {
+        kernel::launch(&s, &k, vec![]).unwrap();
+        match s.synchronize(None) {
+            Err(Error::Stream(StreamError::Kernel(f))) => {
+                assert!(f.message.contains("run exploded"), "{f}");
+                assert_eq!(f.kernel, "<a kernel whose name() panicked>", "{f}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // The worker that asked is alive: the stream runs the next launch.
+        kernel::launch(&s, kernel::find("noop").unwrap(), vec![]).unwrap();
+        s.synchronize(None).unwrap();
+    }
+}

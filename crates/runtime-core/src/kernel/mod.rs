@@ -261,9 +261,11 @@ impl std::fmt::Debug for Scalar {
 /// Cloning keeps the kernel that checked them (the blocks of a launch share clones).
 #[derive(Clone)]
 pub struct Args {
-    /// A boxed slice, not a `Vec`: a launch's op holds these, and the capacity a `Vec`
-    /// keeps would be one more word of it to build and hand to the worker.
-    args: Box<[KernelArg]>,
+    /// The arguments, and the access set of the launch they were checked for, in one heap
+    /// block; `None` when there are no arguments. A launch's op holds these: kept out of it,
+    /// they leave the op one cache line for the launching thread to write and the worker to
+    /// read, with no allocation at all for a launch without arguments.
+    list: Option<Box<ArgList>>,
     /// The multi-block launch these are the arguments of (0: none): set only by the launch
     /// itself, on its blocks' copy.
     launch: u64,
@@ -273,10 +275,19 @@ pub struct Args {
     checked_by: KernelRef,
 }
 
+/// What [`Args`] keeps on the heap.
+#[derive(Clone)]
+struct ArgList {
+    /// Inline up to four (every built-in takes at most three): one allocation per launch.
+    args: smallvec::SmallVec<[KernelArg; 4]>,
+    /// The device memory the launch uses ([`KernelOp`]'s set); empty until a launch sets it.
+    uses: AccessSet,
+}
+
 impl std::fmt::Debug for Args {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Args")
-            .field("args", &self.args)
+            .field("args", &self.as_slice())
             .field("checked_by", &self.checked_by.name())
             .finish()
     }
@@ -295,7 +306,12 @@ impl Args {
     fn check_owned(kernel: KernelRef, args: Vec<KernelArg>) -> Result<Args, ArgError> {
         kernel.check(&args)?;
         Ok(Args {
-            args: args.into_boxed_slice(),
+            list: (!args.is_empty()).then(|| {
+                Box::new(ArgList {
+                    args: smallvec::SmallVec::from_vec(args),
+                    uses: AccessSet::default(),
+                })
+            }),
             launch: 0,
             checked_by: kernel,
         })
@@ -365,14 +381,27 @@ impl Args {
 
     /// The arguments.
     pub fn as_slice(&self) -> &[KernelArg] {
-        &self.args
+        self.list.as_ref().map_or(&[], |l| &l.args)
+    }
+
+    /// The access set of the launch these arguments were checked for (empty for none).
+    fn uses(&self) -> &AccessSet {
+        self.list.as_ref().map_or(AccessSet::empty(), |l| &l.uses)
+    }
+
+    /// Keep `uses` as the launch's access set: with the arguments, on the heap (nothing
+    /// to keep for a launch without arguments, which uses no device memory).
+    fn set_uses(&mut self, uses: AccessSet) {
+        if let Some(l) = &mut self.list {
+            l.uses = uses;
+        }
     }
 }
 
 impl std::ops::Deref for Args {
     type Target = [KernelArg];
     fn deref(&self) -> &[KernelArg] {
-        &self.args
+        self.as_slice()
     }
 }
 
@@ -580,14 +609,16 @@ pub fn find(name: &str) -> Result<KernelRef> {
 /// worker that ran it, so it holds as few shared counters as it can: the kernel once (in
 /// `args`), the executor only for a launch of several blocks.
 ///
-/// Two cache lines exactly (aligned to one, and [`KernelOp::SIZE`] checks the size at
-/// compile time): the launching thread writes every line of it into a box whose lines the
-/// worker last held, and each line is one more transfer between their cores per launch. It
-/// keeps no copy of the kernel's name for that reason ([`KernelRef::launch_name`]).
-#[repr(align(64))]
+/// 48 bytes, within one cache line ([`KernelOp::SIZE`] checks at compile time): the
+/// launching thread writes every line of it into a box whose lines the worker last held,
+/// and each line is one more transfer between their cores per launch. So the access set
+/// lives with the arguments ([`Args::uses`]), and it keeps no copy of the kernel's name
+/// ([`KernelRef::launch_name`]). Not aligned to a line: a box of that alignment comes from
+/// `memalign`, and a launching thread that outruns its worker makes and frees boxes
+/// (launches of a 64-float `add` took 10-15% longer with it).
 struct KernelOp {
+    /// The arguments, with the launch's access set.
     args: Args,
-    accesses: AccessSet,
     /// Blocks of the launch (`1..=MAX_BLOCK_DIM`).
     blocks: u32,
     /// Whether sleeping compute workers are woken for the blocks ([`Kernel::wakes_workers`]).
@@ -597,8 +628,8 @@ struct KernelOp {
 }
 
 impl KernelOp {
-    /// Two cache lines (see the type).
-    const SIZE: () = assert!(std::mem::size_of::<KernelOp>() == 128);
+    /// Within one cache line (see the type).
+    const SIZE: () = assert!(std::mem::size_of::<KernelOp>() == 48);
 }
 
 impl crate::stream::command::sealed::Sealed for KernelOp {}
@@ -611,7 +642,7 @@ impl Op for KernelOp {
         OpKind::Compute
     }
     fn accesses(&self) -> &AccessSet {
-        &self.accesses
+        self.args.uses()
     }
     fn run(&self) -> Result<(), KernelFailure> {
         let exec = match &self.exec {
@@ -736,7 +767,7 @@ fn build_into(
     if let Some(n) = block_dim {
         block::check_block_dim(i64::from(n))?;
     }
-    let args = Args::check_owned(kernel, args)?;
+    let mut args = Args::check_owned(kernel, args)?;
     let kernel = &args.checked_by;
     for a in args.iter() {
         if let KernelArg::Tensor(t) = a {
@@ -772,10 +803,10 @@ fn build_into(
             (n, n > 1 && kernel.wakes_workers(&args, n))
         }
     };
+    args.set_uses(accesses);
     let () = KernelOp::SIZE;
     *out = Some(KernelOp {
         args,
-        accesses,
         blocks,
         wake,
         exec: (blocks > 1).then(|| exec.clone()),
