@@ -389,11 +389,18 @@ impl Args {
         self.list.as_ref().map_or(AccessSet::empty(), |l| &l.uses)
     }
 
-    /// Keep `uses` as the launch's access set: with the arguments, on the heap (nothing
-    /// to keep for a launch without arguments, which uses no device memory).
-    fn set_uses(&mut self, uses: AccessSet) {
-        if let Some(l) = &mut self.list {
-            l.uses = uses;
+    /// Make the access set of a launch of these arguments: each tensor's allocation, used
+    /// as the checking kernel's `access` says for its index. Kept with the arguments, on the
+    /// heap; nothing is made for a launch without arguments, which uses no device memory.
+    fn set_uses(&mut self) {
+        let Args {
+            list, checked_by, ..
+        } = self;
+        if let Some(l) = list {
+            l.uses = AccessSet::new(l.args.iter().enumerate().filter_map(|(i, a)| match a {
+                KernelArg::Tensor(t) => Some((&t.buffer, checked_by.access(i))),
+                _ => None,
+            }));
         }
     }
 }
@@ -784,10 +791,6 @@ fn build_into(
             }
         }
     }
-    let accesses = AccessSet::new(args.iter().enumerate().filter_map(|(i, a)| match a {
-        KernelArg::Tensor(t) => Some((&t.buffer, kernel.access(i))),
-        _ => None,
-    }));
     let exec = stream.executor();
     let (blocks, wake) = match block_dim {
         Some(n) => (n, true),
@@ -803,7 +806,7 @@ fn build_into(
             (n, n > 1 && kernel.wakes_workers(&args, n))
         }
     };
-    args.set_uses(accesses);
+    args.set_uses();
     let () = KernelOp::SIZE;
     *out = Some(KernelOp {
         args,
