@@ -652,21 +652,27 @@ impl Op for KernelOp {
         self.args.uses()
     }
     fn run(&self) -> Result<(), KernelFailure> {
-        let exec = match &self.exec {
-            Some(exec) if self.blocks > 1 => exec,
-            _ => {
-                let cx = RunContext::single();
-                let kernel = &self.args.checked_by;
-                if kernel.is_builtin() {
-                    // Only code a kernel calls reads the thread's current block
-                    // (`block::current`), and a built-in calls none of its users' code: no
-                    // thread-local to set and restore (a graph replay runs a hundred of these
-                    // per command).
-                    return kernel.run(&self.args, &cx);
-                }
-                return block::as_block(cx, || kernel.run(&self.args, &cx));
-            }
-        };
+        if let (Some(exec), true) = (&self.exec, self.blocks > 1) {
+            return self.run_blocks(exec);
+        }
+        let cx = RunContext::single();
+        let kernel = &self.args.checked_by;
+        if kernel.is_builtin() {
+            // Only code a kernel calls reads the thread's current block
+            // (`block::current`), and a built-in calls none of its users' code: no
+            // thread-local to set and restore (a graph replay runs a hundred of these per
+            // command).
+            return kernel.run(&self.args, &cx);
+        }
+        block::as_block(cx, || kernel.run(&self.args, &cx))
+    }
+}
+
+impl KernelOp {
+    /// [`Op::run`] of a launch of several blocks, on `exec`'s compute workers. Out of line:
+    /// inlined, its locals gave every run, one block or many, a 1.5 KiB stack frame.
+    #[inline(never)]
+    fn run_blocks(&self, exec: &Arc<Executor>) -> Result<(), KernelFailure> {
         let launch = block::new_launch();
         let args = self.args.for_launch(launch);
         block::run_blocks_on(
