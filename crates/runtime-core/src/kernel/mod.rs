@@ -317,11 +317,19 @@ impl Args {
         })
     }
 
-    /// A copy for the blocks of launch `launch`.
+    /// A copy for the blocks of launch `launch`: the arguments, without the launch's
+    /// access set (the op that runs the blocks holds it; each block's guard,
+    /// [`Args::hold_for`], makes its own).
     fn for_launch(&self, launch: u64) -> Args {
         Args {
+            list: self.list.as_ref().map(|l| {
+                Box::new(ArgList {
+                    args: l.args.clone(),
+                    uses: AccessSet::default(),
+                })
+            }),
             launch,
-            ..self.clone()
+            checked_by: self.checked_by.clone(),
         }
     }
 
