@@ -363,10 +363,7 @@ impl Args {
                 "the arguments were checked by another kernel",
             ));
         }
-        let uses = AccessSet::new(self.iter().enumerate().filter_map(|(i, a)| match a {
-            KernelArg::Tensor(t) => Some((t.buffer(), access(i))),
-            _ => None,
-        }));
+        let uses = self.tensor_uses(access);
         let launch = if self.launch() == cx.launch() {
             self.launch()
         } else {
@@ -401,15 +398,21 @@ impl Args {
     /// as the checking kernel's `access` says for its index. Kept with the arguments, on the
     /// heap; nothing is made for a launch without arguments, which uses no device memory.
     fn set_uses(&mut self) {
-        let Args {
-            list, checked_by, ..
-        } = self;
-        if let Some(l) = list {
-            l.uses = AccessSet::new(l.args.iter().enumerate().filter_map(|(i, a)| match a {
-                KernelArg::Tensor(t) => Some((&t.buffer, checked_by.access(i))),
-                _ => None,
-            }));
+        if self.list.is_none() {
+            return;
         }
+        let uses = self.tensor_uses(|i| self.checked_by.access(i));
+        if let Some(l) = &mut self.list {
+            l.uses = uses;
+        }
+    }
+
+    /// The set of these arguments' tensors, argument `i` used as `access(i)` says.
+    fn tensor_uses(&self, access: impl Fn(usize) -> Access) -> AccessSet {
+        AccessSet::new(self.iter().enumerate().filter_map(|(i, a)| match a {
+            KernelArg::Tensor(t) => Some((t.buffer(), access(i))),
+            _ => None,
+        }))
     }
 }
 
