@@ -270,7 +270,7 @@ pub(crate) fn run_blocks_on(
     }
     {
         let _borrowed = launch.lending.enter();
-        launch.run_claimed(&*body);
+        let _ran = launch.run_claimed(&*body);
     }
     drop(offer);
     drop(help);
@@ -353,13 +353,15 @@ impl Launch {
         }
     }
 
-    /// Claim and run blocks until none is left.
-    fn run_claimed(&self, body: &BlockBody) {
+    /// Claim and run blocks until none is left; returns whether it ran any.
+    fn run_claimed(&self, body: &BlockBody) -> bool {
+        let mut ran = false;
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
             if i >= self.block_num {
-                return;
+                return ran;
             }
+            ran = true;
             let cx = RunContext::of_launch(i, self.block_num, self.launch);
             let result = as_block(cx, || {
                 crate::stream::panics::run_caught(&self.name, || body(cx))
@@ -425,26 +427,27 @@ impl Launch {
 }
 
 impl Help for Launch {
-    fn help(&self) {
+    fn help(&self) -> bool {
         if self.next.load(Ordering::Relaxed) >= self.block_num {
-            return; // came late: nothing left
+            return false; // came late: nothing left
         }
         let body = {
             let st = self.lock();
             let Some(body) = st.body.clone() else {
-                return;
+                return false;
             };
             self.pending.fetch_add(1, Ordering::SeqCst);
             body
         };
-        {
+        let ran = {
             let _borrowed = self.lending.enter();
-            self.run_claimed(&*body);
-        }
+            self.run_claimed(&*body)
+        };
         // Dropped before leaving: the op's thread holds the body until every helper left,
         // so this is never the last reference.
         drop(body);
         self.settle_one();
+        ran
     }
 }
 
@@ -510,13 +513,13 @@ mod tests {
                         for _ in 0..(h * (round % 5) * 40) {
                             std::hint::spin_loop();
                         }
-                        l.help();
+                        let _ran = l.help();
                     })
                 })
                 .collect();
             {
                 let _borrowed = launch.lending.enter();
-                launch.run_claimed(&*body);
+                let _ran = launch.run_claimed(&*body);
             }
             drop(body);
             launch.finish().unwrap();

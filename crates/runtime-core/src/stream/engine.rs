@@ -140,10 +140,10 @@ pub(crate) enum EngineKind {
 }
 
 /// Work an engine's workers lend a hand with besides streams: the blocks of a multi-block
-/// launch (`kernel::block`). `help` claims and runs what is left and returns; a helper that
-/// comes late finds nothing to do.
+/// launch (`kernel::block`). `help` claims and runs what is left and returns whether it ran
+/// any; a helper that comes late finds nothing to do.
 pub(crate) trait Help: Send + Sync {
-    fn help(&self);
+    fn help(&self) -> bool;
 }
 
 /// One request for help ([`Engine::post_help`]).
@@ -580,7 +580,7 @@ impl Engine {
                 Msg::Help(h) => {
                     // Blocks of a launch: compute time on this worker.
                     let t = Instant::now();
-                    h.help();
+                    let _ran = h.help();
                     add_busy(&self.busy_ns, t);
                 }
             }
@@ -728,7 +728,9 @@ mod tests {
 
     struct Nothing;
     impl Help for Nothing {
-        fn help(&self) {}
+        fn help(&self) -> bool {
+            false
+        }
     }
 
     /// A request for help outlives its launch in the queue until a worker pops it; once the

@@ -1099,8 +1099,11 @@ impl Drop for Offer {
 }
 
 /// For a thread waiting for `s`: run the blocks of the launch `s` runs now, if it offered
-/// them; true when it did. The blocks run under the rules of a runtime thread (a wait from
-/// them for a busy stream is refused, never a hang).
+/// them; true when it ran one. False when every block was taken already: the waiter then
+/// pauses (and yields) as any spinning waiter does, rather than asking again at once, which
+/// kept a core from the thread running the launch's last block (and took the offer's lock
+/// from the op's thread) for as long as that block ran. The blocks run under the rules of a
+/// runtime thread (a wait from them for a busy stream is refused, never a hang).
 fn help_offered(s: &StreamInner) -> bool {
     // Sequentially consistent: see `Completion::wait_helping`'s last look.
     if !s.offered.load(Ordering::SeqCst) {
@@ -1109,8 +1112,7 @@ fn help_offered(s: &StreamInner) -> bool {
     let Some(help) = s.offer.lock().clone() else {
         return false;
     };
-    crate::sync::as_runtime_thread(|| help.help());
-    true
+    crate::sync::as_runtime_thread(|| help.help())
 }
 
 /// After `fork()`, in the child (see `runtime::install_fork_handlers`).
