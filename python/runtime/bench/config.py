@@ -43,7 +43,11 @@ class Config:
         self.big_reps = 30 if quick else 40
         self.n_launch = 1000 if quick else 10_000  # native no-op launches per sample
         self.n_pylaunch = 250 if quick else 2000  # Python-callable launches per sample
-        self.loop_reps = 15 if quick else 10  # samples of the N-launch rows
+        # Samples of the N-launch rows. A full run's verdict on them comes from the interval
+        # between order statistics of the per-round ratios: with 10 samples it ran from the
+        # 2nd to the 9th, and an amortised launch at 0.08-0.09x PyOpenCL's read NEAR against
+        # a 0.1x goal in four runs of five; with 30 it runs from the 10th to the 21st.
+        self.loop_reps = 15 if quick else 30
         self.graph_nodes = 100
         self.graph_replays = 10 if quick else 100  # replays per amortised sample
         self.pipe_chunks = 8
