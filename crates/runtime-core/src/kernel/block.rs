@@ -270,7 +270,7 @@ pub(crate) fn run_blocks_on(
     }
     {
         let _borrowed = launch.lending.enter();
-        let _ran = launch.run_claimed(&*body);
+        launch.run_claimed(&*body);
     }
     drop(offer);
     drop(help);
@@ -513,13 +513,13 @@ mod tests {
                         for _ in 0..(h * (round % 5) * 40) {
                             std::hint::spin_loop();
                         }
-                        let _ran = l.help();
+                        l.help();
                     })
                 })
                 .collect();
             {
                 let _borrowed = launch.lending.enter();
-                let _ran = launch.run_claimed(&*body);
+                launch.run_claimed(&*body);
             }
             drop(body);
             launch.finish().unwrap();
@@ -539,6 +539,27 @@ mod tests {
             let counts: Vec<u32> = ran.iter().map(|c| c.load(Ordering::SeqCst)).collect();
             assert_eq!(counts, vec![1; blocks as usize], "round {round}");
         }
+    }
+
+    /// A helper says whether it ran a block: a waiting host thread that came after every
+    /// block was claimed hears "no", and pauses before it asks again instead of asking at
+    /// once for as long as the last block runs.
+    #[test]
+    fn a_helper_says_whether_it_ran_a_block() {
+        let body: Arc<BlockBody> = Arc::new(|_| Ok(()));
+        let launch = Launch::new("k", 2, body.clone(), 0);
+        assert!(launch.help(), "blocks were left: the helper ran them");
+        assert!(!launch.help(), "every block was taken: the helper ran none");
+        {
+            let _borrowed = launch.lending.enter();
+            assert!(
+                !launch.run_claimed(&*body),
+                "nothing left for the op's thread"
+            );
+        }
+        drop(body);
+        launch.finish().unwrap();
+        assert!(!launch.help(), "after the launch ended: nothing to run");
     }
 
     #[test]

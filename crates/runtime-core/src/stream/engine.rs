@@ -580,7 +580,7 @@ impl Engine {
                 Msg::Help(h) => {
                     // Blocks of a launch: compute time on this worker.
                     let t = Instant::now();
-                    let _ran = h.help();
+                    h.help();
                     add_busy(&self.busy_ns, t);
                 }
             }
