@@ -17,11 +17,14 @@ from hypothesis import strategies as st
 
 from runtime.bench import Config, Row
 from runtime.bench.report import (
+    FAR_NS,
     add_group_ratios,
     check_targets,
+    host_probe_summary,
     paired_ratio,
     quick_verdict,
     ratio_estimate,
+    render_host_probes,
     verdict,
 )
 from runtime.bench.run import Progress, _groups, run_rows
@@ -131,6 +134,63 @@ def test_cells_are_warmed_up_outside_the_samples_and_sampled_in_turn():
     round_ = ["a/rt", "a/rt", "a/np", "a/np", "b/rt", "b/rt"]
     assert log[6 : 6 + 7 * 6] == round_ * 7
     assert log[6 + 7 * 6 :] == ["c/rt"] * (2 + 7)  # alone: no untimed call between samples
+
+
+def test_each_group_keeps_the_host_probes_taken_while_it_was_sampled(monkeypatch):
+    """The host's cross-core latency is probed before a group's first round (and then every
+    ``PROBE_EVERY_S``), and each row of the group carries the probes of its stretch."""
+    import runtime.bench.run as run_mod
+
+    readings = iter([30.0, 210.0, 40.0, 50.0])
+    monkeypatch.setattr(run_mod, "_probe_host", lambda: next(readings))
+    out = run_rows(
+        _rows([], {}),
+        ["runtime", "numpy"],
+        Config(quick=True),
+        NO_PEERS,
+        Progress(0, enabled=False),
+    )
+    by = {r["key"]: r["host_one_way_ns"] for r in out}
+    # Rows a and b are one group (one stretch: one probe at its start, the rounds being
+    # quicker than PROBE_EVERY_S); c is sampled alone after them.
+    assert by == {"a": [30.0], "b": [30.0], "c": [210.0]}
+
+
+def test_the_host_probe_measures_on_this_machine():
+    import os
+
+    from runtime.bench.run import _probe_host
+
+    ns = _probe_host()
+    if (os.cpu_count() or 1) < 2:
+        assert ns is None
+    else:
+        assert ns is not None and 0 < ns < 1e6
+
+
+def test_host_probes_split_at_the_far_threshold_and_name_the_rows_sampled_far():
+    rows = [
+        {"key": "a", "host_one_way_ns": [30.0, 28.0]},
+        {"key": "b", "host_one_way_ns": [30.0, 28.0]},  # a's group: counted once
+        {"key": "c", "host_one_way_ns": [25.0, FAR_NS + 110]},
+        {"key": "d"},  # a row not run
+    ]
+    s = host_probe_summary(rows)
+    assert s == {
+        "far_from_ns": FAR_NS,
+        "near": 3,
+        "near_ns": [25.0, 30.0],
+        "far": 1,
+        "far_ns": [FAR_NS + 110, FAR_NS + 110],
+        "far_rows": ["c"],
+    }
+    text = render_host_probes(s)
+    assert "25-30 ns in 3" in text and "210-210 ns in 1 of 4 probes" in text
+    assert text.endswith("rows sampled then: c")
+    near_only = host_probe_summary(rows[:2])
+    assert near_only["far"] == 0 and "rows sampled then" not in render_host_probes(near_only)
+    assert host_probe_summary([{"key": "a", "host_one_way_ns": []}]) is None
+    assert "not measured" in render_host_probes(None)
 
 
 def test_systems_set_apart_are_sampled_after_the_others():

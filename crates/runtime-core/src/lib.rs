@@ -4,6 +4,7 @@
 //! | layer (bottom to top) | module | owns |
 //! |---|---|---|
 //! | time | [`clock`] | the shared monotonic clock, deadlines |
+//! | host probe | [`probe`] | what one hand-off between two threads costs on this host now |
 //! | sizes | [`size`] | [`Bytes`]: the size type of the API, its parser and printing |
 //! | lifecycle epoch | `generation` | which runtime is live; handles compare against it |
 //! | errors | [`error`] | one `thiserror` enum per domain, [`Error`] over them |
@@ -50,6 +51,7 @@ pub(crate) mod generation;
 pub mod ipc_event;
 pub mod kernel;
 pub mod memory;
+pub mod probe;
 pub mod runtime;
 pub mod size;
 pub mod stream;

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 /// Bottom to top: a module may refer only to modules listed before it.
 const LAYERS: &[&str] = &[
+    "probe",
     "clock",
     "size",
     "generation",

@@ -41,6 +41,7 @@ mod managed;
 mod memory;
 mod pinned;
 mod pool;
+mod probe;
 mod stats;
 mod stream;
 mod testing;
@@ -123,6 +124,7 @@ fn _runtime(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stream::AutoSynchronize>()?;
     m.add_class::<defer::DeferCleanup>()?;
     m.add_function(wrap_pyfunction!(defer::_defer_state, m)?)?;
+    m.add_function(wrap_pyfunction!(probe::_cross_core_ns, m)?)?;
     m.add_function(wrap_pyfunction!(stream::set_stream, m)?)?;
     m.add_function(wrap_pyfunction!(stream::is_current_stream_capturing, m)?)?;
     m.add_function(wrap_pyfunction!(defer::defer_cleanup, m)?)?;

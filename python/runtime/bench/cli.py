@@ -22,7 +22,14 @@ from .config import ASCEND910_US, PEERS, SYSTEMS, Config
 from .curves.sweeps import ALL as _ALL_SWEEPS
 from .peers import Peers, _loadavg, machine_info
 from .plot import write_plot
-from .report import check_targets, render_markdown, render_table, render_targets
+from .report import (
+    check_targets,
+    host_probe_summary,
+    render_host_probes,
+    render_markdown,
+    render_table,
+    render_targets,
+)
 from .rows import rows_for
 from .run import Progress, run_rows
 from .timing import timer_floor_ns
@@ -178,6 +185,8 @@ def _render_saved(a) -> int:
             text = render_markdown(doc)
         else:
             table = render_table(doc["rows"], list(SYSTEMS), doc["machine"])
+            if "host_one_way_ns" in doc["machine"]:
+                table += "\n" + render_host_probes(doc["machine"]["host_one_way_ns"])
             text = f"{table}\n\n{render_targets(doc['targets'])}"
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
         raise UsageError(
@@ -302,6 +311,7 @@ def _main(argv: list[str] | None) -> int:
             rt.shutdown()
     elapsed = time.monotonic() - t_start
     machine["loadavg_end"] = _loadavg()
+    machine["host_one_way_ns"] = host_probe_summary(results)
 
     print(render_table(results, systems, machine))
     print()
@@ -321,6 +331,7 @@ def _main(argv: list[str] | None) -> int:
             else "spinning after each call (OpenBLAS's default; the cell after numpy's is slowed)"
         )
     )
+    print(render_host_probes(machine["host_one_way_ns"]))
     print()
     print(render_targets(targets))
 

@@ -473,6 +473,70 @@ def _ci_text(r: dict) -> str:
     return f"  (paired x{est[0]:.2f}, 95% CI {est[1]:.2f}-{est[2]:.2f}: {r.get('pipelining_verdict', '')})"
 
 
+#: One-way ns from which a probe of the host (``run._probe_host``) counts as far: on this
+#: project's 2-vCPU VMs a cache line takes about 30 ns between vCPUs that share a cache and
+#: about 200 ns between vCPUs that do not, as the host moves them.
+FAR_NS = 100.0
+
+
+def host_probe_summary(rows) -> dict | None:
+    """The host probes of a run's rows (``host_one_way_ns``) split at ``FAR_NS``: how many
+    were near and far, their ranges, and the rows sampled while a probe read far. None when
+    no probe measured (a single-CPU host)."""
+    near: list[float] = []
+    far: list[float] = []
+    far_rows: list[str] = []
+    last = None
+    for r in rows:
+        ps = r.get("host_one_way_ns") or []
+        f = [p for p in ps if p >= FAR_NS]
+        if f:
+            far_rows.append(r["key"])
+        if ps == last:
+            continue  # the next row of one group: the same probes, counted once
+        last = ps
+        near += [p for p in ps if p < FAR_NS]
+        far += f
+
+    def span(xs):
+        return [min(xs), max(xs)] if xs else None
+
+    if not near and not far:
+        return None
+    return {
+        "far_from_ns": FAR_NS,
+        "near": len(near),
+        "near_ns": span(near),
+        "far": len(far),
+        "far_ns": span(far),
+        "far_rows": far_rows,
+    }
+
+
+def render_host_probes(summary: dict | None) -> str:
+    """One line on the host's cross-core latency during the run (``host_probe_summary``)."""
+    if summary is None:
+        return "host: cross-core latency not measured (one CPU)"
+    n = summary["near"] + summary["far"]
+    parts = []
+    for kind in ("near", "far"):
+        if summary[kind]:
+            lo, hi = summary[f"{kind}_ns"]
+            parts.append(f"{lo:.0f}-{hi:.0f} ns in {summary[kind]}")
+    text = (
+        f"host: one cache line between two busy threads took {' and '.join(parts)} of {n} "
+        "probes, one way (each hand-off between a launching thread and a worker costs at "
+        "least that)"
+    )
+    if summary["far"]:
+        text += (
+            f"; from {summary['far_from_ns']:.0f} ns the host had the two vCPUs on cores that "
+            "share no cache, and every launch's hand-offs cost several times more: rows "
+            f"sampled then: {', '.join(summary['far_rows'])}"
+        )
+    return text
+
+
 def render_targets(targets) -> str:
     lines = [
         "targets (cells sampled in turn; reported, not asserted; NEAR: this run cannot tell "
@@ -528,6 +592,9 @@ def render_markdown(doc) -> str:
             out.append(
                 f"| &nbsp;&nbsp;└ pipelining on vs off (>1: on faster) | x{r['pipelining_speedup']:.2f} | {pad} | | |"
             )
+    if "host_one_way_ns" in doc.get("machine", {}):
+        out.append("")
+        out.append(render_host_probes(doc["machine"]["host_one_way_ns"]))
     out.append("")
     out.append("| target | status | measured |")
     out.append("|---|---|---|")

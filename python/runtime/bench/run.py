@@ -5,8 +5,9 @@
 exception into that cell's status, warms every cell up outside the timed samples, then samples
 the group's cells interleaved, round by round, with the collector off (systems a row sets
 ``apart`` in a stretch of their own after the others), and lets background
-work settle between groups. ``run_cell`` times one sample function alone; ``Progress`` is the
-stderr progress line.
+work settle between groups. While a group is sampled, the host's cross-core latency is probed
+between rounds (``_probe_host``) and kept with each of its rows. ``run_cell`` times one sample
+function alone; ``Progress`` is the stderr progress line.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 import time
 
 import runtime as rt
+from runtime import _runtime
 
 from .config import Config, NotApplicable
 from .report import add_group_ratios, fmt_us, summarise_row
@@ -126,7 +128,21 @@ def run_cell(fn, reps, warmup, cfg: Config, progress: Progress, budget=True) -> 
     return cell.result()
 
 
-def _interleave(cells: list[_Cell], cfg: Config, progress: Progress) -> None:
+#: Seconds between two probes of the host's cross-core latency while a group is sampled.
+PROBE_EVERY_S = 0.25
+
+
+def _probe_host() -> float | None:
+    """One-way ns of a cache line between two busy threads now (about 1,000 round trips, at
+    most 5 ms): what every hand-off between a launching thread and a worker costs at least.
+    On a VM it changes with where the host puts the vCPUs (BENCHMARKS.md), and with it every
+    small launch's time. None on a single-CPU host."""
+    return _runtime._cross_core_ns(1000, 0.005)
+
+
+def _interleave(
+    cells: list[_Cell], cfg: Config, progress: Progress, probes: list | None = None
+) -> None:
     """Sample the cells in turn, one sample each per round, with the collector off.
 
     Cells that are compared with each other (the systems of one row, the rows of one group)
@@ -136,7 +152,9 @@ def _interleave(cells: list[_Cell], cfg: Config, progress: Progress) -> None:
     back-to-back samples, and the previous cell's background work (a worker lingering, freed
     blocks being scrubbed) overlaps that untimed call rather than the timed one. A cell stops
     at its ``reps``; a budgeted cell also stops once the round's time budget is spent and it
-    has ``cfg.min_reps`` samples.
+    has ``cfg.min_reps`` samples. With ``probes``, the host's cross-core latency is appended to
+    it before the first round and then between rounds every ``PROBE_EVERY_S``, outside the
+    timed samples.
     """
     reps = max(c.reps for c in cells)
     budget = cfg.budget_s * len(cells)
@@ -144,10 +162,16 @@ def _interleave(cells: list[_Cell], cfg: Config, progress: Progress) -> None:
     gc.disable()
     try:
         deadline = time.monotonic() + budget
+        next_probe = 0.0
         for i in range(reps):
             live = [c for c in cells if c.error is None and len(c.vals) < c.reps]
             if not live:
                 break
+            if probes is not None and time.monotonic() >= next_probe:
+                ns = _probe_host()
+                if ns is not None:
+                    probes.append(ns)
+                next_probe = time.monotonic() + PROBE_EVERY_S
             if i >= cfg.min_reps and time.monotonic() > deadline:
                 live = [c for c in live if not c.budget]
                 if not live:
@@ -179,6 +203,7 @@ def run_rows(rows, systems, cfg, peers, progress) -> list[dict]:
     """Measure every (row, system) cell: set up and warm up each cell of a group (untimed),
     then sample the group's cells interleaved (``_interleave``), then clean up."""
     results: dict[str, dict[str, dict]] = {row.key: {} for row in rows}
+    probes: dict[str, list[float]] = {row.key: [] for row in rows}
     for group in _groups(rows):
         cells: list[_Cell] = []
         for row in group:
@@ -218,9 +243,12 @@ def run_rows(rows, systems, cfg, peers, progress) -> list[dict]:
             t0 = time.monotonic()
             together = [c for c in cells if c.sysname not in c.row.apart]
             apart = [c for c in cells if c.sysname in c.row.apart]
+            seen: list[float] = []
             for stretch in (together, apart):
                 if stretch:
-                    _interleave(stretch, cfg, progress)
+                    _interleave(stretch, cfg, progress, seen)
+            for row in group:
+                probes[row.key] = seen
             for c in cells:
                 if c.error is not None:
                     results[c.row.key][c.sysname] = _error(c.error, c.t_setup)
@@ -237,6 +265,8 @@ def run_rows(rows, systems, cfg, peers, progress) -> list[dict]:
             for sysname in {c.sysname for c in cells}:
                 settle(sysname)
     out = [summarise_row(row, results[row.key]) for row in rows]
+    for d in out:
+        d["host_one_way_ns"] = [round(ns, 1) for ns in probes[d["key"]]]
     add_group_ratios(out)
     return out
 
