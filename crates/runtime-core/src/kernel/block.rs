@@ -17,7 +17,7 @@
 
 use std::cell::Cell;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -270,7 +270,7 @@ pub(crate) fn run_blocks_on(
     }
     {
         let _borrowed = launch.lending.enter();
-        launch.run_claimed(&*body);
+        launch.run_claimed(&*body, End::First);
     }
     drop(offer);
     drop(help);
@@ -284,8 +284,9 @@ pub(crate) fn run_blocks_on(
 struct Launch {
     name: String,
     block_num: u32,
-    /// The next block to claim (may run past `block_num`: nothing left).
-    next: CachePadded<AtomicU32>,
+    /// Blocks claimed from each end ([`Claims`]): the op's thread takes them from block 0 up,
+    /// helpers from the last block down.
+    claims: Claims,
     /// What the op's thread waits for ([`Launch::finish`]): the blocks not yet run plus the
     /// helpers inside (joined under `state`'s lock, leaving after they let go of the body),
     /// and [`SLEEPING`] once the op's thread may sleep on `left`. On a cache line of its own,
@@ -300,6 +301,67 @@ struct Launch {
     state: Mutex<State>,
     /// Signalled by the update that brings `pending` to zero once the op's thread may sleep.
     left: Condvar,
+}
+
+/// Which end of a launch's blocks a thread claims from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum End {
+    /// Block 0 up: the op's thread.
+    First,
+    /// The last block down: helpers (waiting host threads, workers asked for help).
+    Last,
+}
+
+/// The claims on a launch's blocks from either end, in one atomic: claims from the first
+/// block in the low 32 bits, from the last in the high 32. Two ends, so that a block runs on
+/// the same thread from one launch to the next: with one counter the op's thread and a
+/// waiting host thread took blocks 0 and 1 in whichever order they came (a third of the
+/// launches of a Rust `add` 2^16 + synchronize loop swapped them), and each swap moved
+/// both halves of the output between their cores' caches.
+///
+/// A claim adds one to its end's count and is valid when, before it, the two counts summed
+/// to less than the number of blocks: the claims are totally ordered (one atomic), so the
+/// first `block_num` of them are valid and the rest are not, and a valid claim from the
+/// first end takes index `low` and one from the last end index `block_num - 1 - high`,
+/// which no valid claim from the other end can take (it would need `low + high` to be
+/// `block_num - 1` at both claims, but each valid claim raised it). Counts stay below
+/// 2^32: each thread stops at its first invalid claim, and `block_num` is at most 65,535.
+#[derive(Default)]
+struct Claims(CachePadded<AtomicU64>);
+
+impl Claims {
+    const LAST: u64 = 1 << 32;
+
+    fn split(v: u64) -> (u32, u32) {
+        (v as u32, (v >> 32) as u32)
+    }
+
+    /// Claim the next block from `end`: its index, or `None` when every block was taken.
+    fn claim(&self, end: End, block_num: u32) -> Option<u32> {
+        let add = match end {
+            End::First => 1,
+            End::Last => Self::LAST,
+        };
+        let (low, high) = Self::split(self.0.fetch_add(add, Ordering::Relaxed));
+        if u64::from(low) + u64::from(high) >= u64::from(block_num) {
+            return None;
+        }
+        Some(match end {
+            End::First => low,
+            End::Last => block_num - 1 - high,
+        })
+    }
+
+    /// Whether any block was claimed.
+    fn any(&self) -> bool {
+        self.0.load(Ordering::SeqCst) != 0
+    }
+
+    /// Whether every block was claimed.
+    fn all_taken(&self, block_num: u32) -> bool {
+        let (low, high) = Self::split(self.0.load(Ordering::Relaxed));
+        u64::from(low) + u64::from(high) >= u64::from(block_num)
+    }
 }
 
 /// The flag of [`Launch::pending`] set by the op's thread, under `state`'s lock, before it
@@ -319,7 +381,7 @@ impl Launch {
         Launch {
             name: name.to_string(),
             block_num,
-            next: CachePadded::new(AtomicU32::new(0)),
+            claims: Claims::default(),
             pending: CachePadded::new(AtomicU64::new(u64::from(block_num))),
             launch,
             lending: access::lend(launch),
@@ -341,7 +403,7 @@ impl Launch {
     fn await_helper(&self, grace: Duration, waiter: impl Fn() -> bool) -> bool {
         let start = Instant::now();
         loop {
-            if self.next.load(Ordering::SeqCst) > 0 || waiter() {
+            if self.claims.any() || waiter() {
                 return true;
             }
             if start.elapsed() >= grace {
@@ -353,14 +415,13 @@ impl Launch {
         }
     }
 
-    /// Claim and run blocks until none is left; returns whether it ran any.
-    fn run_claimed(&self, body: &BlockBody) -> bool {
+    /// Claim and run blocks from `end` until none is left; returns whether it ran any.
+    fn run_claimed(&self, body: &BlockBody, end: End) -> bool {
         let mut ran = false;
         loop {
-            let i = self.next.fetch_add(1, Ordering::Relaxed);
-            if i >= self.block_num {
+            let Some(i) = self.claims.claim(end, self.block_num) else {
                 return ran;
-            }
+            };
             ran = true;
             let cx = RunContext::of_launch(i, self.block_num, self.launch);
             let result = as_block(cx, || {
@@ -428,7 +489,7 @@ impl Launch {
 
 impl Help for Launch {
     fn help(&self) -> bool {
-        if self.next.load(Ordering::Relaxed) >= self.block_num {
+        if self.claims.all_taken(self.block_num) {
             return false; // came late: nothing left
         }
         let body = {
@@ -441,7 +502,7 @@ impl Help for Launch {
         };
         let ran = {
             let _borrowed = self.lending.enter();
-            self.run_claimed(&*body)
+            self.run_claimed(&*body, End::Last)
         };
         // Dropped before leaving: the op's thread holds the body until every helper left,
         // so this is never the last reference.
@@ -454,6 +515,66 @@ impl Help for Launch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use std::sync::atomic::AtomicU32;
+
+    proptest! {
+        /// Against a model: claims from either end, in any order, give every block exactly
+        /// once, the first end's in order from block 0 and the last end's from the last
+        /// block down, and nothing once all are taken.
+        #[test]
+        fn claims_from_both_ends_take_every_block_once(
+            block_num in 1u32..40,
+            ends in proptest::collection::vec(any::<bool>(), 0..100),
+        ) {
+            let c = Claims::default();
+            let (mut low, mut high) = (0u32, 0u32);
+            let mut seen = vec![false; block_num as usize];
+            prop_assert!(!c.any());
+            for first in ends {
+                let end = if first { End::First } else { End::Last };
+                let left = low + high < block_num;
+                let got = c.claim(end, block_num);
+                if !left {
+                    prop_assert_eq!(got, None);
+                    continue;
+                }
+                let want = if first { low } else { block_num - 1 - high };
+                prop_assert_eq!(got, Some(want));
+                prop_assert!(!seen[want as usize], "block {} taken twice", want);
+                seen[want as usize] = true;
+                if first { low += 1 } else { high += 1 }
+                prop_assert!(c.any());
+                prop_assert_eq!(c.all_taken(block_num), low + high == block_num);
+            }
+        }
+    }
+
+    /// Threads claiming from both ends at once take every block exactly once.
+    #[test]
+    fn racing_claims_from_both_ends_take_every_block_once() {
+        for block_num in [1u32, 2, 3, 64, 1000] {
+            let c = Arc::new(Claims::default());
+            let taken: Arc<Vec<AtomicU32>> =
+                Arc::new((0..block_num).map(|_| AtomicU32::new(0)).collect());
+            let threads: Vec<_> = (0..4)
+                .map(|t| {
+                    let (c, taken) = (c.clone(), taken.clone());
+                    std::thread::spawn(move || {
+                        let end = if t % 2 == 0 { End::First } else { End::Last };
+                        while let Some(i) = c.claim(end, block_num) {
+                            taken[i as usize].fetch_add(1, Ordering::Relaxed);
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            assert!(taken.iter().all(|n| n.load(Ordering::Relaxed) == 1));
+            assert!(c.all_taken(block_num));
+        }
+    }
 
     #[test]
     fn shares_cover_the_range_in_order_without_overlap() {
@@ -519,7 +640,7 @@ mod tests {
                 .collect();
             {
                 let _borrowed = launch.lending.enter();
-                launch.run_claimed(&*body);
+                launch.run_claimed(&*body, End::First);
             }
             drop(body);
             launch.finish().unwrap();
@@ -553,7 +674,7 @@ mod tests {
         {
             let _borrowed = launch.lending.enter();
             assert!(
-                !launch.run_claimed(&*body),
+                !launch.run_claimed(&*body, End::First),
                 "nothing left for the op's thread"
             );
         }
