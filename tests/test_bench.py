@@ -137,11 +137,12 @@ def test_cells_are_warmed_up_outside_the_samples_and_sampled_in_turn():
 
 
 def test_each_group_keeps_the_host_probes_taken_while_it_was_sampled(monkeypatch):
-    """The host's cross-core latency is probed before a group's first round (and then every
-    ``PROBE_EVERY_S``), and each row of the group carries the probes of its stretch."""
+    """The host's cross-core latency is probed before a group's first round, then every
+    ``PROBE_EVERY_S`` and after its last, and each row of the group carries the probes of its
+    stretch."""
     import runtime.bench.run as run_mod
 
-    readings = iter([30.0, 210.0, 40.0, 50.0])
+    readings = iter([30.0, 35.0, 210.0, 220.0])
     monkeypatch.setattr(run_mod, "_probe_host", lambda: next(readings))
     out = run_rows(
         _rows([], {}),
@@ -151,9 +152,9 @@ def test_each_group_keeps_the_host_probes_taken_while_it_was_sampled(monkeypatch
         Progress(0, enabled=False),
     )
     by = {r["key"]: r["host_one_way_ns"] for r in out}
-    # Rows a and b are one group (one stretch: one probe at its start, the rounds being
-    # quicker than PROBE_EVERY_S); c is sampled alone after them.
-    assert by == {"a": [30.0], "b": [30.0], "c": [210.0]}
+    # Rows a and b are one group (one stretch: a probe before its first round and one after
+    # its last, the rounds being quicker than PROBE_EVERY_S); c is sampled alone after them.
+    assert by == {"a": [30.0, 35.0], "b": [30.0, 35.0], "c": [210.0, 220.0]}
 
 
 def test_the_host_probe_measures_on_this_machine():

@@ -133,8 +133,10 @@ PROBE_EVERY_S = 0.25
 
 
 def _probe_host() -> float | None:
-    """One-way ns of a cache line between two busy threads now (about 1,000 round trips, at
-    most 5 ms): what every hand-off between a launching thread and a worker costs at least.
+    """One-way ns of a cache line between two busy threads now (the quickest of bursts of 64
+    round trips, 1,000 in all, at most 5 ms; a burst in which another busy thread took one
+    of the two cores does not count): what every hand-off between a launching thread and a
+    worker costs at least.
     On a VM it changes with where the host puts the vCPUs (BENCHMARKS.md), and with it every
     small launch's time. None on a single-CPU host."""
     return _runtime._cross_core_ns(1000, 0.005)
@@ -153,8 +155,8 @@ def _interleave(
     blocks being scrubbed) overlaps that untimed call rather than the timed one. A cell stops
     at its ``reps``; a budgeted cell also stops once the round's time budget is spent and it
     has ``cfg.min_reps`` samples. With ``probes``, the host's cross-core latency is appended to
-    it before the first round and then between rounds every ``PROBE_EVERY_S``, outside the
-    timed samples.
+    it before the first round, between rounds every ``PROBE_EVERY_S`` and after the last,
+    outside the timed samples.
     """
     reps = max(c.reps for c in cells)
     budget = cfg.budget_s * len(cells)
@@ -184,6 +186,10 @@ def _interleave(
                 except Exception as e:  # this cell's error; the others go on
                     c.error = e
             progress.tick(i + 1, reps)
+        if probes is not None:
+            ns = _probe_host()
+            if ns is not None:
+                probes.append(ns)
     finally:
         gc.enable()
 
