@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from runtime.bench import Config, Row
 from runtime.bench.report import (
     FAR_NS,
+    SIBLING_NS,
     add_group_ratios,
     check_targets,
     host_probe_summary,
@@ -176,27 +177,34 @@ def test_the_host_probe_measures_on_this_machine():
         _runtime._cross_core_ns(10, -1.0)
 
 
-def test_host_probes_split_at_the_far_threshold_and_name_the_rows_sampled_far():
+def test_host_probes_fall_in_three_classes_and_name_the_rows_sampled_off_the_middle_one():
     rows = [
         {"key": "a", "host_one_way_ns": [30.0, 28.0]},
         {"key": "b", "host_one_way_ns": [30.0, 28.0]},  # a's group: counted once
         {"key": "c", "host_one_way_ns": [25.0, FAR_NS + 110]},
         {"key": "d"},  # a row not run
+        {"key": "e", "host_one_way_ns": [SIBLING_NS - 7, 31.0]},
     ]
     s = host_probe_summary(rows)
     assert s == {
+        "siblings_below_ns": SIBLING_NS,
         "far_from_ns": FAR_NS,
-        "near": 3,
-        "near_ns": [25.0, 30.0],
+        "siblings": 1,
+        "siblings_ns": [SIBLING_NS - 7, SIBLING_NS - 7],
+        "near": 4,
+        "near_ns": [25.0, 31.0],
         "far": 1,
         "far_ns": [FAR_NS + 110, FAR_NS + 110],
+        "sibling_rows": ["e"],
         "far_rows": ["c"],
     }
     text = render_host_probes(s)
-    assert "25-30 ns in 3" in text and "210-210 ns in 1 of 4 probes" in text
+    assert "15-15 ns in 1, 25-31 ns in 4 and 210-210 ns in 1 of 6 probes" in text
+    assert "two threads of one core" in text and "rows sampled then: e;" in text
     assert text.endswith("rows sampled then: c")
     near_only = host_probe_summary(rows[:2])
-    assert near_only["far"] == 0 and "rows sampled then" not in render_host_probes(near_only)
+    assert near_only["far"] == 0 and near_only["siblings"] == 0
+    assert "rows sampled then" not in render_host_probes(near_only)
     assert host_probe_summary([{"key": "a", "host_one_way_ns": []}]) is None
     assert "not measured" in render_host_probes(None)
 

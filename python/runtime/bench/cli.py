@@ -185,8 +185,8 @@ def _render_saved(a) -> int:
             text = render_markdown(doc)
         else:
             table = render_table(doc["rows"], list(SYSTEMS), doc["machine"])
-            if "host_one_way_ns" in doc["machine"]:
-                table += "\n" + render_host_probes(doc["machine"]["host_one_way_ns"])
+            if any("host_one_way_ns" in r for r in doc["rows"]):
+                table += "\n" + render_host_probes(host_probe_summary(doc["rows"]))
             text = f"{table}\n\n{render_targets(doc['targets'])}"
     except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
         raise UsageError(

@@ -473,62 +473,76 @@ def _ci_text(r: dict) -> str:
     return f"  (paired x{est[0]:.2f}, 95% CI {est[1]:.2f}-{est[2]:.2f}: {r.get('pipelining_verdict', '')})"
 
 
-#: One-way ns from which a probe of the host (``run._probe_host``) counts as far: on this
-#: project's 2-vCPU VMs a cache line takes about 30 ns between vCPUs that share a cache and
-#: about 200 ns between vCPUs that do not, as the host moves them.
+#: One-way ns bounds of the host probe (``run._probe_host``), which on this project's 2-vCPU
+#: VMs reads one of three levels as the host moves the vCPUs: about 15 ns (under
+#: ``SIBLING_NS``: by that figure two SMT threads of one core, which two busy threads share,
+#: each at about half speed), about 30 ns (cores that share a cache) and about 150 ns (from
+#: ``FAR_NS``: cores that share none, where every hand-off costs several times more).
+SIBLING_NS = 22.0
 FAR_NS = 100.0
 
 
 def host_probe_summary(rows) -> dict | None:
-    """The host probes of a run's rows (``host_one_way_ns``) split at ``FAR_NS``: how many
-    were near and far, their ranges, and the rows sampled while a probe read far. None when
-    no probe measured (a single-CPU host)."""
-    near: list[float] = []
-    far: list[float] = []
-    far_rows: list[str] = []
+    """The host probes of a run's rows (``host_one_way_ns``) in three classes split at
+    ``SIBLING_NS`` and ``FAR_NS``: how many probes fell in each, their ranges, and the rows
+    sampled while a probe read sibling or far. None when no probe measured (a single-CPU
+    host)."""
+    classes: dict[str, list[float]] = {"siblings": [], "near": [], "far": []}
+    named: dict[str, list[str]] = {"siblings": [], "far": []}
     last = None
+
+    def kind(ns):
+        return "siblings" if ns < SIBLING_NS else "far" if ns >= FAR_NS else "near"
+
     for r in rows:
         ps = r.get("host_one_way_ns") or []
-        f = [p for p in ps if p >= FAR_NS]
-        if f:
-            far_rows.append(r["key"])
+        for k, keys in named.items():
+            if any(kind(p) == k for p in ps):
+                keys.append(r["key"])
         if ps == last:
             continue  # the next row of one group: the same probes, counted once
         last = ps
-        near += [p for p in ps if p < FAR_NS]
-        far += f
+        for p in ps:
+            classes[kind(p)].append(p)
 
-    def span(xs):
-        return [min(xs), max(xs)] if xs else None
-
-    if not near and not far:
+    if not any(classes.values()):
         return None
-    return {
-        "far_from_ns": FAR_NS,
-        "near": len(near),
-        "near_ns": span(near),
-        "far": len(far),
-        "far_ns": span(far),
-        "far_rows": far_rows,
-    }
+    out: dict = {"siblings_below_ns": SIBLING_NS, "far_from_ns": FAR_NS}
+    for k, xs in classes.items():
+        out[k] = len(xs)
+        out[f"{k}_ns"] = [min(xs), max(xs)] if xs else None
+    out["sibling_rows"] = named["siblings"]
+    out["far_rows"] = named["far"]
+    return out
+
+
+def _and(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def render_host_probes(summary: dict | None) -> str:
     """One line on the host's cross-core latency during the run (``host_probe_summary``)."""
     if summary is None:
         return "host: cross-core latency not measured (one CPU)"
-    n = summary["near"] + summary["far"]
+    kinds = ("siblings", "near", "far")
+    n = sum(summary.get(k, 0) for k in kinds)
     parts = []
-    for kind in ("near", "far"):
-        if summary[kind]:
-            lo, hi = summary[f"{kind}_ns"]
-            parts.append(f"{lo:.0f}-{hi:.0f} ns in {summary[kind]}")
+    for k in kinds:
+        if summary.get(k):
+            lo, hi = summary[f"{k}_ns"]
+            parts.append(f"{lo:.0f}-{hi:.0f} ns in {summary[k]}")
     text = (
-        f"host: one cache line between two busy threads took {' and '.join(parts)} of {n} "
+        f"host: one cache line between two busy threads took {_and(parts)} of {n} "
         "probes, one way (each hand-off between a launching thread and a worker costs at "
         "least that)"
     )
-    if summary["far"]:
+    if summary.get("siblings"):
+        text += (
+            f"; under {summary['siblings_below_ns']:.0f} ns the two vCPUs were, by that "
+            "figure, two threads of one core, which two busy threads share at about half "
+            f"speed each: rows sampled then: {', '.join(summary['sibling_rows'])}"
+        )
+    if summary.get("far"):
         text += (
             f"; from {summary['far_from_ns']:.0f} ns the host had the two vCPUs on cores that "
             "share no cache, and every launch's hand-offs cost several times more: rows "
@@ -592,9 +606,9 @@ def render_markdown(doc) -> str:
             out.append(
                 f"| &nbsp;&nbsp;└ pipelining on vs off (>1: on faster) | x{r['pipelining_speedup']:.2f} | {pad} | | |"
             )
-    if "host_one_way_ns" in doc.get("machine", {}):
+    if any("host_one_way_ns" in r for r in rows):
         out.append("")
-        out.append(render_host_probes(doc["machine"]["host_one_way_ns"]))
+        out.append(render_host_probes(host_probe_summary(rows)))
     out.append("")
     out.append("| target | status | measured |")
     out.append("|---|---|---|")
