@@ -153,6 +153,7 @@ def test_each_group_keeps_the_host_probes_taken_while_it_was_sampled(monkeypatch
         Progress(0, enabled=False),
     )
     by = {r["key"]: r["host_one_way_ns"] for r in out}
+    assert out[0]["host_probe_group"] == out[1]["host_probe_group"] != out[2]["host_probe_group"]
     # Rows a and b are one group (one stretch: a probe before its first round and one after
     # its last, the rounds being quicker than PROBE_EVERY_S); c is sampled alone after them.
     assert by == {"a": [30.0, 35.0], "b": [30.0, 35.0], "c": [210.0, 220.0]}
@@ -179,28 +180,31 @@ def test_the_host_probe_measures_on_this_machine():
 
 def test_host_probes_fall_in_three_classes_and_name_the_rows_sampled_off_the_middle_one():
     rows = [
-        {"key": "a", "host_one_way_ns": [30.0, 28.0]},
-        {"key": "b", "host_one_way_ns": [30.0, 28.0]},  # a's group: counted once
-        {"key": "c", "host_one_way_ns": [25.0, FAR_NS + 110]},
+        {"key": "a", "host_one_way_ns": [30.0, 28.0], "host_probe_group": 0},
+        # a's group: counted once
+        {"key": "b", "host_one_way_ns": [30.0, 28.0], "host_probe_group": 0},
+        {"key": "c", "host_one_way_ns": [25.0, FAR_NS + 110], "host_probe_group": 1},
         {"key": "d"},  # a row not run
-        {"key": "e", "host_one_way_ns": [SIBLING_NS - 7, 31.0]},
+        # the next group, with the same readings as another: counted too
+        {"key": "e", "host_one_way_ns": [SIBLING_NS - 7, 31.0], "host_probe_group": 2},
+        {"key": "f", "host_one_way_ns": [SIBLING_NS - 7, 31.0], "host_probe_group": 3},
     ]
     s = host_probe_summary(rows)
     assert s == {
         "siblings_below_ns": SIBLING_NS,
         "far_from_ns": FAR_NS,
-        "siblings": 1,
+        "siblings": 2,
         "siblings_ns": [SIBLING_NS - 7, SIBLING_NS - 7],
-        "near": 4,
+        "near": 5,
         "near_ns": [25.0, 31.0],
         "far": 1,
         "far_ns": [FAR_NS + 110, FAR_NS + 110],
-        "sibling_rows": ["e"],
+        "sibling_rows": ["e", "f"],
         "far_rows": ["c"],
     }
     text = render_host_probes(s)
-    assert "15-15 ns in 1, 25-31 ns in 4 and 210-210 ns in 1 of 6 probes" in text
-    assert "two threads of one core" in text and "rows sampled then: e;" in text
+    assert "15-15 ns in 2, 25-31 ns in 5 and 210-210 ns in 1 of 8 probes" in text
+    assert "two threads of one core" in text and "rows sampled then: e, f;" in text
     assert text.endswith("rows sampled then: c")
     near_only = host_probe_summary(rows[:2])
     assert near_only["far"] == 0 and near_only["siblings"] == 0

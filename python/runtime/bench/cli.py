@@ -311,7 +311,6 @@ def _main(argv: list[str] | None) -> int:
             rt.shutdown()
     elapsed = time.monotonic() - t_start
     machine["loadavg_end"] = _loadavg()
-    machine["host_one_way_ns"] = host_probe_summary(results)
 
     print(render_table(results, systems, machine))
     print()
@@ -331,7 +330,7 @@ def _main(argv: list[str] | None) -> int:
             else "spinning after each call (OpenBLAS's default; the cell after numpy's is slowed)"
         )
     )
-    print(render_host_probes(machine["host_one_way_ns"]))
+    print(render_host_probes(host_probe_summary(results)))
     print()
     print(render_targets(targets))
 

@@ -489,7 +489,7 @@ def host_probe_summary(rows) -> dict | None:
     host)."""
     classes: dict[str, list[float]] = {"siblings": [], "near": [], "far": []}
     named: dict[str, list[str]] = {"siblings": [], "far": []}
-    last = None
+    counted: set = set()
 
     def kind(ns):
         return "siblings" if ns < SIBLING_NS else "far" if ns >= FAR_NS else "near"
@@ -499,9 +499,10 @@ def host_probe_summary(rows) -> dict | None:
         for k, keys in named.items():
             if any(kind(p) == k for p in ps):
                 keys.append(r["key"])
-        if ps == last:
-            continue  # the next row of one group: the same probes, counted once
-        last = ps
+        group = r.get("host_probe_group", r["key"])
+        if group in counted:
+            continue  # another row of one group: the same probes, counted once
+        counted.add(group)
         for p in ps:
             classes[kind(p)].append(p)
 

@@ -142,6 +142,12 @@ def _probe_host() -> float | None:
     return _runtime._cross_core_ns(1000, 0.005)
 
 
+def _probe_into(probes: list) -> None:
+    ns = _probe_host()
+    if ns is not None:
+        probes.append(ns)
+
+
 def _interleave(
     cells: list[_Cell], cfg: Config, progress: Progress, probes: list | None = None
 ) -> None:
@@ -170,9 +176,7 @@ def _interleave(
             if not live:
                 break
             if probes is not None and time.monotonic() >= next_probe:
-                ns = _probe_host()
-                if ns is not None:
-                    probes.append(ns)
+                _probe_into(probes)
                 next_probe = time.monotonic() + PROBE_EVERY_S
             if i >= cfg.min_reps and time.monotonic() > deadline:
                 live = [c for c in live if not c.budget]
@@ -187,9 +191,7 @@ def _interleave(
                     c.error = e
             progress.tick(i + 1, reps)
         if probes is not None:
-            ns = _probe_host()
-            if ns is not None:
-                probes.append(ns)
+            _probe_into(probes)
     finally:
         gc.enable()
 
@@ -209,8 +211,8 @@ def run_rows(rows, systems, cfg, peers, progress) -> list[dict]:
     """Measure every (row, system) cell: set up and warm up each cell of a group (untimed),
     then sample the group's cells interleaved (``_interleave``), then clean up."""
     results: dict[str, dict[str, dict]] = {row.key: {} for row in rows}
-    probes: dict[str, list[float]] = {row.key: [] for row in rows}
-    for group in _groups(rows):
+    probes: dict[str, tuple[int, list[float]]] = {row.key: (-1, []) for row in rows}
+    for g, group in enumerate(_groups(rows)):
         cells: list[_Cell] = []
         for row in group:
             res = results[row.key]
@@ -254,7 +256,7 @@ def run_rows(rows, systems, cfg, peers, progress) -> list[dict]:
                 if stretch:
                     _interleave(stretch, cfg, progress, seen)
             for row in group:
-                probes[row.key] = seen
+                probes[row.key] = (g, seen)
             for c in cells:
                 if c.error is not None:
                     results[c.row.key][c.sysname] = _error(c.error, c.t_setup)
@@ -272,7 +274,9 @@ def run_rows(rows, systems, cfg, peers, progress) -> list[dict]:
                 settle(sysname)
     out = [summarise_row(row, results[row.key]) for row in rows]
     for d in out:
-        d["host_one_way_ns"] = [round(ns, 1) for ns in probes[d["key"]]]
+        g, seen = probes[d["key"]]
+        d["host_one_way_ns"] = [round(ns, 1) for ns in seen]
+        d["host_probe_group"] = g
     add_group_ratios(out)
     return out
 
