@@ -144,41 +144,41 @@ fn has_prefetchw() -> bool {
     }
 }
 
-/// Move the calling thread off CPU `cpu` onto another CPU it may run on, and leave it free to
-/// run anywhere it could before. Returns whether it moved: false when `cpu` is not among the
-/// thread's CPUs, or it has no other, or the OS refused.
+/// Move the calling thread onto a CPU it may run on that is not in `avoid`, and leave it free
+/// to run anywhere it could before. Returns whether it moved: false when no CPU of `avoid` is
+/// among the thread's CPUs (it is not on one), when every one of its CPUs is in `avoid`, or
+/// when the OS refused. Numbers past `CPU_SETSIZE` are ignored.
 ///
-/// For an engine worker that finds itself on the core of the thread feeding it. Linux places a
-/// woken or newly started thread beside its waker, and does not move either of two threads
-/// that yield to each other while they are "cache hot", even with the other core idle: one
-/// process sat so, each launch handed the core back and forth by `sched_yield`, for whole
-/// runs (an add of 2^16 floats + synchronize at 10-15 us instead of 6). Narrowing the
-/// thread's CPU set to the others makes the kernel migrate it before the call returns;
-/// widening it again does not move it back.
-pub(crate) fn move_off_cpu(cpu: u32) -> bool {
-    let Ok(cpu) = usize::try_from(cpu) else {
-        return false;
-    };
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return false;
-    }
+/// For an engine worker that finds itself on the core of the thread feeding it, or of another
+/// busy worker (`stream::spread`). Linux places a woken or newly started thread beside its
+/// waker, and does not move either of two threads that yield to each other while they are
+/// "cache hot", even with the other core idle: one process sat so, each launch handed the
+/// core back and forth by `sched_yield`, for whole runs (an add of 2^16 floats + synchronize
+/// at 10-15 us instead of 6). Narrowing the thread's CPU set to the others makes the kernel
+/// migrate it before the call returns; widening it again does not move it back.
+pub(crate) fn move_off_cpus(avoid: &[u32]) -> bool {
     let size = std::mem::size_of::<libc::cpu_set_t>();
+    let setsize = libc::CPU_SETSIZE as usize;
     // SAFETY: `cpu_set_t` is a plain bit array, for which all zeroes is the empty set. Both
     // system calls get the calling thread (pid 0), the size of the set they are given, and a
     // pointer to a live, exclusively borrowed `cpu_set_t`; `sched_getaffinity` writes at
     // most `size` bytes into it and `sched_setaffinity` only reads it. The `CPU_*` helpers
-    // index the set with `cpu`, below `CPU_SETSIZE` (checked above), or with the indices
-    // `0..CPU_SETSIZE` they are given back.
+    // index the set only with numbers below `CPU_SETSIZE` (filtered here).
     unsafe {
         let mut allowed: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, size, &mut allowed) != 0 || !libc::CPU_ISSET(cpu, &allowed) {
-            return false;
-        }
-        if libc::CPU_COUNT(&allowed) < 2 {
+        if libc::sched_getaffinity(0, size, &mut allowed) != 0 {
             return false;
         }
         let mut others = allowed;
-        libc::CPU_CLR(cpu, &mut others);
+        for &cpu in avoid {
+            if let Some(cpu) = usize::try_from(cpu).ok().filter(|&c| c < setsize) {
+                libc::CPU_CLR(cpu, &mut others);
+            }
+        }
+        let left = libc::CPU_COUNT(&others);
+        if left == 0 || left == libc::CPU_COUNT(&allowed) {
+            return false;
+        }
         if libc::sched_setaffinity(0, size, &others) != 0 {
             return false;
         }
@@ -204,22 +204,32 @@ thread_local! {
 
 /// A runtime thread (an engine worker lingering for its submitter's next command, a copy
 /// helper running a piece of its poster's copy) found the thread that feeds it on its own
-/// core: move to another ([`move_off_cpu`]), unless it did so within [`MOVE_OFF_EVERY`]
+/// core: move to another ([`move_off_cpus`]), unless it did so within [`MOVE_OFF_EVERY`]
 /// while awake. Returns whether it moved (it then no longer shares the core).
 pub(crate) fn move_off_feeders_core(now: std::time::Instant) -> bool {
-    if !move_due(now) {
+    move_off_cpus_when_due(&[current_cpu()], now, MOVE_OFF_EVERY)
+}
+
+/// [`move_off_cpus`], unless this thread moved within `every` while awake (as
+/// [`move_off_feeders_core`], which it is for a set of CPUs). Returns whether it moved.
+pub(crate) fn move_off_cpus_when_due(
+    avoid: &[u32],
+    now: std::time::Instant,
+    every: std::time::Duration,
+) -> bool {
+    if !move_due(now, every) {
         return false;
     }
     MOVED_OFF.with(|m| m.set(Some(now)));
-    move_off_cpu(current_cpu())
+    move_off_cpus(avoid)
 }
 
-/// Whether this thread may move off its feeder's core at `now`: it never moved, or last did
-/// [`MOVE_OFF_EVERY`] ago, or slept since ([`forget_move`]).
-fn move_due(now: std::time::Instant) -> bool {
+/// Whether this thread may move again at `now`: it never moved, or last did `every` ago, or
+/// slept since ([`forget_move`]).
+fn move_due(now: std::time::Instant, every: std::time::Duration) -> bool {
     MOVED_OFF
         .with(std::cell::Cell::get)
-        .is_none_or(|last| now.duration_since(last) >= MOVE_OFF_EVERY)
+        .is_none_or(|last| now.duration_since(last) >= every)
 }
 
 /// This thread is about to sleep: where it wakes is the OS's choice anew (beside its waker,
@@ -664,16 +674,22 @@ mod tests {
     #[test]
     fn a_thread_moves_again_after_a_sleep_or_after_the_interval_while_awake() {
         let now = std::time::Instant::now();
-        assert!(move_due(now), "a thread that never moved may move");
-        MOVED_OFF.with(|m| m.set(Some(now)));
-        assert!(!move_due(now), "not again at once while awake");
-        assert!(!move_due(now + MOVE_OFF_EVERY / 2));
         assert!(
-            move_due(now + MOVE_OFF_EVERY),
+            move_due(now, MOVE_OFF_EVERY),
+            "a thread that never moved may move"
+        );
+        MOVED_OFF.with(|m| m.set(Some(now)));
+        assert!(
+            !move_due(now, MOVE_OFF_EVERY),
+            "not again at once while awake"
+        );
+        assert!(!move_due(now + MOVE_OFF_EVERY / 2, MOVE_OFF_EVERY));
+        assert!(
+            move_due(now + MOVE_OFF_EVERY, MOVE_OFF_EVERY),
             "again once the interval passed"
         );
         forget_move();
-        assert!(move_due(now), "at once after a sleep");
+        assert!(move_due(now, MOVE_OFF_EVERY), "at once after a sleep");
     }
 
     #[test]
@@ -681,7 +697,7 @@ mod tests {
         std::thread::spawn(|| {
             let before = cpus();
             let here = current_cpu();
-            let moved = move_off_cpu(here);
+            let moved = move_off_cpus(&[here]);
             assert_eq!(
                 moved,
                 before.len() >= 2 && before.contains(&(here as usize)),
@@ -692,8 +708,14 @@ mod tests {
                 before,
                 "the thread may run on every CPU it could before"
             );
-            assert!(!move_off_cpu(u32::MAX), "a CPU number the OS never gives");
-            assert!(!move_off_cpu(libc::CPU_SETSIZE as u32));
+            assert!(
+                !move_off_cpus(&[u32::MAX]),
+                "a CPU number the OS never gives"
+            );
+            let all: Vec<u32> = before.iter().map(|&c| c as u32).collect();
+            assert!(!move_off_cpus(&all), "no CPU of its own left to move to");
+            assert_eq!(cpus(), before);
+            assert!(!move_off_cpus(&[libc::CPU_SETSIZE as u32]));
         })
         .join()
         .unwrap();

@@ -24,6 +24,7 @@ use crate::sync::lock::Mutex;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::command::OpKind;
+use super::spread::{self, Spread};
 use super::{run_stream, Runner, StreamInner, PRIORITY_LEVELS};
 use crate::error::{DeviceError, Result};
 
@@ -290,6 +291,10 @@ pub(crate) struct Engine {
     /// The device's compute busy time (shared with [`Engines`]), which this engine's workers
     /// add their helping time to.
     busy_ns: Arc<AtomicU64>,
+    /// Where the device's busy workers run (shared by its engines), and this engine's first
+    /// slot in it.
+    spread: Arc<Spread>,
+    first_slot: usize,
 }
 
 impl Engine {
@@ -298,12 +303,15 @@ impl Engine {
         device: usize,
         workers: usize,
         busy_ns: Arc<AtomicU64>,
+        (spread, first_slot): (Arc<Spread>, usize),
     ) -> Arc<Engine> {
         Arc::new(Engine {
             kind,
             device,
             workers,
             busy_ns,
+            spread,
+            first_slot,
             queues: (0..PRIORITY_LEVELS)
                 .map(|_| crossbeam_channel::unbounded())
                 .collect(),
@@ -386,7 +394,7 @@ impl Engine {
         let mut spawned = Vec::with_capacity(self.workers);
         for i in 0..self.workers {
             let me = self.clone();
-            let body: Box<dyn FnOnce() + Send> = Box::new(move || me.work());
+            let body: Box<dyn FnOnce() + Send> = Box::new(move || me.work(i));
             let wrapper = THREAD_WRAPPER.get().cloned();
             let name = format!("runtime-d{}-{:?}-{i}", self.device, self.kind).to_lowercase();
             let started = crate::sync::spawn_thread(name.clone(), move || match wrapper {
@@ -563,9 +571,10 @@ impl Engine {
         found
     }
 
-    fn work(self: Arc<Self>) {
+    fn work(self: Arc<Self>, index: usize) {
         crate::sync::mark_runtime_thread();
         WORKER_OF.with(|w| w.set(Arc::as_ptr(&self) as usize));
+        spread::join(self.spread.clone(), self.first_slot + index);
         loop {
             let msg = match self.try_pop().or_else(|| self.spin_pop()) {
                 Some(m) => m,
@@ -576,11 +585,16 @@ impl Engine {
             };
             match msg {
                 Msg::Stop => return,
-                Msg::Run(s) => run_stream(&s, Runner::Engine(self.kind)),
+                Msg::Run(s) => {
+                    run_stream(&s, Runner::Engine(self.kind));
+                    spread::leave();
+                }
                 Msg::Help(h) => {
                     // Blocks of a launch: compute time on this worker.
                     let t = Instant::now();
+                    spread::settle(t);
                     h.help();
+                    spread::leave();
                     add_busy(&self.busy_ns, t);
                 }
             }
@@ -622,15 +636,29 @@ pub(crate) struct Engines {
 impl Engines {
     pub(crate) fn new(device: usize, compute_workers: usize) -> Engines {
         let busy_ns = Arc::new(AtomicU64::new(0));
+        let spread = Arc::new(Spread::new());
         Engines {
             compute: Engine::new(
                 EngineKind::Compute,
                 device,
                 compute_workers,
                 busy_ns.clone(),
+                (spread.clone(), 0),
             ),
-            copy: Engine::new(EngineKind::Copy, device, 2, busy_ns.clone()),
-            serial: Engine::new(EngineKind::Serial, device, 1, busy_ns.clone()),
+            copy: Engine::new(
+                EngineKind::Copy,
+                device,
+                2,
+                busy_ns.clone(),
+                (spread.clone(), compute_workers),
+            ),
+            serial: Engine::new(
+                EngineKind::Serial,
+                device,
+                1,
+                busy_ns.clone(),
+                (spread, compute_workers + 2),
+            ),
             busy_ns,
             sample: Mutex::new((Instant::now(), 0)),
             all_started: AtomicBool::new(false),
@@ -738,7 +766,13 @@ mod tests {
     /// launch stopped lingering on it (and the next launch paid a wake-up).
     #[test]
     fn a_help_request_left_over_from_an_ended_launch_is_not_work_waiting() {
-        let e = Engine::new(EngineKind::Compute, 0, 2, Arc::new(AtomicU64::new(0)));
+        let e = Engine::new(
+            EngineKind::Compute,
+            0,
+            2,
+            Arc::new(AtomicU64::new(0)),
+            (Arc::new(Spread::new()), 0),
+        );
         // Marked started with no workers: the requests stay queued.
         e.started.store(true, Ordering::Release);
         let work: Arc<dyn Help> = Arc::new(Nothing);
@@ -766,7 +800,13 @@ mod tests {
     /// A stream queued behind a leftover request is still work waiting.
     #[test]
     fn a_waiting_stream_counts_whatever_requests_are_left_over() {
-        let e = Engine::new(EngineKind::Compute, 0, 2, Arc::new(AtomicU64::new(0)));
+        let e = Engine::new(
+            EngineKind::Compute,
+            0,
+            2,
+            Arc::new(AtomicU64::new(0)),
+            (Arc::new(Spread::new()), 0),
+        );
         e.started.store(true, Ordering::Release);
         let work: Arc<dyn Help> = Arc::new(Nothing);
         drop(e.post_help(&work, 1, 1));

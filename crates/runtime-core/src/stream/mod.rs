@@ -43,6 +43,7 @@ pub(crate) mod executor;
 pub mod graph;
 pub(crate) mod panics;
 mod reclaim;
+pub(crate) mod spread;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -1235,6 +1236,10 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
     let mut emptied: Vec<Box<dyn command::Reusable>> = Vec::new();
     let mut clock = BusyClock::start(&s.exec.engines);
     let began = clock.mark;
+    let mut settled = began;
+    if let Runner::Engine(_) = runner {
+        spread::settle(settled);
+    }
     loop {
         let (cmd, first) = match s.queue.pop_ready() {
             Some(cmd) => (Some(cmd), 0),
@@ -1305,6 +1310,12 @@ pub(crate) fn run_stream(s: &Arc<StreamInner>, runner: Runner) {
         let step = execute(s, cmd, &mut emptied);
         clock.ran(compute);
         linger.ran();
+        if clock.mark.duration_since(settled) >= spread::SETTLE_EVERY {
+            settled = clock.mark;
+            if let Runner::Engine(_) = runner {
+                spread::settle(settled);
+            }
+        }
         match step {
             Step::Done => complete_one(s),
             Step::Blocked => return,
