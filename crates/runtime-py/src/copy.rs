@@ -204,29 +204,11 @@ fn host_source(py: Python<'_>, src: &Bound<'_, PyAny>) -> PyResult<HostBuf> {
 /// such a source in stream order rather than staging it (`copy::End::DeviceView`), and
 /// copies through it take turns with the buffer's own ops ([`HostBuf::viewing`]).
 fn viewed_buffer(py: Python<'_>, obj: &Bound<'_, PyAny>) -> Option<Option<Buffer>> {
-    let mut cur = obj.clone();
-    for _ in 0..16 {
-        if let Ok(d) = cur.cast::<crate::handles::PyDeviceBuffer>() {
-            return Some(d.borrow().buffer(py).ok());
-        }
-        // bytes and bytearray own their memory and have no `.base`: asking raised (and
-        // discarded) an AttributeError, about 0.8 us, on every copy from or into one.
-        if cur.is_exact_instance_of::<pyo3::types::PyBytes>()
-            || cur.is_exact_instance_of::<pyo3::types::PyByteArray>()
-        {
-            return None;
-        }
-        let next = if let Ok(mv) = cur.cast::<pyo3::types::PyMemoryView>() {
-            mv.getattr(pyo3::intern!(py, "obj")).ok()
-        } else {
-            cur.getattr(pyo3::intern!(py, "base")).ok()
-        };
-        match next {
-            Some(n) if !n.is_none() => cur = n,
-            _ => return None,
-        }
-    }
-    None
+    crate::host::find_owner(obj, |cur| {
+        cur.cast::<crate::handles::PyDeviceBuffer>()
+            .ok()
+            .map(|d| d.borrow().buffer(py).ok())
+    })
 }
 
 /// Export host object `obj` for a copy (`arg`, `writable` as [`HostBuf::get`]), naming the

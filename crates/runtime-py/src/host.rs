@@ -1,6 +1,6 @@
 //! Host memory through the buffer protocol: importing a host object's bytes as a copy source or
-//! destination ([`HostBuf`]), and exporting a `DeviceBuffer` view to Python ([`export_view`],
-//! [`release_view`]).
+//! destination ([`HostBuf`]), exporting a `DeviceBuffer` view to Python ([`export_view`],
+//! [`release_view`]), and finding the object that owns a view's memory ([`find_owner`]).
 //!
 //! Imports are raw bytes (`PyBUF_C_CONTIGUOUS`): a copy moves bytes as bytes, whatever the
 //! host object's element type or byte order, except Python object references (struct code
@@ -19,6 +19,39 @@ use runtime_core::stream::copy::HostMemory;
 
 use crate::convert::type_name;
 use crate::handles::PyDeviceBuffer;
+
+/// Walk `obj`'s chain of owners (`.base` of a numpy array, `.obj` of a memoryview, at most
+/// 16 steps) and return the first `found(step)` that is `Some`: the `DeviceBuffer` a host
+/// view reads, or the pinned block under a numpy array. `None` where the chain ends first.
+/// bytes and bytearray own their memory and end it at once: asking them for `.base` raised
+/// and discarded an AttributeError (about 0.8 us) on every copy that walked from one.
+pub fn find_owner<R>(
+    obj: &Bound<'_, PyAny>,
+    found: impl Fn(&Bound<'_, PyAny>) -> Option<R>,
+) -> Option<R> {
+    let py = obj.py();
+    let mut cur = obj.clone();
+    for _ in 0..16 {
+        if let Some(r) = found(&cur) {
+            return Some(r);
+        }
+        if cur.is_exact_instance_of::<pyo3::types::PyBytes>()
+            || cur.is_exact_instance_of::<pyo3::types::PyByteArray>()
+        {
+            return None;
+        }
+        let next = if let Ok(mv) = cur.cast::<pyo3::types::PyMemoryView>() {
+            mv.getattr(pyo3::intern!(py, "obj")).ok()
+        } else {
+            cur.getattr(pyo3::intern!(py, "base")).ok()
+        };
+        match next {
+            Some(n) if !n.is_none() => cur = n,
+            _ => return None,
+        }
+    }
+    None
+}
 
 /// An exported host buffer (C-contiguous), released under the GIL when dropped.
 pub struct HostBuf {

@@ -319,22 +319,11 @@ pub fn _malloc_host(py: Python<'_>, nbytes: &Bound<'_, PyAny>) -> PyResult<PyPin
 
 /// The `PinnedMemory` under `obj` through its chain of `.base` / `memoryview.obj`, if any.
 fn owner(obj: &Bound<'_, PyAny>) -> Option<PinnedBuffer> {
-    let mut cur = obj.clone();
-    for _ in 0..16 {
-        if let Ok(m) = cur.cast::<PyPinnedMemory>() {
-            return Some(m.get().block.clone());
-        }
-        let next = if let Ok(mv) = cur.cast::<pyo3::types::PyMemoryView>() {
-            mv.getattr("obj").ok()
-        } else {
-            cur.getattr("base").ok()
-        };
-        match next {
-            Some(n) if !n.is_none() => cur = n,
-            _ => return None,
-        }
-    }
-    None
+    crate::host::find_owner(obj, |cur| {
+        cur.cast::<PyPinnedMemory>()
+            .ok()
+            .map(|m| m.get().block.clone())
+    })
 }
 
 /// The pinned block `obj` starts: a `PinnedMemory`, or a buffer (numpy array) over the start
