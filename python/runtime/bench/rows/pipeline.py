@@ -238,6 +238,15 @@ def _rt_matmul(ctx, n):
     return fn
 
 
+def _pin_thread(cpu: int) -> None:
+    """Keep the calling thread on ``cpu``; where the OS refuses, leave it unpinned (an
+    exception here would end the worker thread, and the row would wait for it for ever)."""
+    try:
+        os.sched_setaffinity(0, {cpu})
+    except OSError:
+        pass
+
+
 def _tq_hash(ctx, n):
     """The host's own scaling: ``n`` worker threads hashing (native code, GIL released),
     each kept on its own CPU where the OS lets a thread choose (Linux): the reference is
@@ -248,7 +257,7 @@ def _tq_hash(ctx, n):
     if hasattr(os, "sched_getaffinity"):
         cpus = sorted(os.sched_getaffinity(0))
         for i, w in enumerate(ws):
-            w.q.put(functools.partial(os.sched_setaffinity, 0, {cpus[i % len(cpus)]}))
+            w.q.put(functools.partial(_pin_thread, cpus[i % len(cpus)]))
             w.q.join()
     data = [bytes(np.random.default_rng(i).integers(0, 256, 64 * 1024, np.uint8)) for i in range(n)]
     calls = [functools.partial(hashlib.sha256, d) for d in data]
