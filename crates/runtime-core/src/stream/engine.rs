@@ -580,7 +580,11 @@ impl Engine {
                 Some(m) => m,
                 None => {
                     crate::sync::forget_move();
-                    self.idle.sleep_pop(|| self.try_pop())
+                    let m = self.idle.sleep_pop(|| self.try_pop());
+                    if self.workers > 1 {
+                        spread::woke();
+                    }
+                    m
                 }
             };
             match msg {
