@@ -580,11 +580,7 @@ impl Engine {
                 Some(m) => m,
                 None => {
                     crate::sync::forget_move();
-                    let m = self.idle.sleep_pop(|| self.try_pop());
-                    if self.workers > 1 {
-                        spread::woke();
-                    }
-                    m
+                    self.idle.sleep_pop(|| self.try_pop())
                 }
             };
             match msg {

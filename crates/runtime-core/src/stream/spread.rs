@@ -12,12 +12,6 @@
 //! is two system calls and a migration, a few microseconds), so where the OS keeps putting a
 //! worker back it costs under one percent of that worker's time.
 //!
-//! That catches a worker that starts beside a busy one. One woken at the same moment can
-//! instead be queued behind a running worker and not run at all until the scheduler's next
-//! tick: a worker fresh from sleep therefore yields its core once ([`settle`]), and the one
-//! queued behind it runs, notes and moves. Two streams of sixteen 128² matmuls after 2 ms
-//! idle, 60 samples per process: the ones scaling 1.25x or less went from 3-41 to 0-6.
-//!
 //! The notes are hints, written and read with relaxed atomics: a worker may have moved since
 //! it noted its CPU. Each worker notes again when it takes work and at least every
 //! [`SETTLE_EVERY`] while it runs (`run_stream`), and clears its note when it goes back to
@@ -87,43 +81,19 @@ pub(crate) fn join(spread: Arc<Spread>, slot: usize) {
 /// The calling worker starts (or goes on with) work at `now`: note its CPU, and move off it
 /// when another busy worker of its device runs there and a CPU it may use has none (at most
 /// once per [`SETTLE_EVERY`] while it stays awake). Nothing on a thread that is not a worker.
-///
-/// A worker that has just woken from sleep (in an engine of several) and did not move gives
-/// up its core once, after noting it ([`woke`]): Linux wakes the workers of a burst beside
-/// their waker, and one woken for another stream may be queued behind this one on this core,
-/// not running, so not yet noted, for up to a scheduler tick while the other core idles.
-/// Given the core, it notes it, finds this worker there and moves. With nothing else
-/// queued the yield returns at once; it is one system call beside a wake-up of 10-25 us.
 pub(crate) fn settle(now: Instant) {
-    let woke = JUST_WOKE.with(|w| w.replace(false));
     with_mine(|spread, slot| {
         let cpu = crate::sync::current_cpu();
         if let Some(busy) = spread.note(slot, cpu) {
             if crate::sync::move_off_cpus_when_due(&busy, now, SETTLE_EVERY) {
                 spread.note(slot, crate::sync::current_cpu());
-                return;
             }
-        }
-        if woke {
-            std::thread::yield_now();
         }
     });
 }
 
-thread_local! {
-    /// The calling worker woke from sleep and has not settled since ([`settle`]).
-    static JUST_WOKE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// The calling worker woke from sleep for work, in an engine of several workers: its next
-/// [`settle`] yields once.
-pub(crate) fn woke() {
-    JUST_WOKE.with(|w| w.set(true));
-}
-
 /// The calling worker has finished its work and goes back to its engine's queue.
 pub(crate) fn leave() {
-    JUST_WOKE.with(|w| w.set(false));
     with_mine(Spread::clear);
 }
 
