@@ -269,6 +269,9 @@ pub(crate) fn run_blocks_on(
         }
     }
     {
+        // Noted where it runs its blocks now, and off a core where another busy thread of
+        // the device is noted: where it ran the stream from may no longer be where it is.
+        let _visit = crate::stream::spread::visit(exec.engines.spread(), Instant::now());
         let _borrowed = launch.lending.enter();
         launch.run_claimed(&*body, End::First);
     }
@@ -488,6 +491,10 @@ impl Launch {
 }
 
 impl Help for Launch {
+    fn wanted(&self) -> bool {
+        !self.claims.all_taken(self.block_num)
+    }
+
     fn help(&self) -> bool {
         if self.claims.all_taken(self.block_num) {
             return false; // came late: nothing left

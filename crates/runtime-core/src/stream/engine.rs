@@ -145,6 +145,9 @@ pub(crate) enum EngineKind {
 /// any; a helper that comes late finds nothing to do.
 pub(crate) trait Help: Send + Sync {
     fn help(&self) -> bool;
+    /// Whether work is left for a helper to claim (a hint: it may be gone by the time it
+    /// helps).
+    fn wanted(&self) -> bool;
 }
 
 /// One request for help ([`Engine::post_help`]).
@@ -636,7 +639,8 @@ pub(crate) struct Engines {
 impl Engines {
     pub(crate) fn new(device: usize, compute_workers: usize) -> Engines {
         let busy_ns = Arc::new(AtomicU64::new(0));
-        let spread = Arc::new(Spread::new());
+        // Slots for the compute workers, the two copy workers and the serial one.
+        let spread = Arc::new(Spread::new(compute_workers + 3));
         Engines {
             compute: Engine::new(
                 EngineKind::Compute,
@@ -706,6 +710,11 @@ impl Engines {
         &self.compute
     }
 
+    /// Where the device's busy workers run (`spread`).
+    pub(crate) fn spread(&self) -> &Spread {
+        &self.compute.spread
+    }
+
     pub(crate) fn get(&self, kind: EngineKind) -> &Arc<Engine> {
         match kind {
             EngineKind::Compute => &self.compute,
@@ -759,6 +768,9 @@ mod tests {
         fn help(&self) -> bool {
             false
         }
+        fn wanted(&self) -> bool {
+            false
+        }
     }
 
     /// A request for help outlives its launch in the queue until a worker pops it; once the
@@ -771,7 +783,7 @@ mod tests {
             0,
             2,
             Arc::new(AtomicU64::new(0)),
-            (Arc::new(Spread::new()), 0),
+            (Arc::new(Spread::new(1)), 0),
         );
         // Marked started with no workers: the requests stay queued.
         e.started.store(true, Ordering::Release);
@@ -805,7 +817,7 @@ mod tests {
             0,
             2,
             Arc::new(AtomicU64::new(0)),
-            (Arc::new(Spread::new()), 0),
+            (Arc::new(Spread::new(1)), 0),
         );
         e.started.store(true, Ordering::Release);
         let work: Arc<dyn Help> = Arc::new(Nothing);

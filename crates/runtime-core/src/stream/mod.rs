@@ -1113,6 +1113,11 @@ fn help_offered(s: &StreamInner) -> bool {
     let Some(help) = s.offer.lock().clone() else {
         return false;
     };
+    if !help.wanted() {
+        return false;
+    }
+    // Running blocks, this thread is busy with the device's work: off a busy worker's core.
+    let _visit = spread::visit(s.exec.engines.spread(), Instant::now());
     crate::sync::as_runtime_thread(|| help.help())
 }
 

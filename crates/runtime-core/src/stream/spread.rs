@@ -12,10 +12,19 @@
 //! is two system calls and a migration, a few microseconds), so where the OS keeps putting a
 //! worker back it costs under one percent of that worker's time.
 //!
+//! A host thread waiting for a stream runs blocks of the launch the stream runs (`kernel::
+//! block`): for that while it is a guest of the spread ([`visit`]). It notes its CPU in a
+//! slot the workers leave free, so that workers settle off it, and it moves off a CPU where
+//! a busy worker is noted as a worker does. Without that, a launch of two 5 ms blocks ran
+//! both on one core, its worker's and the waiting thread's, in one timed call in five after
+//! an idle moment (17-18 ms instead of 10, the other core idle): the worker noted its CPU
+//! when it took the stream, but the waiter, noted nowhere, neither moved nor was avoided.
+//! The guest's CPU set is left as it was: the move narrows it and widens it back.
+//!
 //! The notes are hints, written and read with relaxed atomics: a worker may have moved since
 //! it noted its CPU. Each worker notes again when it takes work and at least every
 //! [`SETTLE_EVERY`] while it runs (`run_stream`), and clears its note when it goes back to
-//! its engine's queue.
+//! its engine's queue; a guest clears its note when it leaves.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -31,16 +40,20 @@ const IDLE: u32 = u32::MAX;
 /// How often a worker that keeps running work notes its CPU again and looks for a shared core.
 pub(crate) const SETTLE_EVERY: Duration = Duration::from_millis(1);
 
-/// The CPUs the busy workers of one device run on, one note per worker.
+/// The CPUs the busy workers (and guests) of one device run on, one note per worker.
 #[repr(align(64))]
 pub(crate) struct Spread {
     cpus: [AtomicU32; SLOTS],
+    /// The first slot no worker has: guests ([`visit`]) take the slots from here on.
+    first_guest: usize,
 }
 
 impl Spread {
-    pub(crate) fn new() -> Spread {
+    /// Notes for `workers` workers (slots `0..workers`); the slots left are for guests.
+    pub(crate) fn new(workers: usize) -> Spread {
         Spread {
             cpus: std::array::from_fn(|_| AtomicU32::new(IDLE)),
+            first_guest: workers,
         }
     }
 
@@ -50,6 +63,12 @@ impl Spread {
     fn note(&self, slot: usize, cpu: u32) -> Option<[u32; SLOTS]> {
         let mine = self.cpus.get(slot)?;
         mine.store(cpu, Ordering::Relaxed);
+        self.shared(slot, cpu)
+    }
+
+    /// When a busy thread other than the one in `slot` (`SLOTS` or more: none is the
+    /// caller's) is noted on `cpu`: every busy thread's CPU.
+    fn shared(&self, slot: usize, cpu: u32) -> Option<[u32; SLOTS]> {
         let mut busy = [IDLE; SLOTS];
         let mut shared = false;
         for (i, (note, out)) in self.cpus.iter().zip(busy.iter_mut()).enumerate() {
@@ -57,6 +76,15 @@ impl Spread {
             shared |= i != slot && *out == cpu;
         }
         shared.then_some(busy)
+    }
+
+    /// A free guest slot, taken with a note of `cpu`; `None` when every one is taken.
+    fn take_guest_slot(&self, cpu: u32) -> Option<usize> {
+        (self.first_guest..SLOTS).find(|&i| {
+            self.cpus[i]
+                .compare_exchange(IDLE, cpu, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        })
     }
 
     /// The worker in `slot` is no longer busy.
@@ -97,6 +125,40 @@ pub(crate) fn leave() {
     with_mine(Spread::clear);
 }
 
+/// The calling thread runs work of `spread`'s device from `now` until the returned guard is
+/// dropped. A worker of the device settles ([`settle`]; its note stays until it [`leave`]s).
+/// Any other thread is a guest: its CPU is noted in a free guest slot (none free: not
+/// noted), and when a busy thread of the device is noted on that CPU while a CPU the thread
+/// may use has none, it moves there (at most once per [`SETTLE_EVERY`]), its CPU set left
+/// as it was.
+pub(crate) fn visit(spread: &Spread, now: Instant) -> Visit<'_> {
+    if MINE.with(|m| m.borrow().is_some()) {
+        settle(now);
+        return Visit(spread, None);
+    }
+    let cpu = crate::sync::current_cpu();
+    let slot = spread.take_guest_slot(cpu);
+    if let Some(busy) = spread.shared(slot.unwrap_or(SLOTS), cpu) {
+        if crate::sync::move_off_cpus_when_due(&busy, now, SETTLE_EVERY) {
+            if let Some(i) = slot {
+                spread.cpus[i].store(crate::sync::current_cpu(), Ordering::Relaxed);
+            }
+        }
+    }
+    Visit(spread, slot)
+}
+
+/// A guest's stay ([`visit`]): clears its note when dropped.
+pub(crate) struct Visit<'a>(&'a Spread, Option<usize>);
+
+impl Drop for Visit<'_> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.1 {
+            self.0.clear(slot);
+        }
+    }
+}
+
 fn with_mine(f: impl FnOnce(&Spread, usize)) {
     MINE.with(|m| {
         if let Some((spread, slot)) = &*m.borrow() {
@@ -111,7 +173,7 @@ mod tests {
 
     #[test]
     fn a_worker_sees_another_noted_on_its_cpu_and_not_itself() {
-        let s = Spread::new();
+        let s = Spread::new(3);
         assert!(s.note(0, 3).is_none(), "alone on CPU 3");
         assert!(s.note(1, 4).is_none(), "CPU 4 is its own");
         let busy = s.note(2, 3).expect("worker 0 is noted on CPU 3");
@@ -124,5 +186,44 @@ mod tests {
             "a slot past the notes takes no part"
         );
         s.clear(SLOTS);
+    }
+
+    #[test]
+    fn guests_take_the_slots_workers_leave_and_see_every_busy_thread() {
+        let s = Spread::new(SLOTS - 2);
+        s.note(0, 5);
+        let a = s.take_guest_slot(5).expect("two guest slots");
+        let b = s.take_guest_slot(6).expect("two guest slots");
+        assert_eq!((a, b), (SLOTS - 2, SLOTS - 1));
+        assert!(s.take_guest_slot(7).is_none(), "every guest slot taken");
+        let busy = s
+            .shared(a, 5)
+            .expect("worker 0 is noted on the guest's CPU 5");
+        assert_eq!((busy[0], busy[a], busy[b]), (5, 5, 6));
+        assert!(s.shared(b, 6).is_none(), "CPU 6 is the second guest's own");
+        assert!(
+            s.shared(SLOTS, 6).is_some(),
+            "a guest without a slot sees the other guest"
+        );
+        s.clear(a);
+        assert_eq!(
+            s.take_guest_slot(8),
+            Some(a),
+            "a cleared slot is free again"
+        );
+    }
+
+    #[test]
+    fn a_visit_notes_a_guest_until_it_ends() {
+        let s = Spread::new(1);
+        {
+            let _v = visit(&s, Instant::now());
+            let cpu = s.cpus[1].load(Ordering::Relaxed);
+            assert_ne!(cpu, IDLE, "the guest is noted");
+        }
+        assert!(
+            s.cpus.iter().all(|c| c.load(Ordering::Relaxed) == IDLE),
+            "the visit's note is cleared"
+        );
     }
 }
