@@ -97,24 +97,34 @@ impl OpScope {
     }
 
     /// Run `f` (an op named `name()`), turning a panic into a `KernelFailure` that names the
-    /// panic's message and location.
+    /// panic's message and location. Inlined into the loop that runs a graph's nodes, the
+    /// panic's report kept out of line.
+    #[inline(always)]
     pub(crate) fn run<'a>(
         &self,
         name: impl FnOnce() -> &'a str,
         f: impl FnOnce() -> Result<(), KernelFailure>,
     ) -> Result<(), KernelFailure> {
-        catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
-            let msg = payload_message(&*p);
-            let at = CAUGHT
-                .with(|slot| slot.borrow_mut().take())
-                .and_then(|c| c.at);
-            let msg = match at {
-                Some(at) => format!("panicked at {at}: {msg}"),
-                None => format!("panicked: {msg}"),
-            };
-            Err(KernelFailure::new(name(), msg))
-        })
+        match catch_unwind(AssertUnwindSafe(f)) {
+            Ok(result) => result,
+            Err(p) => Err(caught(name(), &*p)),
+        }
     }
+}
+
+/// The failure an op named `name` reports for the panic whose payload is `p`.
+#[cold]
+#[inline(never)]
+fn caught(name: &str, p: &(dyn std::any::Any + Send)) -> KernelFailure {
+    let msg = payload_message(p);
+    let at = CAUGHT
+        .with(|slot| slot.borrow_mut().take())
+        .and_then(|c| c.at);
+    let msg = match at {
+        Some(at) => format!("panicked at {at}: {msg}"),
+        None => format!("panicked: {msg}"),
+    };
+    KernelFailure::new(name, msg)
 }
 
 impl Drop for OpScope {
