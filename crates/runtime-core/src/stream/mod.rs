@@ -1416,31 +1416,38 @@ fn run_op(s: &StreamInner, op: &dyn Op) {
     run_op_in(s, op, &panics::OpScope::enter());
 }
 
-/// [`run_op`] for one of the ops run in `scope` (a graph replay's nodes). Inlined, with the
-/// rare paths (tracing, holding allocations, failing) out of line: a replay runs a hundred of
-/// these per command, and as a chain of calls each returning its `Result` through memory
-/// they took about twice the time of a no-op kernel's own call (a Rust loop of 100-node
-/// replays: 10.9-11.4 ns a node, against 5.9-6.3 with the path inlined).
-#[inline(always)]
+/// [`run_op`] for one of the ops run in `scope` (a graph replay's nodes).
 fn run_op_in(s: &StreamInner, op: &dyn Op, scope: &panics::OpScope) {
     if s.failed.load(Ordering::SeqCst) {
         return; // skipped behind an unreported error
     }
     let accesses = op.accesses();
-    if !accesses.is_empty() {
-        return run_holding(s, op, accesses, scope);
+    if accesses.is_empty() {
+        // Nothing to hold (a no-op, a kernel of scalars only): no holding to build or drop.
+        return run_unheld(s, op, scope);
     }
-    // Nothing to hold (a no-op, a kernel of scalars only): no holding to build or drop.
-    run_unheld(s, op, scope);
-}
-
-/// [`run_op_in`] for an op that uses device memory: hold `accesses` while it runs (see
-/// [`crate::memory::access`]).
-#[inline(never)]
-fn run_holding(s: &StreamInner, op: &dyn Op, accesses: &AccessSet, scope: &panics::OpScope) {
     match accesses.acquire() {
         Ok(_held) => run_held(s, op, scope),
         Err(e) => fail(s, KernelFailure::new(op.name(), e.to_string())),
+    }
+}
+
+/// [`run_op_in`] for a graph replay's node, inlined into the loop over the nodes: an op that
+/// holds nothing runs with no call between the loop and its own `run` (a replay runs a
+/// hundred per command; as a chain of calls, each returning its `Result` through memory,
+/// the path took about twice a no-op kernel's call). Tracing and ops that hold allocations
+/// take [`run_op_in`]. Kept apart from the path of one command: inlined there too, it made a
+/// batched no-op launch about a tenth slower.
+#[inline(always)]
+fn run_node(s: &StreamInner, op: &dyn Op, scope: &panics::OpScope) {
+    if s.failed.load(Ordering::SeqCst) {
+        return; // skipped behind an unreported error
+    }
+    if trace::enabled() || !op.accesses().is_empty() {
+        return run_op_in(s, op, scope);
+    }
+    if let Err(e) = scope.run_node(op) {
+        fail(s, e);
     }
 }
 
@@ -1453,39 +1460,24 @@ fn run_held(s: &StreamInner, op: &dyn Op, scope: &panics::OpScope) {
 }
 
 /// Run `op` (its allocations held, or none to hold), on a stream found not failed.
-#[inline(always)]
 fn run_unheld(s: &StreamInner, op: &dyn Op, scope: &panics::OpScope) {
-    let result = if trace::enabled() {
-        run_traced(s, op, scope)
-    } else {
-        scope.run(|| op.name(), || op.run())
-    };
+    let t0 = trace::enabled().then(now_ns);
+    let result = scope.run(|| op.name(), || op.run());
+    if let Some(t0) = t0 {
+        trace::push(trace::Record {
+            name: op.name().to_string(),
+            device: s.exec.device(),
+            stream: s.id,
+            ts_ns: t0,
+            phase: trace::Phase::Run {
+                end_ns: now_ns(),
+                engine: trace::thread_name(),
+            },
+        });
+    }
     if let Err(e) = result {
         fail(s, e);
     }
-}
-
-/// [`run_unheld`]'s run of `op` while tracing is on: the run is recorded.
-#[cold]
-#[inline(never)]
-fn run_traced(
-    s: &StreamInner,
-    op: &dyn Op,
-    scope: &panics::OpScope,
-) -> std::result::Result<(), KernelFailure> {
-    let t0 = now_ns();
-    let result = scope.run(|| op.name(), || op.run());
-    trace::push(trace::Record {
-        name: op.name().to_string(),
-        device: s.exec.device(),
-        stream: s.id,
-        ts_ns: t0,
-        phase: trace::Phase::Run {
-            end_ns: now_ns(),
-            engine: trace::thread_name(),
-        },
-    });
-    result
 }
 
 /// Run `cmd`; the box of a [`Command::Boxed`] op, emptied once the op has run, goes to
@@ -1543,13 +1535,11 @@ fn execute(
                     scope = None;
                 }
                 match node {
-                    Node::Op(op) => {
-                        run_op_in(
-                            s,
-                            op.as_ref(),
-                            scope.get_or_insert_with(panics::OpScope::enter),
-                        );
-                    }
+                    Node::Op(op) => run_node(
+                        s,
+                        op.as_ref(),
+                        scope.get_or_insert_with(panics::OpScope::enter),
+                    ),
                     // Not reached: every launch binds these (`GraphInner::bind`).
                     Node::Launch(l) => {
                         let op = l.bind();

@@ -97,17 +97,37 @@ impl OpScope {
     }
 
     /// Run `f` (an op named `name()`), turning a panic into a `KernelFailure` that names the
-    /// panic's message and location. Inlined into the loop that runs a graph's nodes, the
-    /// panic's report kept out of line.
-    #[inline(always)]
+    /// panic's message and location.
     pub(crate) fn run<'a>(
         &self,
         name: impl FnOnce() -> &'a str,
         f: impl FnOnce() -> Result<(), KernelFailure>,
     ) -> Result<(), KernelFailure> {
-        match catch_unwind(AssertUnwindSafe(f)) {
+        catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
+            let msg = payload_message(&*p);
+            let at = CAUGHT
+                .with(|slot| slot.borrow_mut().take())
+                .and_then(|c| c.at);
+            let msg = match at {
+                Some(at) => format!("panicked at {at}: {msg}"),
+                None => format!("panicked: {msg}"),
+            };
+            Err(KernelFailure::new(name(), msg))
+        })
+    }
+}
+
+impl OpScope {
+    /// [`OpScope::run`] for a graph replay's node: inlined into the loop over the nodes, the
+    /// panic's report kept out of line (a replay runs a hundred of these per command).
+    #[inline(always)]
+    pub(crate) fn run_node(
+        &self,
+        op: &dyn crate::stream::command::Op,
+    ) -> Result<(), KernelFailure> {
+        match catch_unwind(AssertUnwindSafe(|| op.run())) {
             Ok(result) => result,
-            Err(p) => Err(caught(name(), &*p)),
+            Err(p) => Err(caught(op.name(), &*p)),
         }
     }
 }
