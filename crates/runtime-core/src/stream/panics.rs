@@ -103,21 +103,9 @@ impl OpScope {
         name: impl FnOnce() -> &'a str,
         f: impl FnOnce() -> Result<(), KernelFailure>,
     ) -> Result<(), KernelFailure> {
-        catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
-            let msg = payload_message(&*p);
-            let at = CAUGHT
-                .with(|slot| slot.borrow_mut().take())
-                .and_then(|c| c.at);
-            let msg = match at {
-                Some(at) => format!("panicked at {at}: {msg}"),
-                None => format!("panicked: {msg}"),
-            };
-            Err(KernelFailure::new(name(), msg))
-        })
+        catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| Err(caught(name(), &*p)))
     }
-}
 
-impl OpScope {
     /// [`OpScope::run`] for a graph replay's node: inlined into the loop over the nodes, the
     /// panic's report kept out of line (a replay runs a hundred of these per command).
     #[inline(always)]
