@@ -48,6 +48,30 @@ def test_each_command_is_enqueued_then_run_in_stream_order():
     assert all(r["device"] == 0 for r in enq + ran)
 
 
+def test_a_graph_replays_nodes_are_each_traced_as_runs_in_order():
+    # A replay runs its nodes on a path of its own (`stream::run_node`); with tracing on,
+    # every node, one that uses no memory or one that does, is still a run of its own.
+    s = runtime.Stream(0)
+    x = runtime.to_device(np.ones(1024, dtype=np.float32))
+    s.begin_capture()
+    s.launch_kernel(kernels.noop)
+    s.launch_kernel(kernels.scale, (x, x, 2.0))
+    s.launch_kernel(kernels.noop)
+    g = s.end_capture()
+    with runtime.profile() as records:
+        g.launch(s)
+        s.synchronize(timeout=WAIT)
+    ran = runs(records, s.id)
+    assert [r["name"] for r in ran] == ["noop", "scale", "noop"]
+    for a, b in zip(ran, ran[1:]):
+        assert a["end_ns"] <= b["ts_ns"]
+    np.testing.assert_array_equal(x.copy_to_host(), np.full(1024, 2.0, np.float32))
+    # Outside a profile the same replay runs on (and is not recorded).
+    g.launch(s)
+    s.synchronize(timeout=WAIT)
+    np.testing.assert_array_equal(x.copy_to_host(), np.full(1024, 4.0, np.float32))
+
+
 def test_a_run_span_covers_what_happened_while_it_ran():
     # A host function held by a gate: an event completed (inline, on an idle stream) while it
     # is held has a timestamp inside its span; one recorded behind it, after its end.
