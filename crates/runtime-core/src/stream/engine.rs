@@ -638,9 +638,12 @@ pub(crate) struct Engines {
 
 impl Engines {
     pub(crate) fn new(device: usize, compute_workers: usize) -> Engines {
+        const COPY_WORKERS: usize = 2;
+        const SERIAL_WORKERS: usize = 1;
         let busy_ns = Arc::new(AtomicU64::new(0));
-        // Slots for the compute workers, the two copy workers and the serial one.
-        let spread = Arc::new(Spread::new(compute_workers + 3));
+        // One slot per worker, engine after engine; the slots after them are for guests.
+        let (copy_slot, serial_slot) = (compute_workers, compute_workers + COPY_WORKERS);
+        let spread = Arc::new(Spread::new(serial_slot + SERIAL_WORKERS));
         Engines {
             compute: Engine::new(
                 EngineKind::Compute,
@@ -652,16 +655,16 @@ impl Engines {
             copy: Engine::new(
                 EngineKind::Copy,
                 device,
-                2,
+                COPY_WORKERS,
                 busy_ns.clone(),
-                (spread.clone(), compute_workers),
+                (spread.clone(), copy_slot),
             ),
             serial: Engine::new(
                 EngineKind::Serial,
                 device,
-                1,
+                SERIAL_WORKERS,
                 busy_ns.clone(),
-                (spread, compute_workers + 2),
+                (spread, serial_slot),
             ),
             busy_ns,
             sample: Mutex::new((Instant::now(), 0)),
