@@ -240,6 +240,23 @@ def test_pageable_source_is_staged_when_queued(stream):
     assert (dev.copy_to_host() == 1).all()
 
 
+def test_pageable_source_on_an_idle_stream_is_copied_at_once(stream):
+    """On an idle stream a queued copy from pageable memory runs at once, reading the source
+    where it is (no staging copy): the stream has nothing pending when the call returns, the
+    trace shows the copy run by the caller, and reusing the source changes nothing."""
+    src = np.ones(256, np.int32)
+    dev = runtime.zeros(256, np.int32)
+    stream.synchronize(timeout=WAIT)
+    with runtime.profile() as records:
+        runtime.memcpy_host_to_device(dev, src, stream)
+        assert stream.query()
+    src[:] = 2
+    stream.synchronize(timeout=WAIT)
+    assert (dev.copy_to_host() == 1).all()
+    (run,) = [r for r in records if r["phase"] == "run" and r["name"] == "memcpy_h2d"]
+    assert run["engine"] == "caller"
+
+
 def test_pinned_slice_source_and_offsets(stream):
     src = runtime.pinned_empty(64, np.uint8)
     src[:] = np.arange(64, dtype=np.uint8)

@@ -100,9 +100,13 @@ def test_a_run_span_covers_what_happened_while_it_ran():
 def test_lanes_are_devices_and_streams_and_engines_are_named():
     runtime.set_option("enablePipelining", True)
     s0, s1 = runtime.Stream(0), runtime.Stream(1)
+    # Pinned sources: a queued copy from pinned memory runs on the stream's copy engine (one
+    # from pageable memory on an idle stream would run at once on the caller).
+    host = runtime.pinned_empty(1024, np.float32)
+    host[:] = np.arange(1024, dtype=np.float32)
     with runtime.profile() as records:
-        a = runtime.to_device(np.arange(1024, dtype=np.float32), device=0, stream=s0)
-        b = runtime.to_device(np.arange(1024, dtype=np.float32), device=1, stream=s1)
+        a = runtime.to_device(host, device=0, stream=s0)
+        b = runtime.to_device(host, device=1, stream=s1)
         s0.launch_kernel(kernels.scale, (a, a, 2.0))
         s1.launch_kernel(kernels.scale, (b, b, 3.0))
         s0.synchronize(timeout=WAIT)

@@ -254,7 +254,7 @@ fn copies_refuse_a_host_view_of_their_own_device_bytes() {
     )
     .unwrap();
     assert_eq!((p.device, p.peer), (Some(0), None));
-    s.launch(p.op).unwrap();
+    s.launch(p.into_op().unwrap()).unwrap();
     s.synchronize(None).unwrap();
     let mut got = [0u8; 16];
     buf.read(128, &mut got).unwrap();
@@ -269,6 +269,73 @@ fn copies_refuse_a_host_view_of_their_own_device_bytes() {
         Submit::Queued
     )
     .is_ok());
+}
+
+/// A queued copy from pageable host memory runs at once, reading the source where it is, on
+/// an idle stream (counted as submitted and completed, as a blocking copy is); on a busy or a
+/// capturing stream it stages the source instead. Either way the source may be reused once
+/// the call returns.
+#[test]
+fn a_queued_pageable_copy_runs_at_once_on_an_idle_stream_and_is_staged_otherwise() {
+    use copy::{End, Submit};
+    use runtime_core::stream::{FnOp, OpKind, Stream};
+    let rt = one_device();
+    let dev = rt.device(0).unwrap();
+    let s = Stream::new(dev, 0).unwrap();
+    let dst = dev.memory().allocate(64).unwrap();
+    let plan = |host: Arc<HostVec>| {
+        copy::copy(
+            End::Device(dst.clone()),
+            0,
+            End::Host(host),
+            0,
+            64,
+            Submit::Queued,
+        )
+        .unwrap()
+    };
+    let read = || {
+        let mut got = [0u8; 64];
+        dst.read(0, &mut got).unwrap();
+        got
+    };
+    // Idle: it ran here.
+    let (_, ran) = plan(HostVec::new(vec![1u8; 64]))
+        .run_now_or_stage(&s)
+        .unwrap();
+    assert!(ran, "an idle stream runs the copy at once");
+    assert_eq!(s.pending(), 0);
+    assert_eq!(read(), [1; 64]);
+    // Busy (a command holds the stream): staged, then queued behind the command.
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = std::sync::Mutex::new(rx);
+    s.launch(FnOp::shared("gate", OpKind::Compute, move || {
+        let _ = rx.lock().unwrap().recv();
+        Ok(())
+    }))
+    .unwrap();
+    let host = HostVec::new(vec![2u8; 64]);
+    let (op, ran) = plan(host.clone()).run_now_or_stage(&s).unwrap();
+    assert!(!ran, "a busy stream gets the staged copy to queue");
+    // SAFETY: no op reads `host`: the queued copy reads its staged bytes; 64 bytes.
+    unsafe { std::ptr::write_bytes(host.as_mut_ptr().unwrap(), 3, 64) };
+    s.launch(op).unwrap();
+    drop(tx);
+    s.synchronize(None).unwrap();
+    assert_eq!(
+        read(),
+        [2; 64],
+        "the bytes of the source when the copy was queued"
+    );
+    // Capturing: recorded (staged), not run.
+    s.begin_capture().unwrap();
+    let (op, ran) = plan(HostVec::new(vec![4u8; 64]))
+        .run_now_or_stage(&s)
+        .unwrap();
+    assert!(!ran, "a capturing stream records the copy");
+    s.launch(op).unwrap();
+    drop(s.end_capture().unwrap());
+    assert_eq!(read(), [2; 64]);
 }
 
 /// The stage-or-stream-order choice (moved from the Python bindings): a queued copy from
@@ -297,14 +364,18 @@ fn queued_copies_stage_pageable_sources_and_read_device_views_in_order() {
         } else {
             End::Host(host.clone())
         };
-        let p = copy::copy(End::Device(dst.clone()), 0, src, 0, 64, submit).unwrap();
+        // Planned and taken to queue (a pageable source is staged as it is taken).
+        let op = copy::copy(End::Device(dst.clone()), 0, src, 0, 64, submit)
+            .unwrap()
+            .into_op()
+            .unwrap();
         if view {
             other.fill(0, 64, 9).unwrap();
         } else {
             // SAFETY: no copy reads `host` now (the op is built, not running); 64 bytes.
             unsafe { std::ptr::write_bytes(host.as_mut_ptr().unwrap(), 9, 64) };
         }
-        p.op.run().unwrap();
+        op.run().unwrap();
         let mut got = [0u8; 64];
         dst.read(0, &mut got).unwrap();
         assert_eq!(got, [want; 64], "{submit:?}, device view: {view}");
@@ -575,7 +646,7 @@ fn staging_a_host_vec_waits_for_the_copies_queued_into_it() {
             } else {
                 copy::copy(dst, 0, src, 0, LEN as u64, Submit::Queued)
             };
-            s2.launch(planned.unwrap().op).unwrap();
+            s2.launch(planned.unwrap().into_op().unwrap()).unwrap();
             s2.synchronize(None).unwrap();
             let got = y.to_vec::<u8>(0, LEN).unwrap();
             let copied = got.iter().filter(|&&b| b == 0xAB).count();

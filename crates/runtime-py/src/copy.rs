@@ -313,9 +313,23 @@ fn submit_planned(
     stream: Option<runtime_core::stream::Stream>,
     device: usize,
 ) -> PyResult<()> {
+    let peer = planned.peer;
     match stream {
-        Some(s) if planned.finish => wait::submit_and_finish(py, &s, planned.op),
-        _ => wait::submit_copy(py, planned.op, stream, device, planned.peer),
+        Some(s) if planned.finish => {
+            wait::submit_and_finish(py, &s, planned.into_op().map_err(RtErr)?)
+        }
+        Some(s) => {
+            // A copy from pageable memory runs here at once when the stream is idle (else
+            // its source is staged), so the GIL is released; the op comes back to be queued
+            // or dropped with the GIL held (it may hold a Python buffer).
+            let (op, ran) = py.detach(|| planned.run_now_or_stage(&s)).map_err(RtErr)?;
+            if ran {
+                wait::after_enqueue(py, &s)
+            } else {
+                wait::submit(py, &s, op)
+            }
+        }
+        None => wait::submit_copy(py, planned.into_op().map_err(RtErr)?, None, device, peer),
     }
 }
 

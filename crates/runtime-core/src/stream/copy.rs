@@ -12,8 +12,9 @@
 //! [`pinned::register`], is pinned memory here too: the copy holds the registration); from
 //! any other (pageable)
 //! host memory the bytes are staged when the copy is queued, so the caller may reuse the
-//! source as soon as the call returns. Blocking copies read the source directly (the caller
-//! waits for them).
+//! source as soon as the call returns; on an idle stream such a copy instead runs at once,
+//! reading the source directly (one copy instead of two, [`Planned::run_now_or_stage`]).
+//! Blocking copies read the source directly (the caller waits for them).
 //!
 //! Copies into host memory queued on a stream follow CUDA's rule too
 //! ([`completes_before_return`]): into pinned memory the command writes the host bytes when it
@@ -769,17 +770,27 @@ impl End {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Submit {
     /// Queued on a stream, returning before it runs: a pageable host source is staged now
-    /// (the caller may reuse it at once); pinned memory and host views of device memory are
+    /// (the caller may reuse it at once), unless the copy runs at once on an idle stream
+    /// ([`Planned::run_now_or_stage`]); pinned memory and host views of device memory are
     /// read when the copy runs, in stream order (CUDA's rule).
     Queued,
     /// Waited for by the caller: the source is read when the copy runs.
     Blocking,
 }
 
-/// A copy built by [`copy`] or [`copy_2d`], ready to be submitted.
+/// What builds a queued copy's op from a staged source ([`Planned::into_op`]).
+type Stager = Box<dyn FnOnce() -> Result<Arc<dyn Op>> + Send>;
+
+/// A copy built by [`copy`] or [`copy_2d`], ready to be submitted: [`Planned::into_op`] for
+/// the op to queue or run, or [`Planned::run_now_or_stage`] for a copy queued on a stream.
 pub struct Planned {
-    /// The stream op.
-    pub op: Arc<dyn Op>,
+    /// The stream op; for a queued copy from pageable host memory, the same copy reading the
+    /// source where it is, which may only run at once ([`Planned::stage`]).
+    op: Arc<dyn Op>,
+    /// For a queued copy from pageable host memory: what stages the source (copies it aside
+    /// now) and builds the op that reads the staged bytes, the op to queue when the copy
+    /// cannot run at once.
+    stage: Option<Stager>,
     /// The device whose stream a blocking copy runs on: the destination's, or the source's
     /// for a device-to-host copy; `None` for a host-to-host copy (the caller's current
     /// device).
@@ -790,6 +801,48 @@ pub struct Planned {
     /// A queued copy into pageable host memory ([`completes_before_return`]): the call that
     /// queues it returns only once it is complete (CUDA's rule); the caller waits.
     pub finish: bool,
+}
+
+impl Planned {
+    fn new(op: Arc<dyn Op>, device: Option<usize>, peer: Option<usize>) -> Planned {
+        Planned {
+            op,
+            stage: None,
+            device,
+            peer,
+            finish: false,
+        }
+    }
+
+    /// The op to queue (or, for a blocking copy, to run): a queued copy from pageable host
+    /// memory stages its source now, so the caller may reuse the source once this returns.
+    ///
+    /// # Errors
+    /// Staging waited for queued ops writing the source and was refused (`NotPermitted`,
+    /// from a runtime thread).
+    pub fn into_op(self) -> Result<Arc<dyn Op>> {
+        match self.stage {
+            Some(stage) => stage(),
+            None => Ok(self.op),
+        }
+    }
+
+    /// For a copy queued on `stream`: a copy from pageable host memory runs at once, on the
+    /// calling thread and without staging, when the stream is idle (nothing queued, not
+    /// capturing, the copy's memory free), counted as submitted and completed as a blocking
+    /// copy is; otherwise (and for every other copy) [`Planned::into_op`]. Returns the op
+    /// and whether it already ran; an op that did not is the caller's to queue on `stream`.
+    /// Either way the caller may reuse the source once this returns (CUDA's rule for
+    /// pageable memory, which lets the copy complete before the call returns).
+    ///
+    /// # Errors
+    /// As [`Planned::into_op`]; the stream was destroyed or its runtime shut down.
+    pub fn run_now_or_stage(self, stream: &Stream) -> Result<(Arc<dyn Op>, bool)> {
+        if self.stage.is_some() && !stream.is_capturing() && stream.try_run_inline(&self.op)? {
+            return Ok((self.op, true));
+        }
+        Ok((self.into_op()?, false))
+    }
 }
 
 /// Refuse a host-device copy whose host side covers the device bytes it copies (`span`s
@@ -859,30 +912,35 @@ pub fn copy(
         .then(|| registered_dest(&dst, dst_off, count))
         .flatten();
     let planned = match (dst, src) {
-        (End::Device(d), End::Host(h)) if submit == Submit::Queued => Planned {
-            op: h2d_async(&d, dst_off, h, src_off, count)?,
-            device: Some(d.device()),
-            peer: None,
-            finish: false,
-        },
-        (End::Device(d), End::Host(h) | End::DeviceView(h)) => Planned {
-            op: h2d(&d, dst_off, h, src_off, count)?,
-            device: Some(d.device()),
-            peer: None,
-            finish: false,
-        },
-        (End::Host(h) | End::DeviceView(h), End::Device(s)) => Planned {
-            op: d2h(h, dst_off, &s, src_off, count)?,
-            device: Some(s.device()),
-            peer: None,
-            finish: false,
-        },
-        (End::Device(d), End::Device(s)) => Planned {
-            op: d2d(&d, dst_off, &s, src_off, count)?,
-            device: Some(d.device()),
-            peer: Some(s.device()),
-            finish: false,
-        },
+        (End::Device(d), End::Host(h)) if submit == Submit::Queued => {
+            if pinned_source(&*h, src_off, count)?.is_some() {
+                Planned::new(
+                    h2d_async(&d, dst_off, h, src_off, count)?,
+                    Some(d.device()),
+                    None,
+                )
+            } else {
+                let direct = h2d(&d, dst_off, h.clone(), src_off, count)?;
+                let device = Some(d.device());
+                Planned {
+                    stage: Some(Box::new(move || {
+                        h2d(&d, dst_off, stage(&*h, src_off, count)?, 0, count)
+                    })),
+                    ..Planned::new(direct, device, None)
+                }
+            }
+        }
+        (End::Device(d), End::Host(h) | End::DeviceView(h)) => {
+            Planned::new(h2d(&d, dst_off, h, src_off, count)?, Some(d.device()), None)
+        }
+        (End::Host(h) | End::DeviceView(h), End::Device(s)) => {
+            Planned::new(d2h(h, dst_off, &s, src_off, count)?, Some(s.device()), None)
+        }
+        (End::Device(d), End::Device(s)) => Planned::new(
+            d2d(&d, dst_off, &s, src_off, count)?,
+            Some(d.device()),
+            Some(s.device()),
+        ),
         (End::Host(dh) | End::DeviceView(dh), End::Host(sh) | End::DeviceView(sh)) => {
             let row = Rect {
                 dst_off,
@@ -892,12 +950,7 @@ pub fn copy(
                 width: count,
                 height: 1,
             };
-            Planned {
-                op: h2h_2d(dh, sh, row)?,
-                device: None,
-                peer: None,
-                finish: false,
-            }
+            Planned::new(h2h_2d(dh, sh, row)?, None, None)
         }
     };
     // A queued copy into registered memory holds the registration until it ran.
@@ -941,36 +994,21 @@ pub fn copy_2d(dst: End, src: End, rect: Rect, submit: Submit) -> Result<Planned
         .then(|| registered_dest(&dst, rect.dst_off, span(rect.dpitch)))
         .flatten();
     let planned = match (dst, src) {
-        (End::Device(d), End::Host(h)) if submit == Submit::Queued => Planned {
-            op: h2d_2d_async(&d, h, rect)?,
-            device: Some(d.device()),
-            peer: None,
-            finish: false,
-        },
-        (End::Device(d), End::Host(h) | End::DeviceView(h)) => Planned {
-            op: h2d_2d(&d, h, rect)?,
-            device: Some(d.device()),
-            peer: None,
-            finish: false,
-        },
-        (End::Host(h) | End::DeviceView(h), End::Device(s)) => Planned {
-            op: d2h_2d(h, &s, rect)?,
-            device: Some(s.device()),
-            peer: None,
-            finish: false,
-        },
-        (End::Device(d), End::Device(s)) => Planned {
-            op: d2d_2d(&d, &s, rect)?,
-            device: Some(d.device()),
-            peer: Some(s.device()),
-            finish: false,
-        },
-        (End::Host(dh) | End::DeviceView(dh), End::Host(sh) | End::DeviceView(sh)) => Planned {
-            op: h2h_2d(dh, sh, rect)?,
-            device: None,
-            peer: None,
-            finish: false,
-        },
+        (End::Device(d), End::Host(h)) if submit == Submit::Queued => {
+            Planned::new(h2d_2d_async(&d, h, rect)?, Some(d.device()), None)
+        }
+        (End::Device(d), End::Host(h) | End::DeviceView(h)) => {
+            Planned::new(h2d_2d(&d, h, rect)?, Some(d.device()), None)
+        }
+        (End::Host(h) | End::DeviceView(h), End::Device(s)) => {
+            Planned::new(d2h_2d(h, &s, rect)?, Some(s.device()), None)
+        }
+        (End::Device(d), End::Device(s)) => {
+            Planned::new(d2d_2d(&d, &s, rect)?, Some(d.device()), Some(s.device()))
+        }
+        (End::Host(dh) | End::DeviceView(dh), End::Host(sh) | End::DeviceView(sh)) => {
+            Planned::new(h2h_2d(dh, sh, rect)?, None, None)
+        }
     };
     // A queued copy into registered memory holds the registration until it ran.
     Ok(Planned {
