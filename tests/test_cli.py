@@ -403,12 +403,13 @@ def test_trace_plot_draws_a_good_trace(tmp_path):
 
 
 @pytest.mark.parametrize("user_value", [None, "12"])
-def test_bench_as_a_program_tells_openblas_not_to_spin(tmp_path, user_value):
-    """`python -m runtime bench` restarts once with OPENBLAS_THREAD_TIMEOUT set (numpy's
-    OpenBLAS threads otherwise spin after each call into the next cell), keeps a value the
-    user set, and records it with the machine."""
+def test_bench_as_a_program_tells_openblas_and_openmp_not_to_spin(tmp_path, user_value):
+    """`python -m runtime bench` restarts once with OPENBLAS_THREAD_TIMEOUT and GOMP_SPINCOUNT
+    set (numpy's OpenBLAS threads and torch's OpenMP threads otherwise spin after each call
+    into the next cell), keeps a value the user set, and records both with the machine."""
     path = str(tmp_path / "run.json")
-    env = {k: v for k, v in _env().items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    quiet = ("OPENBLAS_THREAD_TIMEOUT", "GOMP_SPINCOUNT")
+    env = {k: v for k, v in _env().items() if k not in quiet}
     if user_value is not None:
         env["OPENBLAS_THREAD_TIMEOUT"] = user_value
     args = ["bench", "--quick", "--peers", "none", "--no-progress", "--rows", "stream create"]
@@ -416,5 +417,7 @@ def test_bench_as_a_program_tells_openblas_not_to_spin(tmp_path, user_value):
     assert out.returncode == 0, out.stderr
     want = user_value or "4"
     assert f"OPENBLAS_THREAD_TIMEOUT={want}" in out.stdout
+    assert "GOMP_SPINCOUNT=10000" in out.stdout
     doc = json.loads((tmp_path / "run.json").read_text())
     assert doc["machine"]["openblas_thread_timeout"] == want
+    assert doc["machine"]["gomp_spincount"] == "10000"

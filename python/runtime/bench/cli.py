@@ -131,15 +131,33 @@ def _parser():
 #: a call of milliseconds).
 OPENBLAS_THREAD_TIMEOUT = "4"
 
+#: How many times torch's OpenMP threads (GNU libgomp) poll for the next parallel region
+#: before they sleep. libgomp's default, 300,000, kept them busy into the cell measured next:
+#: a 64 MiB copy right after three of torch's took 4.8-12.7 ms (5.0-5.3 once they slept),
+#: and ``matmul`` 1024² read NEAR at 0.965-1.02x numpy in two runs where it read PASS at
+#: 0.93-0.945 with them quiet. 10,000 polls still span the gap between torch's back-to-back
+#: calls in its own cell (its 1 MiB ``copy_`` took 24.7-29.1 us with 1,000-100,000 polls
+#: and 28.9 with the default; told to sleep at once, 55.9).
+GOMP_SPINCOUNT = "10000"
+
+#: The peers' thread-pool settings a benchmark run sets where the user did not: each is read
+#: when its library loads, so they are set by restarting the process once.
+QUIET_PEER_THREADS = {
+    "OPENBLAS_THREAD_TIMEOUT": OPENBLAS_THREAD_TIMEOUT,
+    "GOMP_SPINCOUNT": GOMP_SPINCOUNT,
+}
+
 
 def exec_with_quiet_blas(module: str, argv: list[str]) -> None:
-    """For a benchmark run as a program: restart this process once with numpy's OpenBLAS
-    told not to spin after its calls (``OPENBLAS_THREAD_TIMEOUT``, read when numpy loads,
-    which ``import runtime`` already did). Returns at once when the variable is set (by the
-    user, or by the restart)."""
-    if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
+    """For a benchmark run as a program: restart this process once with the peers' thread
+    pools told not to spin after their calls into the next cell (``QUIET_PEER_THREADS``:
+    numpy's OpenBLAS and torch's OpenMP, read when they load, which ``import runtime``
+    already did for numpy). Returns at once when every variable is set (by the user, or by
+    the restart); a value the user set is kept."""
+    missing = {k: v for k, v in QUIET_PEER_THREADS.items() if k not in os.environ}
+    if not missing:
         return
-    os.environ["OPENBLAS_THREAD_TIMEOUT"] = OPENBLAS_THREAD_TIMEOUT
+    os.environ.update(missing)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, "-m", module, *argv])
@@ -328,6 +346,12 @@ def _main(argv: list[str] | None) -> int:
             "each call instead of spinning into the next cell)"
             if machine.get("openblas_thread_timeout")
             else "spinning after each call (OpenBLAS's default; the cell after numpy's is slowed)"
+        )
+        + "; torch's OpenMP threads: "
+        + (
+            f"GOMP_SPINCOUNT={machine['gomp_spincount']} (they sleep soon after each call)"
+            if machine.get("gomp_spincount")
+            else "spinning after each call (libgomp's default; the cell after torch's is slowed)"
         )
     )
     print(render_host_probes(host_probe_summary(results)))

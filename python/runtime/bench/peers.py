@@ -130,6 +130,7 @@ def machine_info(peers: Peers) -> dict:
         "loadavg_start": _loadavg(),
         # Set by `python -m runtime bench` (see `cli.exec_with_quiet_blas`), or by the user.
         "openblas_thread_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT"),
+        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
     }
 
 
