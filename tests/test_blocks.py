@@ -120,7 +120,9 @@ def test_bad_block_dim_values_are_refused_and_queue_nothing(stream, bad):
     assert ran == [] and np.asarray(x).tolist() == [0, 0, 0, 0]
 
 
-@pytest.mark.parametrize("bad", [1.0, "2", True, [2], 2 + 0j])
+@pytest.mark.parametrize(
+    "bad", [1.0, "2", True, [2], 2 + 0j, np.float32(2), np.bool_(True), np.complex64(2)]
+)
 def test_block_dim_of_a_wrong_type_is_a_type_error(stream, bad):
     with pytest.raises(TypeError, match="block_dim"):
         stream.launch_kernel(lambda: None, block_dim=bad)

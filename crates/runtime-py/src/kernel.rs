@@ -365,19 +365,26 @@ pub fn block_dim_arg(block_dim: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u3
     let Some(b) = block_dim.filter(|b| !b.is_none()) else {
         return Ok(None);
     };
-    if b.is_instance_of::<PyBool>() || !b.is_instance(integral(b.py())?)? {
-        return Err(PyTypeError::new_err(format!(
-            "block_dim must be an int or None, got {}",
-            type_name(b)
-        )));
-    }
-    let v: i64 = b.call_method0("__index__")?.extract().map_err(|_| {
+    let out_of_range = |_| {
         PyValueError::new_err(format!(
             "block_dim: must be between 1 and {}, got {}",
             kernel::MAX_BLOCK_DIM,
             crate::convert::repr(b)
         ))
-    })?;
+    };
+    let v: i64 = match number_kind(b.py(), b)? {
+        Number::Int if b.is_instance_of::<PyInt>() => b.extract().map_err(out_of_range)?,
+        Number::Int => b
+            .call_method0("__index__")?
+            .extract()
+            .map_err(out_of_range)?,
+        _ => {
+            return Err(PyTypeError::new_err(format!(
+                "block_dim must be an int or None, got {}",
+                type_name(b)
+            )))
+        }
+    };
     block::check_block_dim(v)
         .map(Some)
         .map_err(|e| PyValueError::new_err(format!("block_dim: {}", e.message)))
@@ -410,32 +417,65 @@ pub fn kernel_names() -> Vec<String> {
     kernel::names()
 }
 
-static INTEGRAL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-
-/// `numbers.Integral` (numpy registers its integer types there).
-fn integral(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
-    Ok(INTEGRAL
-        .get_or_try_init(py, || {
-            Ok::<_, PyErr>(py.import("numbers")?.getattr("Integral")?.unbind())
-        })?
-        .bind(py))
+/// What kind of number a launch argument is, as `numbers` classifies it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Number {
+    /// `numbers.Integral`: int, numpy's integers (not bools), by their exact value.
+    Int,
+    /// `numbers.Complex` but not `numbers.Real`: both parts count.
+    Complex,
+    /// Anything else (floats, numpy's bool, other objects): tried with `__float__`.
+    Other,
 }
 
+static INTEGRAL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static COMPLEX: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static REAL: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static NP_INTEGER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static NP_INEXACT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static NP_COMPLEX: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
-/// `numbers.<name>`, imported once into `cell` (numpy registers its scalar types there: a
-/// complex scalar is `Complex` but not `Real`).
-fn abc<'py>(
+/// `module.<name>`, imported once into `cell`.
+fn class<'py>(
     py: Python<'py>,
     cell: &'static PyOnceLock<Py<PyAny>>,
+    module: &str,
     name: &str,
 ) -> PyResult<&'py Bound<'py, PyAny>> {
     Ok(cell
         .get_or_try_init(py, || {
-            Ok::<_, PyErr>(py.import("numbers")?.getattr(name)?.unbind())
+            Ok::<_, PyErr>(py.import(module)?.getattr(name)?.unbind())
         })?
         .bind(py))
+}
+
+/// How `numbers` classifies `a` (numpy registers its scalar types there), for an object that
+/// is not a Python int, float or complex (callers test those first). numpy's own scalars are
+/// told apart by their base classes first: an `isinstance` against a `numbers` class runs
+/// `ABCMeta.__instancecheck__` in Python, 1.5 us each on these hosts, where a check against
+/// a class is a walk of the type's bases in C. The `numbers` classes decide the rest.
+fn number_kind(py: Python<'_>, a: &Bound<'_, PyAny>) -> PyResult<Number> {
+    if a.is_instance_of::<PyBool>() {
+        return Ok(Number::Other);
+    }
+    if a.is_instance_of::<PyInt>() || a.is_instance(class(py, &NP_INTEGER, "numpy", "integer")?)? {
+        return Ok(Number::Int);
+    }
+    if a.is_instance(class(py, &NP_COMPLEX, "numpy", "complexfloating")?)? {
+        return Ok(Number::Complex);
+    }
+    if a.is_instance(class(py, &NP_INEXACT, "numpy", "inexact")?)? {
+        return Ok(Number::Other);
+    }
+    if a.is_instance(class(py, &INTEGRAL, "numbers", "Integral")?)? {
+        return Ok(Number::Int);
+    }
+    if a.is_instance(class(py, &COMPLEX, "numbers", "Complex")?)?
+        && !a.is_instance(class(py, &REAL, "numbers", "Real")?)?
+    {
+        return Ok(Number::Complex);
+    }
+    Ok(Number::Other)
 }
 
 static GENERIC: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
@@ -478,33 +518,44 @@ fn native_args(py: Python<'_>, args: &Bound<'_, PyTuple>, c_abi: bool) -> PyResu
             out.push(KernelArg::Int(v));
         } else if a.is_instance_of::<PyFloat>() {
             out.push(KernelArg::Float(a.extract()?));
-        } else if a.is_instance(integral(py)?)? {
-            // Integers that are not Python ints (numpy.int64, numpy.uint32, ...): exact, by
-            // their integer value, never through a float. (numpy.bool_ is not Integral.)
-            let v: i64 = a.call_method0("__index__")?.extract().map_err(|_| {
-                PyValueError::new_err(format!("args[{i}]: integer out of 64-bit range"))
-            })?;
-            out.push(KernelArg::Int(v));
-        } else if a.is_instance_of::<PyComplex>()
-            || (a.is_instance(abc(py, &COMPLEX, "Complex")?)?
-                && !a.is_instance(abc(py, &REAL, "Real")?)?)
-        {
-            // complex, numpy.complex64/128: both parts (their `__float__` would drop one).
-            let z = a
-                .call_method0("__complex__")
-                .and_then(|z| z.cast_into::<PyComplex>().map_err(PyErr::from))?;
-            out.push(KernelArg::Complex(z.real(), z.imag()));
-        } else if let Ok(v) = a.call_method0("__float__").and_then(|f| f.extract::<f64>()) {
-            // numpy floats and other number-likes
-            out.push(KernelArg::Float(v));
         } else {
-            return Err(PyTypeError::new_err(format!(
-                "args[{i}] must be a DeviceBuffer or a number for a native kernel, got {}",
-                type_name(&a)
-            )));
+            out.push(number_arg(py, &a, i)?);
         }
     }
     Ok(out)
+}
+
+/// Launch argument `i`, `a`, when it is neither a DeviceBuffer nor a Python bool, int or
+/// float: an integer by its exact value (numpy.int64, numpy.uint32, ...; never through a
+/// float), a complex number by both parts (complex, numpy.complex64/128: their `__float__`
+/// would drop one), any other number through `__float__` (numpy floats, numpy.bool_).
+fn number_arg(py: Python<'_>, a: &Bound<'_, PyAny>, i: usize) -> PyResult<KernelArg> {
+    let kind = if a.is_instance_of::<PyComplex>() {
+        Number::Complex
+    } else {
+        number_kind(py, a)?
+    };
+    match kind {
+        Number::Int => {
+            let v: i64 = a.call_method0("__index__")?.extract().map_err(|_| {
+                PyValueError::new_err(format!("args[{i}]: integer out of 64-bit range"))
+            })?;
+            Ok(KernelArg::Int(v))
+        }
+        Number::Complex => {
+            let z = a
+                .call_method0("__complex__")
+                .and_then(|z| z.cast_into::<PyComplex>().map_err(PyErr::from))?;
+            Ok(KernelArg::Complex(z.real(), z.imag()))
+        }
+        Number::Other => match a.call_method0("__float__").and_then(|f| f.extract::<f64>()) {
+            Ok(v) => Ok(KernelArg::Float(v)),
+            Err(_) => Err(PyTypeError::new_err(format!(
+                "args[{i}] must be a DeviceBuffer or a number for a native kernel, got {}",
+                type_name(a)
+            ))),
+        },
+    }
 }
 
 fn launch_native(
