@@ -449,11 +449,12 @@ fn class<'py>(
         .bind(py))
 }
 
-/// How `numbers` classifies `a` (numpy registers its scalar types there), for an object that
-/// is not a Python int, float or complex (callers test those first). numpy's own scalars are
-/// told apart by their base classes first: an `isinstance` against a `numbers` class runs
-/// `ABCMeta.__instancecheck__` in Python, 1.5 us each on these hosts, where a check against
-/// a class is a walk of the type's bases in C. The `numbers` classes decide the rest.
+/// How `numbers` classifies `a` (numpy registers its scalar types there), Python's and numpy's
+/// bools counting as `Other`. `native_args` asks only about what is not a Python bool, int or
+/// float; `block_dim_arg` asks about everything. numpy's own scalars are told apart by their
+/// base classes first: an `isinstance` against a `numbers` class runs
+/// `ABCMeta.__instancecheck__` in Python, 1.5 us each on these hosts, where a check against a
+/// class is a walk of the type's bases in C. The `numbers` classes decide the rest.
 fn number_kind(py: Python<'_>, a: &Bound<'_, PyAny>) -> PyResult<Number> {
     if a.is_instance_of::<PyBool>() {
         return Ok(Number::Other);
