@@ -67,6 +67,26 @@ def test_queued_on_a_stream(kind):
     assert (run_copy(kind, dst, src, rect, s) == model(dst, *rect[:2], src, *rect[2:])).all()
 
 
+def test_pageable_source_on_an_idle_stream_is_copied_at_once():
+    """As a 1-D copy (``test_pinned.py``): on an idle stream a queued 2-D copy from pageable
+    memory runs at once, reading the source where it is (no staging copy): nothing is pending
+    when the call returns, the trace shows the copy run by the caller, and reusing the source
+    changes nothing."""
+    s = runtime.Stream(0)
+    src = pattern(128)
+    want = model(np.zeros(64, np.uint8), 0, 8, src, 0, 16, 8, 8)
+    dev = runtime.zeros(64, np.uint8)
+    s.synchronize(timeout=WAIT)
+    with runtime.profile() as records:
+        runtime.memcpy_2d(dev, 8, src, 16, 8, 8, s)
+        assert s.query()
+    src[:] = 0
+    s.synchronize(timeout=WAIT)
+    assert (dev.copy_to_host() == want).all()
+    (run,) = [r for r in records if r["phase"] == "run" and r["name"] == "memcpy_2d_h2d"]
+    assert run["engine"] == "caller"
+
+
 @given(
     data=st.data(),
     kind=st.sampled_from(KINDS),

@@ -274,33 +274,53 @@ fn copies_refuse_a_host_view_of_their_own_device_bytes() {
 /// A queued copy from pageable host memory runs at once, reading the source where it is, on
 /// an idle stream (counted as submitted and completed, as a blocking copy is); on a busy or a
 /// capturing stream it stages the source instead. Either way the source may be reused once
-/// the call returns.
+/// the call returns. 1-D, and 2-D (eight rows of 8 bytes, 16 bytes apart in a 128-byte
+/// source).
 #[test]
 fn a_queued_pageable_copy_runs_at_once_on_an_idle_stream_and_is_staged_otherwise() {
     use copy::{End, Submit};
+    for two_d in [false, true] {
+        pageable_copy_runs_at_once_when_idle(|dst, host| {
+            if two_d {
+                copy::copy_2d(
+                    End::Device(dst.clone()),
+                    End::Host(host),
+                    rect(0, 8, 0, 16, 8, 8),
+                    Submit::Queued,
+                )
+            } else {
+                copy::copy(
+                    End::Device(dst.clone()),
+                    0,
+                    End::Host(host),
+                    0,
+                    64,
+                    Submit::Queued,
+                )
+            }
+            .unwrap()
+        });
+    }
+}
+
+/// The test above for one way of planning the copy of a 128-byte pageable source, all one
+/// byte value, into 64 device bytes.
+fn pageable_copy_runs_at_once_when_idle(
+    plan_into: impl Fn(&runtime_core::memory::Buffer, Arc<HostVec>) -> copy::Planned,
+) {
     use runtime_core::stream::{FnOp, OpKind, Stream};
     let rt = one_device();
     let dev = rt.device(0).unwrap();
     let s = Stream::new(dev, 0).unwrap();
     let dst = dev.memory().allocate(64).unwrap();
-    let plan = |host: Arc<HostVec>| {
-        copy::copy(
-            End::Device(dst.clone()),
-            0,
-            End::Host(host),
-            0,
-            64,
-            Submit::Queued,
-        )
-        .unwrap()
-    };
+    let plan = |host: Arc<HostVec>| plan_into(&dst, host);
     let read = || {
         let mut got = [0u8; 64];
         dst.read(0, &mut got).unwrap();
         got
     };
     // Idle: it ran here.
-    let (_, ran) = plan(HostVec::new(vec![1u8; 64]))
+    let (_, ran) = plan(HostVec::new(vec![1u8; 128]))
         .run_now_or_stage(&s)
         .unwrap();
     assert!(ran, "an idle stream runs the copy at once");
@@ -314,11 +334,11 @@ fn a_queued_pageable_copy_runs_at_once_on_an_idle_stream_and_is_staged_otherwise
         Ok(())
     }))
     .unwrap();
-    let host = HostVec::new(vec![2u8; 64]);
+    let host = HostVec::new(vec![2u8; 128]);
     let (op, ran) = plan(host.clone()).run_now_or_stage(&s).unwrap();
     assert!(!ran, "a busy stream gets the staged copy to queue");
-    // SAFETY: no op reads `host`: the queued copy reads its staged bytes; 64 bytes.
-    unsafe { std::ptr::write_bytes(host.as_mut_ptr().unwrap(), 3, 64) };
+    // SAFETY: no op reads `host`: the queued copy reads its staged bytes; 128 bytes.
+    unsafe { std::ptr::write_bytes(host.as_mut_ptr().unwrap(), 3, 128) };
     s.launch(op).unwrap();
     drop(tx);
     s.synchronize(None).unwrap();
@@ -329,7 +349,7 @@ fn a_queued_pageable_copy_runs_at_once_on_an_idle_stream_and_is_staged_otherwise
     );
     // Capturing: recorded (staged), not run.
     s.begin_capture().unwrap();
-    let (op, ran) = plan(HostVec::new(vec![4u8; 64]))
+    let (op, ran) = plan(HostVec::new(vec![4u8; 128]))
         .run_now_or_stage(&s)
         .unwrap();
     assert!(!ran, "a capturing stream records the copy");

@@ -995,7 +995,19 @@ pub fn copy_2d(dst: End, src: End, rect: Rect, submit: Submit) -> Result<Planned
         .flatten();
     let planned = match (dst, src) {
         (End::Device(d), End::Host(h)) if submit == Submit::Queued => {
-            Planned::new(h2d_2d_async(&d, h, rect)?, Some(d.device()), None)
+            let span = span(rect.spitch);
+            if rect.is_empty() || pinned_source(&*h, rect.src_off, span)?.is_some() {
+                Planned::new(h2d_2d_async(&d, h, rect)?, Some(d.device()), None)
+            } else {
+                let direct = h2d_2d(&d, h.clone(), rect)?;
+                let device = Some(d.device());
+                Planned {
+                    stage: Some(Box::new(move || {
+                        h2d_2d(&d, stage(&*h, rect.src_off, span)?, rect.staged())
+                    })),
+                    ..Planned::new(direct, device, None)
+                }
+            }
         }
         (End::Device(d), End::Host(h) | End::DeviceView(h)) => {
             Planned::new(h2d_2d(&d, h, rect)?, Some(d.device()), None)
