@@ -34,7 +34,7 @@ fn upload<T: Element>(v: &[T]) -> Buffer {
 }
 
 fn t(b: &Buffer, dtype: DType, shape: &[usize]) -> KernelArg {
-    KernelArg::Tensor(Tensor::new(b.clone(), 0, dtype, shape.to_vec()).unwrap())
+    KernelArg::Tensor(Tensor::new(b.clone(), 0, dtype, shape).unwrap())
 }
 
 fn read<T: Element + Default>(b: &Buffer, dtype: DType, n: usize) -> Vec<T> {

@@ -174,7 +174,7 @@ fn tensor<T: El>(b: &Buffer, offset_elems: usize, shape: &[usize]) -> KernelArg 
             b.clone(),
             (offset_elems * std::mem::size_of::<T>()) as u64,
             T::DT,
-            shape.to_vec(),
+            shape,
         )
         .unwrap(),
     )

@@ -515,7 +515,7 @@ impl Drop for PyPending {
 fn tensor(py: Python<'_>, obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<Tensor> {
     let b = buffer_arg(obj, arg)?.get();
     b.require_c_contiguous(arg, "collectives")?;
-    Ok(Tensor::new(b.buffer(py)?, b.offset, b.dtype, b.shape_usize()).map_err(RtErr)?)
+    Ok(Tensor::new(b.buffer(py)?, b.offset, b.dtype, b.layout().shape()).map_err(RtErr)?)
 }
 
 fn index_arg(obj: &Bound<'_, PyAny>, arg: &str) -> PyResult<usize> {

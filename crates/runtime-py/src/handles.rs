@@ -49,6 +49,8 @@ pub struct PyDeviceBuffer {
     /// numpy's `nbytes`: the elements' bytes (a strided view reaches further: `layout.span()`).
     pub(crate) nbytes: u64,
     layout: Layout,
+    /// `layout.is_c_contiguous()`, asked by every launch that passes the handle.
+    c_contiguous: bool,
 }
 
 impl PyDeviceBuffer {
@@ -79,6 +81,7 @@ impl PyDeviceBuffer {
                 .map(|&s| s.min(isize::MAX as usize) as isize)
                 .collect(),
             nbytes: layout.nbytes(),
+            c_contiguous: layout.is_c_contiguous(),
             layout,
         }
     }
@@ -107,7 +110,7 @@ impl PyDeviceBuffer {
     /// `arg` is formatted only for the error (launches pass `format_args!`, and a launch that
     /// passes formats nothing).
     pub fn require_c_contiguous(&self, arg: impl std::fmt::Display, what: &str) -> PyResult<()> {
-        if !self.layout.is_c_contiguous() {
+        if !self.c_contiguous {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "{arg}: {what} take C-contiguous buffers; this view has shape {:?} and strides {:?} ({}); copy it into a C-contiguous buffer first (c = runtime.empty(buf.shape, buf.dtype); c.copy_to_device(buf))",
                 self.shape,

@@ -505,7 +505,7 @@ fn native_args(py: Python<'_>, args: &Bound<'_, PyTuple>, c_abi: bool) -> PyResu
             let b = b.get();
             b.require_c_contiguous(format_args!("args[{i}]"), "native kernels")?;
             let t =
-                Tensor::new(b.buffer(py)?, b.offset, b.dtype, b.shape_usize()).map_err(RtErr)?;
+                Tensor::new(b.buffer(py)?, b.offset, b.dtype, b.layout().shape()).map_err(RtErr)?;
             out.push(KernelArg::Tensor(t));
         } else if let Some(v) = c_abi.then(|| typed_scalar(py, &a)).transpose()?.flatten() {
             // A C ABI kernel gets a pointer to a value of the scalar's own dtype.

@@ -64,7 +64,13 @@ impl Tensor {
     ///
     /// # Errors
     /// `ArgError` naming `offset` (misaligned, or past the end) or `shape` (too large).
-    pub fn new(buffer: Buffer, offset: u64, dtype: DType, shape: Vec<usize>) -> Result<Tensor> {
+    pub fn new(
+        buffer: Buffer,
+        offset: u64,
+        dtype: DType,
+        shape: impl AsRef<[usize]>,
+    ) -> Result<Tensor> {
+        let shape = shape.as_ref();
         let count = shape
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(d))
@@ -94,7 +100,7 @@ impl Tensor {
             buffer,
             offset,
             dtype,
-            shape: Shape::from_slice(&shape),
+            shape: Shape::from_slice(shape),
         })
     }
 
@@ -363,16 +369,23 @@ impl Args {
                 "the arguments were checked by another kernel",
             ));
         }
-        let uses = self.tensor_uses(access);
         let launch = if self.launch() == cx.launch() {
             self.launch()
         } else {
             0
         };
-        if uses.held_for(launch) {
+        // Each tensor looked up where it is held, one at a time, without making an access set
+        // of them (a set's entry for an allocation named twice is the stronger use: holding
+        // for both uses is the same test).
+        let held = self.iter().enumerate().all(|(i, a)| match a {
+            KernelArg::Tensor(t) => t.buffer().held_here(access(i), launch),
+            _ => true,
+        });
+        if held {
             Ok(compute())
         } else {
-            uses.host(compute)
+            self.tensor_uses(access)
+                .host(compute)
                 .map_err(|e| KernelFailure::new(kernel.name(), e.to_string()))
         }
     }

@@ -392,18 +392,6 @@ impl AccessSet {
         Ok(held)
     }
 
-    /// Whether the calling thread may use these allocations as they say without taking
-    /// anything: it holds each in a sufficient mode, itself (the op it runs: no other thread
-    /// touches them meanwhile), or borrowed from the blocks of launch `launch` (not 0), whose
-    /// blocks share out the work between them.
-    pub(crate) fn held_for(&self, launch: u64) -> bool {
-        self.0.iter().all(|(a, m)| {
-            held_entry(a.id).is_some_and(|(mine, lent)| {
-                mine >= *m && lent.is_none_or(|l| launch != 0 && l.launch == launch)
-            })
-        })
-    }
-
     /// Run `f` as a safe host access of these allocations: after the queued work it must
     /// follow, holding their locks (what [`Buffer::read`] does for one buffer; for callers
     /// that copy host memory with trackers themselves, such as the ACL face's blocking
@@ -487,11 +475,33 @@ thread_local! {
 /// How this thread holds allocation `id`, if it does (the strongest mode it holds it in),
 /// and the launch it borrowed it from when its innermost holding is a block's borrow.
 fn held_entry(id: u64) -> Option<(Access, Option<Arc<Lending>>)> {
+    with_holding(id, |mode, innermost| (mode, innermost.lent.clone()))
+}
+
+/// Whether the calling thread may use the allocation tracked by `tracker` as `access` says
+/// without taking anything: it holds it in that mode or a stronger one, itself (the op it
+/// runs: no other thread touches it meanwhile), or borrowed from the blocks of launch
+/// `launch` (not 0), whose blocks share out the work between them. Looks only: no reference
+/// count of a lending is changed.
+pub(super) fn holds(tracker: &Tracker, access: Access, launch: u64) -> bool {
+    with_holding(tracker.id, |mine, innermost| {
+        mine >= access
+            && innermost
+                .lent
+                .as_ref()
+                .is_none_or(|l| launch != 0 && l.launch == launch)
+    })
+    .unwrap_or(false)
+}
+
+/// `f` of the strongest mode this thread holds allocation `id` in and of its innermost
+/// holding of it; `None` when it holds it in none.
+fn with_holding<R>(id: u64, f: impl FnOnce(Access, &HeldEntry) -> R) -> Option<R> {
     HELD.with(|h| {
         let h = h.borrow();
         let mode = h.iter().filter(|e| e.id == id).map(|e| e.mode).max()?;
-        let lent = h.iter().rev().find(|e| e.id == id)?.lent.clone();
-        Some((mode, lent))
+        let innermost = h.iter().rev().find(|e| e.id == id)?;
+        Some(f(mode, innermost))
     })
 }
 

@@ -1337,6 +1337,13 @@ impl Buffer {
         access::AccessSet::new([(self, access)])
     }
 
+    /// Whether the calling thread may use this buffer's allocation as `access` says without
+    /// taking its lock ([`access::holds`]): how a launch's op checks each of its tensors as
+    /// it runs, without making an access set of them.
+    pub(crate) fn held_here(&self, access: access::Access, launch: u64) -> bool {
+        access::holds(&self.alloc.tracker, access, launch)
+    }
+
     /// This allocation's tracker, for host memory that is a view of it (the Python package's
     /// numpy views of a `DeviceBuffer`): a copy through that view names it
     /// (`stream::copy::HostMemory::tracker`), so it takes turns with the buffer's own ops.
