@@ -1,6 +1,8 @@
 //! Busy workers of one device spread over the host's cores: each engine worker notes the CPU
-//! it runs its work on, and a worker that finds another busy worker of its device noted on
-//! its own CPU, while a CPU it may use has none, moves there.
+//! it runs its work on, and a worker that finds a busy worker of its device in a lower slot
+//! noted on its own CPU, while a CPU it may use has none, moves there. Of two busy workers
+//! on one CPU only one moves (the one in the higher slot): when both did, they left
+//! together for the same free CPU.
 //!
 //! Linux places a woken thread beside its waker or on the CPU it last ran on, and does not
 //! move a "cache hot" thread for milliseconds even with another core idle. Two streams of
@@ -14,8 +16,9 @@
 //!
 //! A host thread waiting for a stream runs blocks of the launch the stream runs (`kernel::
 //! block`): for that while it is a guest of the spread ([`visit`]). It notes its CPU in a
-//! slot the workers leave free, so that workers settle off it, and it moves off a CPU where
-//! a busy worker is noted as a worker does. Without that, a launch of two 5 ms blocks ran
+//! slot after the workers', so that no worker moves onto it, and it moves off a CPU where a
+//! busy worker is noted as a worker does (a worker on its CPU stays: the guest's slot is
+//! the higher). Without that, a launch of two 5 ms blocks ran
 //! both on one core, its worker's and the waiting thread's, in one timed call in five after
 //! an idle moment (17-18 ms instead of 10, the other core idle): the worker noted its CPU
 //! when it took the stream, but the waiter, noted nowhere, neither moved nor was avoided.
@@ -57,23 +60,28 @@ impl Spread {
         }
     }
 
-    /// The worker in `slot` runs work now, on CPU `cpu`: note it, and when another busy
-    /// worker is noted on `cpu`, return the CPUs to avoid (every busy worker's); `None` when
-    /// the core is its own.
+    /// The worker in `slot` runs work now, on CPU `cpu`: note it, and when a busy worker of
+    /// a lower slot is noted on `cpu`, return the CPUs to avoid (every busy worker's);
+    /// `None` when the core is its own, or it is the one that stays ([`Spread::shared`]).
     fn note(&self, slot: usize, cpu: u32) -> Option<[u32; SLOTS]> {
         let mine = self.cpus.get(slot)?;
         mine.store(cpu, Ordering::Relaxed);
         self.shared(slot, cpu)
     }
 
-    /// When a busy thread other than the one in `slot` (`SLOTS` or more: none is the
-    /// caller's) is noted on `cpu`: every busy thread's CPU.
+    /// When a busy thread of a lower slot than `slot` (`SLOTS` or more: none is the
+    /// caller's) is noted on `cpu`: every busy thread's CPU. Of two busy threads on one
+    /// CPU only the one in the higher slot moves (a guest, whose slots follow the workers',
+    /// moves off a worker): when each moved off the other, both moved to the same free CPU
+    /// at once, and met again there: the op's thread and the helper of a two-block launch,
+    /// both on one CPU, each moved within 50 us of the other (a `perf` trace of their
+    /// `sched_setaffinity` calls), and the waiting thread found both on its new core.
     fn shared(&self, slot: usize, cpu: u32) -> Option<[u32; SLOTS]> {
         let mut busy = [IDLE; SLOTS];
         let mut shared = false;
         for (i, (note, out)) in self.cpus.iter().zip(busy.iter_mut()).enumerate() {
             *out = note.load(Ordering::Relaxed);
-            shared |= i != slot && *out == cpu;
+            shared |= i < slot && *out == cpu;
         }
         shared.then_some(busy)
     }
@@ -186,6 +194,28 @@ mod tests {
             "a slot past the notes takes no part"
         );
         s.clear(SLOTS);
+    }
+
+    #[test]
+    fn of_two_busy_threads_on_one_cpu_only_the_higher_slot_moves() {
+        let s = Spread::new(3);
+        assert!(s.note(1, 2).is_none(), "alone on CPU 2");
+        assert!(
+            s.note(0, 2).is_none(),
+            "worker 0 stays where worker 1 is noted"
+        );
+        let busy = s.note(1, 2).expect("worker 1 moves off worker 0");
+        assert_eq!(&busy[..2], &[2, 2]);
+        assert!(s.note(2, 2).is_some(), "worker 2 moves off both");
+        let guest = s.take_guest_slot(2).expect("a guest slot");
+        assert!(
+            s.shared(guest, 2).is_some(),
+            "the guest moves off the workers"
+        );
+        assert!(
+            s.note(0, 2).is_none(),
+            "worker 0 stays beside the guest and the other workers"
+        );
     }
 
     #[test]
