@@ -87,11 +87,13 @@ def main() -> int:
         record = rt.empty((calls * blocks * 4,), "int64")
         cpu_of = ctypes.CDLL(None).sched_getcpu
         total, waiter_cpu = np.empty(calls), np.empty(calls, np.int64)
+        starts = np.empty(calls, np.int64)
         for i in range(calls):
             t0 = time.perf_counter_ns()
             kernel(out, da, db, n, record, i, stream=s, block_dim=blocks)
             s.synchronize()
-            total[i] = (time.perf_counter_ns() - t0) / 1e3
+            t1 = time.perf_counter_ns()
+            total[i], starts[i] = (t1 - t0) / 1e3, t0
             waiter_cpu[i] = cpu_of()
         r = record.copy_to_host().reshape(calls, blocks, 4)
         if not np.array_equal(out.copy_to_host(), a + a):
@@ -103,6 +105,11 @@ def main() -> int:
     waiter_ran = (r[:, :, 3] == me).any(axis=1)
     # Block 0 is the op's thread's first claim (helpers claim from the last block down).
     new_runner = r[1:, 0, 3] != r[:-1, 0, 3]
+    moved = (r[1:, :, 2] != r[:-1, :, 2]).any(axis=1)
+    # perf_counter_ns and the kernel's CLOCK_MONOTONIC are the same clock on Linux.
+    first = (r[:, :, 0].min(axis=1) - starts) / 1e3
+    last = (r[:, :, 1].max(axis=1) - starts) / 1e3
+    block = (r[:, :, 1] - r[:, :, 0]).ravel() / 1e3
 
     def med(x):
         return f"{np.median(x):.1f}" if len(x) else "-"
@@ -122,6 +129,11 @@ def main() -> int:
     print(f"  one thread ran every block: {one_thread.mean():.1%} of calls")
     print(f"  the waiting thread ran a block: {waiter_ran.mean():.1%} of calls")
     print(f"  block 0 on another thread than in the call before: {new_runner.mean():.1%} of calls")
+    print(f"  a block ran on another CPU than in the call before: {moved.mean():.1%} of calls")
+    print(
+        f"  medians: first block starts {med(first)} us into the call, last ends at "
+        f"{med(last)} us; a block takes {med(block)} us"
+    )
     print(f"  np.add(a, b, out=c): median {med(np.array(t))} us")
     return 0
 
